@@ -1,0 +1,198 @@
+//! Wiring: metrics and HTTP endpoints, the producer, the relay, the reconnect loop and the
+//! shutdown order. No business logic lives here.
+//!
+//! Start-up: bind the HTTP listener (a bad address fails at once), create the producer, probe the
+//! brokers in the background (a warning, not an error: events wait for the broker), then run
+//! replication sessions until shutdown or a fatal error. A transient error ends the session and
+//! the next one starts after a capped exponential backoff with jitter; the backoff resets once a
+//! session reaches streaming.
+//!
+//! Shutdown order (SIGTERM/SIGINT, or the `shutdown` future in tests): stop intake → wait up to
+//! `relay.shutdown_timeout` for in-flight acks → final standby status → flush the producer →
+//! return `Ok` (exit 0).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Config;
+use crate::failure::{Failure, FatalError};
+use crate::metrics::{self, Health, Metrics};
+use crate::relay::{Relay, SessionEnd};
+use crate::sink::kafka::KafkaSink;
+
+/// Capped exponential backoff with full jitter in the upper half.
+#[derive(Debug)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+impl Backoff {
+    /// Starts at `initial`, doubles up to `max`.
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Backoff {
+            initial,
+            max,
+            current: initial,
+        }
+    }
+
+    /// The next delay: between half and all of the current step, which then doubles.
+    pub fn next_delay(&mut self) -> Duration {
+        let step = self.current;
+        self.current = (self.current * 2).min(self.max);
+        let half = step / 2;
+        half + rand::rng().random_range(Duration::ZERO..=step - half)
+    }
+
+    /// Back to the initial delay.
+    pub fn reset(&mut self) {
+        self.current = self.initial;
+    }
+}
+
+/// Handles the running relay shares with its caller.
+#[derive(Clone, Default)]
+pub struct Handles {
+    /// Metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// Health state.
+    pub health: Arc<Health>,
+}
+
+/// Runs walbox until `shutdown` completes (→ `Ok`) or a fatal error.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), FatalError> {
+    run_with(config, shutdown, Handles::default()).await
+}
+
+/// [`run`] with caller-provided metrics and health (the demo and tests read them).
+pub async fn run_with(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    handles: Handles,
+) -> Result<(), FatalError> {
+    let config = Arc::new(config);
+    let Handles { metrics, health } = handles;
+
+    if let Some(addr) = config.http_listen {
+        let (local, server) = metrics::bind(addr, metrics.clone(), health.clone())
+            .await
+            .map_err(|e| FatalError {
+                failure: Failure::Config,
+                message: format!("cannot listen on http.listen {addr}: {e}"),
+            })?;
+        tracing::info!(addr = %local, "serving /metrics, /healthz, /readyz");
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "http server stopped");
+            }
+        });
+    }
+
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+    let sink = KafkaSink::new(&config.kafka, ack_tx).map_err(|e| FatalError {
+        failure: Failure::Kafka,
+        message: e.to_string(),
+    })?;
+
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutdown requested: stopping intake, waiting for in-flight events");
+        let _ = stop_tx.send(true);
+    });
+
+    let mut relay = Relay::new(
+        config.clone(),
+        sink,
+        ack_rx,
+        metrics.clone(),
+        health.clone(),
+    );
+    probe_brokers(relay.sink().clone(), config.kafka.brokers.clone());
+    let mut backoff = Backoff::new(config.relay.backoff_initial, config.relay.backoff_max);
+    let outcome = loop {
+        match relay.run_session(&mut stop_rx).await {
+            Ok(SessionEnd::Shutdown) => break Ok(()),
+            Err(e) => {
+                if relay.reached_streaming {
+                    backoff.reset();
+                }
+                match e.into_fatal() {
+                    Ok(fatal) => {
+                        health.set_fatal(fatal.message.clone());
+                        break Err(fatal);
+                    }
+                    Err(transient) => {
+                        let delay = backoff.next_delay();
+                        metrics.reconnects.inc();
+                        tracing::warn!(error = %transient, retry_in = ?delay, "replication session ended; reconnecting");
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = stop_rx.changed() => break Ok(()),
+                        }
+                    }
+                }
+            }
+        }
+    };
+
+    let sink = relay.into_sink();
+    let timeout = config.relay.shutdown_timeout;
+    let flushed = tokio::task::spawn_blocking(move || {
+        let ok = sink.flush(timeout);
+        drop(sink);
+        ok
+    })
+    .await
+    .unwrap_or(false);
+    if !flushed {
+        tracing::warn!(
+            "kafka producer did not flush in time; unconfirmed events are sent again after restart"
+        );
+    }
+    outcome
+}
+
+/// Logs, in the background, whether the brokers answer; never fails start-up (events wait for
+/// the broker).
+fn probe_brokers(sink: KafkaSink, brokers: String) {
+    tokio::task::spawn_blocking(move || match sink.probe(Duration::from_secs(5)) {
+        Ok(()) => tracing::info!(brokers = %brokers, "kafka brokers reachable"),
+        Err(e) => tracing::warn!(
+            brokers = %brokers,
+            error = %e,
+            "kafka brokers not reachable yet; events will wait for them"
+        ),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_capped_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let mut prev_cap = Duration::ZERO;
+        for _ in 0..10 {
+            let d = b.next_delay();
+            assert!(d <= Duration::from_secs(1));
+            prev_cap = prev_cap.max(d);
+        }
+        assert!(
+            prev_cap >= Duration::from_millis(500),
+            "grew to the cap: {prev_cap:?}"
+        );
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+}

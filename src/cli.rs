@@ -1,0 +1,35 @@
+//! Command-line interface: flags only, no logic.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// walbox relays transactional-outbox rows from PostgreSQL's WAL to Kafka.
+#[derive(Debug, Parser)]
+#[command(name = "walbox", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Relay outbox events until SIGTERM/SIGINT.
+    Run {
+        /// TOML configuration file; every setting can also come from WALBOX_* variables.
+        #[arg(long, short, env = "WALBOX_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Run walbox end to end on a throwaway PostgreSQL cluster and an embedded Kafka-protocol
+    /// broker, and print what a consumer reads back.
+    Demo {
+        /// Number of aggregates to write events for.
+        #[arg(long, default_value_t = 4)]
+        aggregates: u32,
+        /// Events per aggregate.
+        #[arg(long, default_value_t = 3)]
+        events: u32,
+    },
+}

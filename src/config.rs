@@ -1,0 +1,844 @@
+//! Configuration: a TOML file and `WALBOX_*` environment variables, validated into [`Config`].
+//!
+//! Loading is two steps, like ripgrep's low/high level arguments: the file (if any) is read into a
+//! TOML table, environment variables are written over it (the environment wins), and the result
+//! is deserialized into [`RawConfig`] with unknown keys rejected; [`RawConfig::validate`] then
+//! checks values and produces [`Config`], the only type the rest of walbox sees.
+//!
+//! Every scalar setting `[section] key` can be set as `WALBOX_<SECTION>_<KEY>` (upper case),
+//! e.g. `WALBOX_POSTGRES_URL`, `WALBOX_KAFKA_BROKERS`, `WALBOX_OUTBOX_COLUMNS_PAYLOAD`. Producer
+//! properties are set as `WALBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`
+//! (`WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` sets `sasl.password`).
+//!
+//! Secrets (the Postgres password, `sasl.password`, `ssl.key.password`, …) never appear in
+//! `Debug` output or error messages.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::source::conninfo::ConnInfo;
+
+/// Why a configuration could not be loaded; each message is one actionable line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or has unknown keys or wrongly typed values.
+    #[error("invalid configuration{origin}: {message}")]
+    Parse {
+        /// " in <file>" or "".
+        origin: String,
+        /// What serde/toml said, on one line.
+        message: String,
+    },
+    /// An environment variable had a value of the wrong type.
+    #[error("invalid value for {var}: {message}")]
+    Env {
+        /// The variable.
+        var: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Duration written as `"500ms"`, `"10s"`, `"5m"`, `"1h"` or a number of seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Secs(u64),
+            Text(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Secs(s) => Ok(HumanDuration(Duration::from_secs(s))),
+            Repr::Text(t) => parse_duration(&t)
+                .map(HumanDuration)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses `"500ms"`, `"10s"`, `"5m"`, `"1h"` or plain seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?}: expected e.g. 500ms, 10s, 5m, 1h"))?;
+    let d = match unit.trim() {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => {
+            return Err(format!(
+                "invalid duration {text:?}: expected e.g. 500ms, 10s, 5m, 1h"
+            ))
+        }
+    };
+    Ok(d)
+}
+
+/// The configuration as written: every field optional, unknown keys rejected.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `[postgres]`
+    #[serde(default)]
+    pub postgres: RawPostgres,
+    /// `[outbox]`
+    #[serde(default)]
+    pub outbox: RawOutbox,
+    /// `[kafka]`
+    #[serde(default)]
+    pub kafka: RawKafka,
+    /// `[relay]`
+    #[serde(default)]
+    pub relay: RawRelay,
+    /// `[http]`
+    #[serde(default)]
+    pub http: RawHttp,
+    /// `[log]`
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+/// `[postgres]` as written.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPostgres {
+    /// Connection URL or libpq key=value string.
+    pub url: Option<String>,
+    /// Replication slot name.
+    pub slot: Option<String>,
+    /// Publication name.
+    pub publication: Option<String>,
+    /// Create the slot when it is missing.
+    pub create_slot: Option<bool>,
+    /// Create the publication when it is missing.
+    pub create_publication: Option<bool>,
+    /// Interval between standby status updates (at most 1 s).
+    pub status_interval: Option<HumanDuration>,
+}
+
+impl fmt::Debug for RawPostgres {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawPostgres")
+            .field("url", &self.url.as_ref().map(|_| "<redacted>"))
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `[outbox]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOutbox {
+    /// `schema.table` or `table` (schema `public`).
+    pub table: Option<String>,
+    /// Prefix of the topic derived from the aggregate type.
+    pub topic_prefix: Option<String>,
+    /// `[outbox.columns]`
+    #[serde(default)]
+    pub columns: RawColumns,
+}
+
+/// `[outbox.columns]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawColumns {
+    /// Event id column (header `id`).
+    pub id: Option<String>,
+    /// Kafka key column.
+    pub aggregate_id: Option<String>,
+    /// Aggregate type column (topic suffix).
+    pub aggregate_type: Option<String>,
+    /// Event type column (header `event_type`).
+    pub event_type: Option<String>,
+    /// Topic column.
+    pub topic: Option<String>,
+    /// Payload column (record value).
+    pub payload: Option<String>,
+}
+
+/// `[kafka]` as written.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKafka {
+    /// `bootstrap.servers`.
+    pub brokers: Option<String>,
+    /// librdkafka producer properties.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for RawKafka {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawKafka")
+            .field("brokers", &self.brokers)
+            .field("properties", &redact_properties(&self.properties))
+            .finish()
+    }
+}
+
+/// `[relay]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRelay {
+    /// Maximum events produced but not yet acknowledged.
+    pub max_in_flight: Option<usize>,
+    /// How long shutdown waits for in-flight acknowledgements.
+    pub shutdown_timeout: Option<HumanDuration>,
+    /// First reconnect delay.
+    pub backoff_initial: Option<HumanDuration>,
+    /// Longest reconnect delay.
+    pub backoff_max: Option<HumanDuration>,
+}
+
+/// `[http]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttp {
+    /// Listen address of `/metrics`, `/healthz`, `/readyz`; `"off"` disables it.
+    pub listen: Option<String>,
+}
+
+/// `[log]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    /// `text` or `json`.
+    pub format: Option<String>,
+    /// A `tracing` filter, e.g. `info` or `walbox=debug`.
+    pub level: Option<String>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// PostgreSQL side.
+    pub postgres: PostgresConfig,
+    /// The outbox table and its column mapping.
+    pub outbox: OutboxConfig,
+    /// Kafka side.
+    pub kafka: KafkaConfig,
+    /// Pipeline limits and timings.
+    pub relay: RelayConfig,
+    /// Listen address of the HTTP endpoints; `None` disables them.
+    pub http_listen: Option<SocketAddr>,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// Validated `[postgres]`.
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    /// Parsed connection settings (password redacted in `Debug`).
+    pub conn: ConnInfo,
+    /// Replication slot.
+    pub slot: String,
+    /// Publication.
+    pub publication: String,
+    /// Create the slot when missing.
+    pub create_slot: bool,
+    /// Create the publication when missing.
+    pub create_publication: bool,
+    /// Interval between standby status updates.
+    pub status_interval: Duration,
+}
+
+/// Validated `[outbox]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxConfig {
+    /// Schema of the outbox table.
+    pub schema: String,
+    /// Name of the outbox table.
+    pub table: String,
+    /// Topic prefix for `<prefix><aggregate_type>`.
+    pub topic_prefix: String,
+    /// Column mapping.
+    pub columns: ColumnNames,
+}
+
+/// Names of the mapped columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnNames {
+    /// Event id.
+    pub id: String,
+    /// Kafka key.
+    pub aggregate_id: String,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Event type.
+    pub event_type: String,
+    /// Topic.
+    pub topic: String,
+    /// Payload.
+    pub payload: String,
+}
+
+/// Validated `[kafka]`.
+#[derive(Clone)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// Producer properties given by the user (walbox's own defaults are applied by the sink).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("properties", &redact_properties(&self.properties))
+            .finish()
+    }
+}
+
+/// Validated `[relay]`.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Maximum events produced and not yet retired by the checkpoint.
+    pub max_in_flight: usize,
+    /// How long shutdown waits for in-flight acknowledgements.
+    pub shutdown_timeout: Duration,
+    /// First reconnect delay.
+    pub backoff_initial: Duration,
+    /// Longest reconnect delay.
+    pub backoff_max: Duration,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Validated `[log]`.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// Format.
+    pub format: LogFormat,
+    /// `tracing` filter directive.
+    pub level: String,
+}
+
+/// Property names whose values are secrets.
+fn is_secret_property(name: &str) -> bool {
+    name.contains("password") || name.contains("secret") || name.ends_with(".key.pem")
+}
+
+fn redact_properties(p: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    p.iter()
+        .map(|(k, v)| {
+            let v = if is_secret_property(k) {
+                "<redacted>"
+            } else {
+                v.as_str()
+            };
+            (k.as_str(), v)
+        })
+        .collect()
+}
+
+/// Kinds of scalar values settable from the environment.
+#[derive(Clone, Copy)]
+enum Kind {
+    Str,
+    Bool,
+    Int,
+}
+
+/// `(section path, key, kind)` of every scalar setting; `WALBOX_<PATH>_<KEY>` sets it.
+const SCALARS: &[(&[&str], &str, Kind)] = &[
+    (&["postgres"], "url", Kind::Str),
+    (&["postgres"], "slot", Kind::Str),
+    (&["postgres"], "publication", Kind::Str),
+    (&["postgres"], "create_slot", Kind::Bool),
+    (&["postgres"], "create_publication", Kind::Bool),
+    (&["postgres"], "status_interval", Kind::Str),
+    (&["outbox"], "table", Kind::Str),
+    (&["outbox"], "topic_prefix", Kind::Str),
+    (&["outbox", "columns"], "id", Kind::Str),
+    (&["outbox", "columns"], "aggregate_id", Kind::Str),
+    (&["outbox", "columns"], "aggregate_type", Kind::Str),
+    (&["outbox", "columns"], "event_type", Kind::Str),
+    (&["outbox", "columns"], "topic", Kind::Str),
+    (&["outbox", "columns"], "payload", Kind::Str),
+    (&["kafka"], "brokers", Kind::Str),
+    (&["relay"], "max_in_flight", Kind::Int),
+    (&["relay"], "shutdown_timeout", Kind::Str),
+    (&["relay"], "backoff_initial", Kind::Str),
+    (&["relay"], "backoff_max", Kind::Str),
+    (&["http"], "listen", Kind::Str),
+    (&["log"], "format", Kind::Str),
+    (&["log"], "level", Kind::Str),
+];
+
+const PROPERTY_PREFIX: &str = "WALBOX_KAFKA_PROPERTY_";
+
+fn table_at<'a>(root: &'a mut toml::Table, path: &[&str]) -> Result<&'a mut toml::Table, String> {
+    let mut t = root;
+    for p in path {
+        let entry = t
+            .entry((*p).to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("`{p}` must be a table"))?;
+    }
+    Ok(t)
+}
+
+/// Writes the `WALBOX_*` variables of `env` over `root`.
+fn apply_env(
+    root: &mut toml::Table,
+    env: &mut dyn Iterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    for (var, value) in env {
+        if let Some(name) = var.strip_prefix(PROPERTY_PREFIX) {
+            let key = name.to_ascii_lowercase().replace('_', ".");
+            let t =
+                table_at(root, &["kafka", "properties"]).map_err(|message| ConfigError::Env {
+                    var: var.clone(),
+                    message,
+                })?;
+            t.insert(key, toml::Value::String(value));
+            continue;
+        }
+        let Some((path, key, kind)) = SCALARS.iter().find(|(path, key, _)| {
+            let mut name = String::from("WALBOX");
+            for p in path.iter() {
+                name.push('_');
+                name.push_str(&p.to_ascii_uppercase());
+            }
+            name.push('_');
+            name.push_str(&key.to_ascii_uppercase());
+            name == var
+        }) else {
+            continue;
+        };
+        let v = match kind {
+            Kind::Str => toml::Value::String(value),
+            Kind::Bool => match value.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => toml::Value::Boolean(true),
+                "false" | "0" | "no" | "off" => toml::Value::Boolean(false),
+                _ => {
+                    return Err(ConfigError::Env {
+                        var,
+                        message: format!("expected true or false, got {value:?}"),
+                    })
+                }
+            },
+            Kind::Int => match value.parse::<i64>() {
+                Ok(n) => toml::Value::Integer(n),
+                Err(_) => {
+                    return Err(ConfigError::Env {
+                        var,
+                        message: format!("expected an integer, got {value:?}"),
+                    })
+                }
+            },
+        };
+        let t = table_at(root, path).map_err(|message| ConfigError::Env { var, message })?;
+        t.insert((*key).to_owned(), v);
+    }
+    Ok(())
+}
+
+/// Loads the configuration from an optional file and the process environment.
+pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+    load_from(path, &mut std::env::vars())
+}
+
+/// Loads the configuration from an optional file and the given environment (testable).
+pub fn load_from(
+    path: Option<&Path>,
+    env: &mut dyn Iterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    let (mut table, origin) = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                path: p.to_owned(),
+                source,
+            })?;
+            let origin = format!(" in {}", p.display());
+            let table = text
+                .parse::<toml::Table>()
+                .map_err(|e| ConfigError::Parse {
+                    origin: origin.clone(),
+                    message: one_line(&e.to_string()),
+                })?;
+            (table, origin)
+        }
+        None => (toml::Table::new(), String::new()),
+    };
+    apply_env(&mut table, env)?;
+    let raw = RawConfig::deserialize(table).map_err(|e| ConfigError::Parse {
+        origin,
+        message: one_line(&e.to_string()),
+    })?;
+    raw.validate()
+}
+
+fn one_line(s: &str) -> String {
+    s.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '|' || c == '^' || c == ' '))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn valid_identifier(what: &str, s: &str) -> Result<(), ConfigError> {
+    if s.is_empty() || s.len() > 63 {
+        return Err(ConfigError::Invalid(format!(
+            "{what} {s:?} must be 1 to 63 characters"
+        )));
+    }
+    Ok(())
+}
+
+impl RawConfig {
+    /// Checks values and fills in defaults.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let url = self.postgres.url.ok_or_else(|| {
+            ConfigError::Invalid(
+                "postgres.url is required (set it in the file or WALBOX_POSTGRES_URL)".into(),
+            )
+        })?;
+        let conn: ConnInfo = url
+            .parse()
+            .map_err(|e| ConfigError::Invalid(format!("postgres.url: {e}")))?;
+        let slot = self.postgres.slot.unwrap_or_else(|| "walbox".into());
+        if !slot
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(ConfigError::Invalid(format!(
+                "postgres.slot {slot:?} may contain only lower-case letters, digits and underscores"
+            )));
+        }
+        valid_identifier("postgres.slot", &slot)?;
+        let publication = self.postgres.publication.unwrap_or_else(|| "walbox".into());
+        valid_identifier("postgres.publication", &publication)?;
+        let status_interval = self
+            .postgres
+            .status_interval
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(1));
+        if status_interval.is_zero() || status_interval > Duration::from_secs(1) {
+            return Err(ConfigError::Invalid(
+                "postgres.status_interval must be between 1ms and 1s".into(),
+            ));
+        }
+
+        let table = self.outbox.table.unwrap_or_else(|| "public.outbox".into());
+        let (schema, table) = match table.split_once('.') {
+            Some((s, t)) => (s.to_owned(), t.to_owned()),
+            None => ("public".to_owned(), table),
+        };
+        valid_identifier("outbox.table schema", &schema)?;
+        valid_identifier("outbox.table", &table)?;
+        let c = self.outbox.columns;
+        let columns = ColumnNames {
+            id: c.id.unwrap_or_else(|| "id".into()),
+            aggregate_id: c.aggregate_id.unwrap_or_else(|| "aggregate_id".into()),
+            aggregate_type: c.aggregate_type.unwrap_or_else(|| "aggregate_type".into()),
+            event_type: c.event_type.unwrap_or_else(|| "event_type".into()),
+            topic: c.topic.unwrap_or_else(|| "topic".into()),
+            payload: c.payload.unwrap_or_else(|| "payload".into()),
+        };
+        for (what, name) in [
+            ("id", &columns.id),
+            ("aggregate_id", &columns.aggregate_id),
+            ("aggregate_type", &columns.aggregate_type),
+            ("event_type", &columns.event_type),
+            ("topic", &columns.topic),
+            ("payload", &columns.payload),
+        ] {
+            valid_identifier(&format!("outbox.columns.{what}"), name)?;
+        }
+
+        let brokers = self.kafka.brokers.ok_or_else(|| {
+            ConfigError::Invalid(
+                "kafka.brokers is required (set it in the file or WALBOX_KAFKA_BROKERS)".into(),
+            )
+        })?;
+        for (k, v) in &self.kafka.properties {
+            let weakens = match k.as_str() {
+                "enable.idempotence" => v != "true",
+                "acks" | "request.required.acks" => v != "all" && v != "-1",
+                "bootstrap.servers" | "metadata.broker.list" => {
+                    return Err(ConfigError::Invalid(format!(
+                        "kafka.properties.{k}: set kafka.brokers instead"
+                    )))
+                }
+                _ => false,
+            };
+            if weakens {
+                return Err(ConfigError::Invalid(format!(
+                    "kafka.properties.{k} = {v:?} would allow lost or reordered events; walbox requires enable.idempotence=true and acks=all"
+                )));
+            }
+        }
+
+        let max_in_flight = self.relay.max_in_flight.unwrap_or(10_000);
+        if !(1..=1_000_000).contains(&max_in_flight) {
+            return Err(ConfigError::Invalid(
+                "relay.max_in_flight must be between 1 and 1000000".into(),
+            ));
+        }
+        let backoff_initial = self
+            .relay
+            .backoff_initial
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_millis(200));
+        let backoff_max = self
+            .relay
+            .backoff_max
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(30));
+        if backoff_initial.is_zero() || backoff_max < backoff_initial {
+            return Err(ConfigError::Invalid(
+                "relay.backoff_initial must be > 0 and <= relay.backoff_max".into(),
+            ));
+        }
+
+        let listen = self.http.listen.unwrap_or_else(|| "0.0.0.0:9187".into());
+        let http_listen = if listen == "off" {
+            None
+        } else {
+            Some(listen.parse::<SocketAddr>().map_err(|_| {
+                ConfigError::Invalid(format!(
+                    "http.listen {listen:?} is not an address like 0.0.0.0:9187 (or \"off\")"
+                ))
+            })?)
+        };
+
+        let format = match self.log.format.as_deref().unwrap_or("text") {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(ConfigError::Invalid(format!(
+                    "log.format {other:?} must be \"text\" or \"json\""
+                )))
+            }
+        };
+
+        Ok(Config {
+            postgres: PostgresConfig {
+                conn,
+                slot,
+                publication,
+                create_slot: self.postgres.create_slot.unwrap_or(false),
+                create_publication: self.postgres.create_publication.unwrap_or(false),
+                status_interval,
+            },
+            outbox: OutboxConfig {
+                schema,
+                table,
+                topic_prefix: self
+                    .outbox
+                    .topic_prefix
+                    .unwrap_or_else(|| "outbox.event.".into()),
+                columns,
+            },
+            kafka: KafkaConfig {
+                brokers,
+                properties: self.kafka.properties,
+            },
+            relay: RelayConfig {
+                max_in_flight,
+                shutdown_timeout: self
+                    .relay
+                    .shutdown_timeout
+                    .map(|d| d.0)
+                    .unwrap_or(Duration::from_secs(30)),
+                backoff_initial,
+                backoff_max,
+            },
+            http_listen,
+            log: LogConfig {
+                format,
+                level: self.log.level.unwrap_or_else(|| "info".into()),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    const MINIMAL: &str = r#"
+[postgres]
+url = "postgres://walbox:secret@db:5432/app"
+[kafka]
+brokers = "k1:9092"
+"#;
+
+    #[test]
+    fn defaults_follow_the_seed_schema() {
+        let f = file(MINIMAL);
+        let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
+        assert_eq!(c.postgres.slot, "walbox");
+        assert_eq!(c.outbox.schema, "public");
+        assert_eq!(c.outbox.table, "outbox");
+        assert_eq!(c.outbox.columns.aggregate_id, "aggregate_id");
+        assert_eq!(c.outbox.topic_prefix, "outbox.event.");
+        assert_eq!(c.relay.max_in_flight, 10_000);
+        assert_eq!(c.postgres.status_interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn environment_wins_over_the_file() {
+        let f = file(MINIMAL);
+        let c = load_from(
+            Some(f.path()),
+            &mut env(&[
+                ("WALBOX_KAFKA_BROKERS", "k9:9092"),
+                ("WALBOX_POSTGRES_CREATE_SLOT", "true"),
+                ("WALBOX_OUTBOX_TABLE", "events.outbox_events"),
+                ("WALBOX_OUTBOX_COLUMNS_PAYLOAD", "body"),
+                ("WALBOX_RELAY_MAX_IN_FLIGHT", "5"),
+                ("WALBOX_KAFKA_PROPERTY_COMPRESSION_TYPE", "lz4"),
+                ("UNRELATED", "x"),
+            ])
+            .into_iter(),
+        )
+        .unwrap();
+        assert_eq!(c.kafka.brokers, "k9:9092");
+        assert!(c.postgres.create_slot);
+        assert_eq!(
+            (c.outbox.schema.as_str(), c.outbox.table.as_str()),
+            ("events", "outbox_events")
+        );
+        assert_eq!(c.outbox.columns.payload, "body");
+        assert_eq!(c.relay.max_in_flight, 5);
+        assert_eq!(
+            c.kafka
+                .properties
+                .get("compression.type")
+                .map(String::as_str),
+            Some("lz4")
+        );
+    }
+
+    #[test]
+    fn environment_alone_is_enough() {
+        let c = load_from(
+            None,
+            &mut env(&[
+                ("WALBOX_POSTGRES_URL", "postgres://u@h/d"),
+                ("WALBOX_KAFKA_BROKERS", "k:9092"),
+            ])
+            .into_iter(),
+        )
+        .unwrap();
+        assert_eq!(c.kafka.brokers, "k:9092");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let f = file(&format!("{MINIMAL}\n[outbox]\ntabel = \"x\"\n"));
+        let e = load_from(Some(f.path()), &mut std::iter::empty()).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("tabel"), "{msg}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+    }
+
+    #[test]
+    fn missing_required_settings_say_how_to_set_them() {
+        let e = load_from(None, &mut std::iter::empty()).unwrap_err();
+        assert!(e.to_string().contains("WALBOX_POSTGRES_URL"), "{e}");
+    }
+
+    #[test]
+    fn weakening_delivery_guarantees_is_refused() {
+        let f = file(&format!(
+            "{MINIMAL}\n[kafka.properties]\n\"enable.idempotence\" = \"false\"\n"
+        ));
+        let e = load_from(Some(f.path()), &mut std::iter::empty()).unwrap_err();
+        assert!(e.to_string().contains("enable.idempotence"), "{e}");
+        let f = file(&format!("{MINIMAL}\n[kafka.properties]\nacks = \"1\"\n"));
+        assert!(load_from(Some(f.path()), &mut std::iter::empty()).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_one_line_errors() {
+        for (var, val) in [
+            ("WALBOX_POSTGRES_CREATE_SLOT", "maybe"),
+            ("WALBOX_RELAY_MAX_IN_FLIGHT", "lots"),
+            ("WALBOX_RELAY_SHUTDOWN_TIMEOUT", "soon"),
+            ("WALBOX_HTTP_LISTEN", "port 80"),
+            ("WALBOX_POSTGRES_SLOT", "Bad-Slot"),
+            ("WALBOX_LOG_FORMAT", "xml"),
+        ] {
+            let f = file(MINIMAL);
+            let e = load_from(Some(f.path()), &mut env(&[(var, val)]).into_iter()).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                !msg.contains('\n') && !msg.contains("secret"),
+                "{var}: {msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let f = file(&format!(
+            "{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n"
+        ));
+        let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("hunter2") && !dbg.contains("secret"), "{dbg}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

@@ -1,0 +1,137 @@
+//! Fatal failures and their exit statuses.
+//!
+//! walbox sorts every error into one of two classes (Materialize's transient/definite split):
+//! **transient** errors (connection reset, PostgreSQL restarting, broker unreachable) end the
+//! replication session, and the supervisor reconnects with capped exponential backoff, resuming
+//! from the slot's confirmed position; **fatal** errors stop the process with a one-line message
+//! and the exit status below, after confirming everything acked (and nothing more).
+//!
+//! | status | failure | typical cause |
+//! |---|---|---|
+//! | 0 | — | clean shutdown (SIGTERM/SIGINT) |
+//! | 1 | [`Failure::Internal`] | a bug; please report it |
+//! | 2 | — | command-line usage error |
+//! | 3 | [`Failure::Config`] | invalid configuration file or environment |
+//! | 4 | [`Failure::Auth`] | wrong password, role without REPLICATION, TLS verification failed |
+//! | 5 | [`Failure::Schema`] | missing table, column, publication or slot; wrong `wal_level` |
+//! | 6 | [`Failure::SlotInUse`] | another process streams from the slot |
+//! | 7 | [`Failure::SlotLost`] | the slot was invalidated; WAL it needed is gone |
+//! | 8 | [`Failure::EventRejected`] | an event cannot be published (too large, NULL key, …) |
+//! | 9 | [`Failure::Kafka`] | the producer cannot continue (authorization, fatal producer error) |
+
+use std::fmt;
+
+/// A kind of fatal failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Unexpected internal error.
+    Internal,
+    /// Invalid configuration.
+    Config,
+    /// Authentication or authorization failed.
+    Auth,
+    /// Database objects missing or misconfigured.
+    Schema,
+    /// The slot is active in another process.
+    SlotInUse,
+    /// The slot was invalidated.
+    SlotLost,
+    /// An event cannot be published.
+    EventRejected,
+    /// The Kafka producer cannot continue.
+    Kafka,
+}
+
+impl Failure {
+    /// The process exit status for this failure.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Failure::Internal => 1,
+            Failure::Config => 3,
+            Failure::Auth => 4,
+            Failure::Schema => 5,
+            Failure::SlotInUse => 6,
+            Failure::SlotLost => 7,
+            Failure::EventRejected => 8,
+            Failure::Kafka => 9,
+        }
+    }
+
+    /// Classifies a PostgreSQL error by SQLSTATE (and, for slot loss, message); `None` means
+    /// transient.
+    pub fn from_sqlstate(code: &str, message: &str) -> Option<Failure> {
+        match code {
+            "55006" => Some(Failure::SlotInUse),
+            "58P01" => Some(Failure::SlotLost),
+            "55000" if message.contains("can no longer get changes") => Some(Failure::SlotLost),
+            "55000" => Some(Failure::Schema),
+            "42501" => Some(Failure::Auth),
+            "3D000" | "42704" | "42P01" | "42703" | "0A000" => Some(Failure::Schema),
+            c if c.starts_with("28") => Some(Failure::Auth),
+            c if c.starts_with("42") => Some(Failure::Schema),
+            _ => None,
+        }
+    }
+}
+
+/// A fatal error: what happened, on one line, and how the process exits.
+#[derive(Debug)]
+pub struct FatalError {
+    /// Its kind.
+    pub failure: Failure,
+    /// One actionable line.
+    pub message: String,
+}
+
+impl fmt::Display for FatalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for FatalError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_distinct() {
+        let all = [
+            Failure::Internal,
+            Failure::Config,
+            Failure::Auth,
+            Failure::Schema,
+            Failure::SlotInUse,
+            Failure::SlotLost,
+            Failure::EventRejected,
+            Failure::Kafka,
+        ];
+        let mut codes: Vec<u8> = all.iter().map(|f| f.exit_code()).collect();
+        codes.sort();
+        codes.dedup();
+        assert_eq!(codes.len(), all.len());
+        assert!(!codes.contains(&0) && !codes.contains(&2));
+    }
+
+    #[test]
+    fn sqlstates() {
+        assert_eq!(Failure::from_sqlstate("28P01", ""), Some(Failure::Auth));
+        assert_eq!(
+            Failure::from_sqlstate("55006", ""),
+            Some(Failure::SlotInUse)
+        );
+        assert_eq!(
+            Failure::from_sqlstate(
+                "55000",
+                "can no longer get changes from replication slot \"s\""
+            ),
+            Some(Failure::SlotLost)
+        );
+        assert_eq!(
+            Failure::from_sqlstate("57P01", "terminating connection"),
+            None
+        );
+        assert_eq!(Failure::from_sqlstate("08006", ""), None);
+    }
+}

@@ -1,0 +1,41 @@
+//! walbox: a transactional-outbox relay from PostgreSQL's WAL to Kafka.
+//!
+//! Services insert an outbox row in the same transaction as their business change; walbox reads
+//! those INSERTs from a `pgoutput` logical replication slot, produces each one to Kafka in commit
+//! order keyed by aggregate id (idempotent producer, `acks=all`), and confirms the slot's
+//! position to PostgreSQL only after the broker acknowledged every event up to it. Delivery is
+//! at-least-once; consumers deduplicate by the `id` header.
+//!
+//! # Layout
+//! ```text
+//! cli.rs, main.rs      command line; main is thin
+//! config.rs            TOML + WALBOX_* environment → validated Config
+//! app.rs               wiring: HTTP, producer, reconnect loop, shutdown order
+//! relay.rs             one replication session: WAL → events → Kafka → confirmed LSN
+//! source/
+//!   conninfo.rs, tls.rs  connection strings, sslmode, the control connection
+//!   replication.rs       replication protocol client (CopyBoth, standby status)
+//!   pgoutput.rs          pgoutput decoder (bytes → messages), never panics
+//!   catalog.rs           start-up checks; publication and slot set-up
+//!   lsn.rs               log sequence numbers
+//! outbox.rs            relation cache + INSERT → OutboxEvent (topic, key, value, headers)
+//! sink/kafka.rs        producer: delivery reports, error classification
+//! checkpoint.rs        flush LSN = end of the longest fully acknowledged prefix
+//! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
+//! failure.rs           fatal failures and exit statuses
+//! sandbox/             throwaway PostgreSQL + Kafka-protocol broker (demo, tests, benches)
+//! demo.rs              `walbox demo`
+//! ```
+
+pub mod app;
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod failure;
+pub mod metrics;
+pub mod outbox;
+pub mod relay;
+pub mod sandbox;
+pub mod sink;
+pub mod source;

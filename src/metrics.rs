@@ -1,0 +1,238 @@
+//! Metrics and health: names defined once, served on their own listener.
+//!
+//! `GET /metrics` returns the Prometheus text format, `GET /healthz` answers 200 while the
+//! process is alive and has not hit a fatal error, `GET /readyz` answers 200 only while a
+//! replication session is streaming (503 while connecting, reconnecting or stopped).
+//!
+//! Metric names follow `walbox_<name>_<unit>[_total]` and are part of walbox's interface:
+//! dashboards and the shipped alert rules rely on them.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// Every metric walbox exports.
+pub struct Metrics {
+    registry: Registry,
+    /// `walbox_events_published_total`: events acknowledged by the broker.
+    pub events_published: IntCounter,
+    /// `walbox_transactions_total`: transactions confirmed to PostgreSQL.
+    pub transactions: IntCounter,
+    /// `walbox_inflight_events`: events produced and not yet retired.
+    pub inflight: IntGauge,
+    /// `walbox_confirmed_flush_lsn`: the last position confirmed to PostgreSQL, as a number.
+    pub confirmed_flush_lsn: IntGauge,
+    /// `walbox_received_lsn`: commit LSN of the newest transaction received.
+    pub received_lsn: IntGauge,
+    /// `walbox_replication_lag_seconds`: now − commit time of the newest confirmed transaction
+    /// (0 when nothing is pending).
+    pub replication_lag: Gauge,
+    /// `walbox_commit_to_ack_seconds`: commit timestamp → every event of the transaction acked.
+    pub commit_to_ack: Histogram,
+    /// `walbox_delivery_errors_total`: records the broker failed.
+    pub delivery_errors: IntCounter,
+    /// `walbox_reconnects_total`: replication sessions restarted after a transient error.
+    pub reconnects: IntCounter,
+    /// `walbox_streaming`: 1 while a replication session is streaming.
+    pub streaming: IntGauge,
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
+    r.register(Box::new(m.clone()))
+        .expect("metric names are unique and valid");
+    m
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let counter = |name: &str, help: &str| {
+            register(&r, IntCounter::new(name, help).expect("valid metric"))
+        };
+        let int_gauge =
+            |name: &str, help: &str| register(&r, IntGauge::new(name, help).expect("valid metric"));
+        Metrics {
+            events_published: counter(
+                "walbox_events_published_total",
+                "Events acknowledged by the Kafka broker.",
+            ),
+            transactions: counter(
+                "walbox_transactions_total",
+                "Transactions whose events are all acknowledged and confirmed to PostgreSQL.",
+            ),
+            inflight: int_gauge(
+                "walbox_inflight_events",
+                "Events produced to Kafka and not yet retired by the checkpoint.",
+            ),
+            confirmed_flush_lsn: int_gauge(
+                "walbox_confirmed_flush_lsn",
+                "Last WAL position confirmed to PostgreSQL (flush LSN as a number).",
+            ),
+            received_lsn: int_gauge(
+                "walbox_received_lsn",
+                "Commit LSN of the newest transaction received from PostgreSQL.",
+            ),
+            replication_lag: register(
+                &r,
+                Gauge::with_opts(Opts::new(
+                    "walbox_replication_lag_seconds",
+                    "Now minus the commit time of the newest confirmed transaction; 0 when idle.",
+                ))
+                .expect("valid metric"),
+            ),
+            commit_to_ack: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "walbox_commit_to_ack_seconds",
+                        "Commit timestamp to broker acknowledgement of every event of the transaction.",
+                    )
+                    .buckets(vec![
+                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                        10.0, 30.0, 60.0, 300.0,
+                    ]),
+                )
+                .expect("valid metric"),
+            ),
+            delivery_errors: counter(
+                "walbox_delivery_errors_total",
+                "Records the Kafka producer reported as failed.",
+            ),
+            reconnects: counter(
+                "walbox_reconnects_total",
+                "Replication sessions restarted after a transient error.",
+            ),
+            streaming: int_gauge(
+                "walbox_streaming",
+                "1 while a replication session is streaming, else 0.",
+            ),
+            registry: r,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Liveness and readiness, shared between the relay and the HTTP endpoints.
+#[derive(Default)]
+pub struct Health {
+    streaming: AtomicBool,
+    fatal: Mutex<Option<String>>,
+}
+
+impl Health {
+    /// Whether a replication session is streaming.
+    pub fn set_streaming(&self, on: bool) {
+        self.streaming.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the relay is streaming.
+    pub fn is_streaming(&self) -> bool {
+        self.streaming.load(Ordering::Relaxed)
+    }
+
+    /// Records a fatal error: `/healthz` turns 503 with this message.
+    pub fn set_fatal(&self, message: String) {
+        self.set_streaming(false);
+        if let Ok(mut f) = self.fatal.lock() {
+            *f = Some(message);
+        }
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.fatal.lock().ok().and_then(|f| f.clone())
+    }
+}
+
+#[derive(Clone)]
+struct HttpState {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+async fn metrics_handler(State(s): State<HttpState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+}
+
+async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
+    match s.health.fatal() {
+        None => (StatusCode::OK, "ok\n".to_owned()),
+        Some(m) => (StatusCode::SERVICE_UNAVAILABLE, format!("{m}\n")),
+    }
+}
+
+async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
+    if s.health.is_streaming() {
+        (StatusCode::OK, "streaming\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not streaming\n")
+    }
+}
+
+/// Binds the HTTP listener (so a bad address fails at start-up) and returns its address and
+/// the server future.
+pub async fn bind(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> std::io::Result<(
+    SocketAddr,
+    impl std::future::Future<Output = std::io::Result<()>>,
+)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(HttpState { metrics, health });
+    Ok((local, async move { axum::serve(listener, app).await }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_documented_names() {
+        let m = Metrics::new();
+        m.events_published.inc_by(3);
+        let text = m.render();
+        for name in [
+            "walbox_events_published_total 3",
+            "walbox_transactions_total",
+            "walbox_inflight_events",
+            "walbox_confirmed_flush_lsn",
+            "walbox_replication_lag_seconds",
+            "walbox_commit_to_ack_seconds_bucket",
+        ] {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! A Kafka-protocol broker for the demo, the tests and the benchmarks, and a consumer that reads
+//! back what walbox produced.
+//!
+//! By default the broker is librdkafka's mock cluster (`rdkafka::mocking::MockCluster`): real
+//! Kafka protocol on real TCP sockets, in this process, with fault injection (broker down/up,
+//! per-request errors, round-trip delay). An external cluster can be used instead by giving its
+//! bootstrap servers; topics are then created through the admin API.
+//!
+//! The mock cluster lives as long as the [`Broker`] and is not `Send`: keep it on the thread
+//! (or in the task) that created it.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::{Offset, TopicPartitionList};
+
+/// A Kafka-protocol cluster: the in-process mock or an external one.
+pub enum Broker {
+    /// librdkafka's mock cluster.
+    Mock(MockCluster<'static, DefaultProducerContext>),
+    /// An external cluster, by bootstrap servers.
+    External(String),
+}
+
+impl Broker {
+    /// A mock cluster of `brokers` brokers.
+    pub fn mock(brokers: i32) -> Result<Broker, KafkaError> {
+        Ok(Broker::Mock(MockCluster::new(brokers)?))
+    }
+
+    /// The external cluster named by environment variable `var` when it is set, else a mock
+    /// cluster of `brokers` brokers.
+    pub fn from_env_or_mock(var: &str, brokers: i32) -> Result<Broker, KafkaError> {
+        match std::env::var(var) {
+            Ok(b) if !b.trim().is_empty() => Ok(Broker::External(b)),
+            _ => Broker::mock(brokers),
+        }
+    }
+
+    /// `bootstrap.servers` for clients.
+    pub fn bootstrap_servers(&self) -> String {
+        match self {
+            Broker::Mock(m) => m.bootstrap_servers(),
+            Broker::External(b) => b.clone(),
+        }
+    }
+
+    /// The mock cluster, for fault injection (`None` for an external cluster).
+    pub fn mock_cluster(&self) -> Option<&MockCluster<'static, DefaultProducerContext>> {
+        match self {
+            Broker::Mock(m) => Some(m),
+            Broker::External(_) => None,
+        }
+    }
+
+    /// Creates a topic (an existing one is fine).
+    pub fn create_topic(&self, name: &str, partitions: i32) -> Result<(), KafkaError> {
+        match self {
+            Broker::Mock(m) => m.create_topic(name, partitions, 1),
+            Broker::External(b) => {
+                let admin: AdminClient<DefaultClientContext> =
+                    ClientConfig::new().set("bootstrap.servers", b).create()?;
+                let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(-1));
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| KafkaError::AdminOpCreation(e.to_string()))?;
+                let results = rt.block_on(admin.create_topics([&topic], &AdminOptions::new()))?;
+                for r in results {
+                    if let Err((_, code)) = r {
+                        if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
+                            return Err(KafkaError::AdminOp(code));
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One record as a consumer reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumedRecord {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub payload: Option<Vec<u8>>,
+    /// Headers in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl ConsumedRecord {
+    /// The first header called `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The first header called `name`, as UTF-8 text.
+    pub fn header_str(&self, name: &str) -> Option<&str> {
+        self.header(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
+/// Reads every partition of `topics` from the beginning until `done` says enough was read or
+/// `timeout` passes; returns what was read, in per-partition order.
+pub fn read_topics(
+    bootstrap: &str,
+    topics: &[&str],
+    timeout: Duration,
+    mut done: impl FnMut(&[ConsumedRecord]) -> bool,
+) -> Result<Vec<ConsumedRecord>, KafkaError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "walbox-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()?;
+    let deadline = Instant::now() + timeout;
+    let mut tpl = TopicPartitionList::new();
+    for topic in topics {
+        let partitions = loop {
+            let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
+            let n = md
+                .topics()
+                .iter()
+                .find(|t| t.name() == *topic)
+                .map(|t| t.partitions().len())
+                .unwrap_or(0);
+            if n > 0 || Instant::now() >= deadline {
+                break n;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        for p in 0..partitions as i32 {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+        }
+    }
+    consumer.assign(&tpl)?;
+    let mut out = Vec::new();
+    while !done(&out) && Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => out.push(ConsumedRecord {
+                topic: m.topic().to_owned(),
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                payload: m.payload().map(<[u8]>::to_vec),
+                headers: m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|x| (x.key.to_owned(), x.value.unwrap_or_default().to_vec()))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }),
+            Some(Err(e)) => tracing::debug!(error = %e, "consumer error"),
+            None => {}
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,6 @@
+//! Throwaway local infrastructure for `walbox demo`, the integration tests and
+//! the benchmarks: each helper starts a private, disposable server and removes
+//! every trace of it when it is dropped.
+
+pub mod broker;
+pub mod postgres;

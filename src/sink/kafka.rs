@@ -1,0 +1,258 @@
+//! The Kafka producer: one delivery report per record, classified errors.
+//!
+//! The producer is librdkafka's (through `rdkafka`), configured for the outbox's guarantees:
+//! `enable.idempotence=true` and `acks=all` (no loss, no duplicates or reordering from the
+//! producer's own retries), `partitioner=murmur2_random` (the Java client's and Debezium's key
+//! hashing, so an aggregate lands on the same partition whoever produced it), and
+//! `message.timeout.ms=0` — retry until delivered, the same choice Kafka Connect makes for its
+//! source connectors. A broker outage therefore never fails a record: it stalls the relay, which
+//! stops reading WAL once `relay.max_in_flight` records are waiting (backpressure), and resumes
+//! when the broker is back. User properties from `[kafka.properties]` override these defaults,
+//! except those that would weaken delivery (refused by the config).
+//!
+//! Each record carries its sequence number as the delivery opaque (a plain `usize`, no
+//! allocation); the delivery callback, on librdkafka's polling thread, sends an [`Ack`] into an
+//! unbounded channel whose length the relay's in-flight cap bounds.
+//!
+//! # Invariants
+//! - Every record handed to [`KafkaSink::send`] without error gets exactly one [`Ack`].
+//! - Records of one key are produced in the order `send` is called; the idempotent producer keeps
+//!   that order within the partition across retries.
+
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Message};
+use tokio::sync::mpsc;
+
+use crate::config::KafkaConfig;
+use crate::outbox::OutboxEvent;
+
+/// The broker's verdict on one record.
+#[derive(Debug)]
+pub struct Ack {
+    /// The record's sequence number (see `checkpoint`).
+    pub seq: u64,
+    /// `Ok` when the broker acknowledged it with `acks=all`.
+    pub result: Result<(), KafkaError>,
+    /// For a failed record: what identifies it, read back from the record.
+    pub failed: Option<FailedRecord>,
+}
+
+/// Identity of a record the broker failed, for the error message.
+#[derive(Debug, Default, Clone)]
+pub struct FailedRecord {
+    /// Topic.
+    pub topic: String,
+    /// Header `id`.
+    pub id: String,
+    /// Header `walbox.commit_lsn`.
+    pub lsn: String,
+}
+
+/// How an error on the Kafka side is to be treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// Retrying (after reconnecting) can succeed.
+    Transient,
+    /// This record can never be delivered (too large, invalid topic, …).
+    RecordRejected,
+    /// The producer cannot continue (authorization, fatal idempotence error, bad config).
+    Fatal,
+}
+
+/// Classifies an error reported for a record or by the producer.
+pub fn classify(err: &KafkaError) -> Severity {
+    use RDKafkaErrorCode as C;
+    let code = match err {
+        KafkaError::MessageProduction(c) | KafkaError::Global(c) => *c,
+        KafkaError::ClientConfig(..) | KafkaError::ClientCreation(_) => return Severity::Fatal,
+        _ => return Severity::Transient,
+    };
+    match code {
+        C::MessageSizeTooLarge
+        | C::InvalidMessageSize
+        | C::InvalidRecord
+        | C::UnknownTopic
+        | C::UnknownTopicOrPartition
+        | C::InvalidTopic
+        | C::MessageBatchTooLarge => Severity::RecordRejected,
+        C::Fatal
+        | C::TopicAuthorizationFailed
+        | C::ClusterAuthorizationFailed
+        | C::SaslAuthenticationFailed
+        | C::Authentication
+        | C::InvalidArgument => Severity::Fatal,
+        _ => Severity::Transient,
+    }
+}
+
+/// Errors creating the producer or handing it a record.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// librdkafka refused the configuration.
+    #[error("kafka producer configuration rejected: {0}")]
+    Config(#[source] KafkaError),
+    /// The record was refused before reaching the broker.
+    #[error("kafka refused the record: {0}")]
+    Send(#[source] KafkaError),
+    /// librdkafka's local queue is full; try again shortly.
+    #[error("kafka producer queue is full")]
+    QueueFull,
+}
+
+/// Routes delivery reports to the relay.
+struct SinkContext {
+    acks: mpsc::UnboundedSender<Ack>,
+}
+
+impl ClientContext for SinkContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if classify(&error) == Severity::Fatal {
+            tracing::error!(error = %error, reason, "kafka producer error");
+        } else {
+            tracing::warn!(error = %error, reason, "kafka client error");
+        }
+    }
+}
+
+impl ProducerContext for SinkContext {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+        let (result, failed) = match result {
+            Ok(_) => (Ok(()), None),
+            Err((err, msg)) => {
+                let header = |name: &str| {
+                    msg.headers()
+                        .and_then(|h| h.iter().find(|x| x.key == name))
+                        .and_then(|x| x.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                        .unwrap_or_default()
+                };
+                let failed = FailedRecord {
+                    topic: msg.topic().to_owned(),
+                    id: header("id"),
+                    lsn: header("walbox.commit_lsn"),
+                };
+                (Err(err.clone()), Some(failed))
+            }
+        };
+        // The receiver is gone only while the process shuts down; nothing waits for the ack then.
+        let _ = self.acks.send(Ack {
+            seq: seq as u64,
+            result,
+            failed,
+        });
+    }
+}
+
+/// The producer; see the module docs. Clones share one librdkafka producer.
+#[derive(Clone)]
+pub struct KafkaSink {
+    producer: ThreadedProducer<SinkContext>,
+}
+
+/// walbox's producer defaults; user properties are applied over them.
+pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
+    ("enable.idempotence", "true"),
+    ("acks", "all"),
+    ("partitioner", "murmur2_random"),
+    ("message.timeout.ms", "0"),
+    ("linger.ms", "5"),
+    ("client.id", "walbox"),
+];
+
+impl KafkaSink {
+    /// Creates the producer. Delivery reports go to `acks`.
+    pub fn new(config: &KafkaConfig, acks: mpsc::UnboundedSender<Ack>) -> Result<Self, SinkError> {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &config.brokers);
+        for (k, v) in DEFAULT_PROPERTIES {
+            cc.set(*k, *v);
+        }
+        for (k, v) in &config.properties {
+            cc.set(k, v);
+        }
+        let producer = cc
+            .create_with_context(SinkContext { acks })
+            .map_err(SinkError::Config)?;
+        Ok(KafkaSink { producer })
+    }
+
+    /// Hands one event to the producer; its [`Ack`] arrives later with `seq`.
+    pub fn send(&self, event: &OutboxEvent, seq: u64) -> Result<(), SinkError> {
+        let lsn = event.position.commit_lsn.to_string();
+        let index = event.position.index.to_string();
+        let mut headers = OwnedHeaders::new_with_capacity(4).insert(Header {
+            key: "id",
+            value: Some(&event.id[..]),
+        });
+        if let Some(t) = &event.event_type {
+            headers = headers.insert(Header {
+                key: "event_type",
+                value: Some(&t[..]),
+            });
+        }
+        headers = headers
+            .insert(Header {
+                key: "walbox.commit_lsn",
+                value: Some(lsn.as_bytes()),
+            })
+            .insert(Header {
+                key: "walbox.index",
+                value: Some(index.as_bytes()),
+            });
+        let record = BaseRecord::with_opaque_to(&event.topic, seq as usize)
+            .key(&event.key[..])
+            .payload(&event.payload[..])
+            .headers(headers);
+        match self.producer.send(record) {
+            Ok(()) => Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err(SinkError::QueueFull)
+            }
+            Err((e, _)) => Err(SinkError::Send(e)),
+        }
+    }
+
+    /// Records handed to librdkafka and not yet reported.
+    pub fn in_flight(&self) -> i32 {
+        self.producer.in_flight_count()
+    }
+
+    /// Waits up to `timeout` for every record to be delivered or failed.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        self.producer.flush(timeout).is_ok()
+    }
+
+    /// Asks the cluster for metadata: proves the brokers are reachable and credentials work.
+    pub fn probe(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.producer
+            .client()
+            .fetch_metadata(None, timeout)
+            .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification() {
+        use RDKafkaErrorCode as C;
+        let p = KafkaError::MessageProduction;
+        assert_eq!(
+            classify(&p(C::MessageSizeTooLarge)),
+            Severity::RecordRejected
+        );
+        assert_eq!(classify(&p(C::TopicAuthorizationFailed)), Severity::Fatal);
+        assert_eq!(classify(&p(C::MessageTimedOut)), Severity::Transient);
+        assert_eq!(classify(&p(C::BrokerTransportFailure)), Severity::Transient);
+        assert_eq!(classify(&p(C::NotEnoughReplicas)), Severity::Transient);
+    }
+}

@@ -1,0 +1,3 @@
+//! Where events go. Today one sink: Kafka ([`kafka`]).
+
+pub mod kafka;

@@ -1,0 +1,896 @@
+//! Connection settings shared by the replication connection and the control connection.
+//!
+//! walbox parses PostgreSQL connection strings itself because tokio-postgres 0.7.18's `Config`
+//! rejects `sslmode=verify-ca|verify-full` and `replication=database`. Both libpq forms are
+//! accepted:
+//!
+//! * URL: `postgres[ql]://user:password@host:port/dbname?param=value&...`, percent-decoded; a
+//!   host beginning with `/` (literally in `?host=`, or `%2F`-encoded in the authority) is a Unix
+//!   socket directory; IPv6 addresses go in brackets (`[::1]`).
+//! * key=value: `host=db port=5432 user=walbox password='it''s secret' dbname=app`, values
+//!   optionally single-quoted, backslash escapes `\'` and `\\`.
+//!
+//! Accepted parameters: `host`, `port`, `user`, `password`, `dbname`, `sslmode`, `sslrootcert`,
+//! `application_name`, `connect_timeout` (seconds, `0` = none). Anything else is an error, so a
+//! typo never silently weakens TLS.
+//!
+//! Invariants:
+//! * the password never appears in [`ConnInfoError`] messages, in [`ConnInfo::redacted`], nor in
+//!   `Debug` output. Error messages also hide every fragment of the input that could be part of
+//!   a mis-quoted password (URL authority and path, anything after a `password` parameter).
+//! * Unix sockets never use TLS (PostgreSQL does not offer it there); `sslmode` is ignored for them,
+//!   as libpq does.
+//! * When `sslrootcert` is given, `sslmode=prefer|require` verify the certificate chain like
+//!   `verify-ca` (libpq's rule for an existing root certificate file). `sslrootcert=system` means
+//!   the system's trusted roots.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::source::tls::{TlsConfig, TlsError};
+
+/// Default Unix socket directory of Debian's PostgreSQL packages, used when no host is given and it
+/// exists.
+const DEFAULT_SOCKET_DIR: &str = "/var/run/postgresql";
+/// Default application name reported to the server (`pg_stat_activity.application_name`).
+const DEFAULT_APPLICATION_NAME: &str = "walbox";
+
+/// How TLS is negotiated with the server (libpq's `sslmode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SslMode {
+    /// Never use TLS.
+    Disable,
+    /// Try TLS; fall back to plaintext when the server refuses it or the handshake fails.
+    #[default]
+    Prefer,
+    /// Require TLS, without verifying the server certificate (unless `sslrootcert` is given).
+    Require,
+    /// Require TLS and verify the certificate chain against `sslrootcert` or the system roots,
+    /// without checking the host name.
+    VerifyCa,
+    /// Like [`SslMode::VerifyCa`], and the certificate must also match the host name.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The libpq spelling, e.g. `verify-full`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SslMode {
+    type Err = ConnInfoError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => {
+                return Err(ConnInfoError::InvalidValue {
+                    param: "sslmode",
+                    reason: format!(
+                        "{other:?} is not one of disable, prefer, require, verify-ca, verify-full"
+                    ),
+                })
+            }
+        })
+    }
+}
+
+/// Where the server listens.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Host {
+    /// A host name or IP address, reached over TCP.
+    Tcp(String),
+    /// A directory holding the server's Unix socket `.s.PGSQL.<port>`.
+    Unix(PathBuf),
+}
+
+/// Parsed connection settings. Build with [`str::parse`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// Server host or socket directory.
+    pub host: Host,
+    /// TCP port, also part of the Unix socket's file name.
+    pub port: u16,
+    /// Role to log in as.
+    pub user: String,
+    /// Password, if any. Never printed.
+    pub password: Option<String>,
+    /// Database to connect to (the replication connection decodes this database's changes).
+    pub dbname: String,
+    /// TLS negotiation mode.
+    pub sslmode: SslMode,
+    /// PEM file of trusted root certificates; `system` for the system's roots.
+    pub sslrootcert: Option<PathBuf>,
+    /// Reported as `application_name`; defaults to `walbox`.
+    pub application_name: String,
+    /// Bound on establishing a connection (socket, TLS, authentication); `None` waits forever.
+    pub connect_timeout: Option<Duration>,
+}
+
+/// A connection string could not be parsed. The message never contains the password.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConnInfoError {
+    /// A parameter walbox does not know.
+    #[error("unknown connection parameter {0}")]
+    UnknownParameter(String),
+    /// A known parameter with an unusable value.
+    #[error("invalid value for connection parameter {param}: {reason}")]
+    InvalidValue {
+        /// Parameter name.
+        param: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The string is not a well-formed URL or key=value list.
+    #[error("malformed connection string: {0}")]
+    Malformed(String),
+    /// No user name was given and `$USER` is not set.
+    #[error("no user name in the connection string and $USER is not set")]
+    MissingUser,
+}
+
+/// The control connection could not be established.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// TLS could not be set up (e.g. unreadable `sslrootcert`).
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// Connecting, the TLS handshake, authentication or the server failed.
+    #[error("cannot connect to PostgreSQL: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// `connect_timeout` elapsed.
+    #[error("timed out connecting to PostgreSQL")]
+    Timeout,
+}
+
+impl ConnectError {
+    /// The SQLSTATE of a server error, e.g. `28P01` for a wrong password.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            ConnectError::Postgres(e) => e.as_db_error().map(|db| db.code().code()),
+            _ => None,
+        }
+    }
+}
+
+/// One parameter as written in the input.
+struct Param {
+    key: String,
+    value: String,
+    /// The key and value may be fragments of a mis-quoted password: do not echo them in errors.
+    hidden: bool,
+}
+
+/// Shows `s` in an error message unless it may be part of a password.
+fn show(s: &str, hidden: bool) -> String {
+    if hidden {
+        "(value hidden: it may be part of a password)".to_owned()
+    } else {
+        format!("{s:?}")
+    }
+}
+
+impl FromStr for ConnInfo {
+    type Err = ConnInfoError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        let params = if let Some(rest) = s
+            .strip_prefix("postgresql://")
+            .or_else(|| s.strip_prefix("postgres://"))
+        {
+            parse_url(rest)?
+        } else {
+            parse_keyword_value(s)?
+        };
+        ConnInfo::from_params(params)
+    }
+}
+
+impl ConnInfo {
+    fn from_params(params: Vec<Param>) -> Result<Self, ConnInfoError> {
+        let mut host: Option<Host> = None;
+        let mut port: u16 = 5432;
+        let mut user: Option<String> = None;
+        let mut password: Option<String> = None;
+        let mut dbname: Option<String> = None;
+        let mut sslmode = SslMode::default();
+        let mut sslrootcert: Option<PathBuf> = None;
+        let mut application_name = DEFAULT_APPLICATION_NAME.to_owned();
+        let mut connect_timeout: Option<Duration> = None;
+
+        for Param { key, value, hidden } in params {
+            match key.as_str() {
+                "host" => host = parse_host(&value, hidden)?,
+                "port" => port = parse_port(&value, hidden)?,
+                "user" => user = Some(value).filter(|v| !v.is_empty()),
+                "password" => password = Some(value),
+                "dbname" => dbname = Some(value).filter(|v| !v.is_empty()),
+                "sslmode" => {
+                    sslmode = value.parse().map_err(|_| ConnInfoError::InvalidValue {
+                        param: "sslmode",
+                        reason: format!(
+                            "{} is not one of disable, prefer, require, verify-ca, verify-full",
+                            show(&value, hidden)
+                        ),
+                    })?
+                }
+                "sslrootcert" => sslrootcert = Some(PathBuf::from(value)).filter(|p| p != ""),
+                "application_name" => application_name = value,
+                "connect_timeout" => {
+                    let secs: u64 =
+                        value
+                            .trim()
+                            .parse()
+                            .map_err(|_| ConnInfoError::InvalidValue {
+                                param: "connect_timeout",
+                                reason: format!(
+                                    "{} is not a whole number of seconds",
+                                    show(&value, hidden)
+                                ),
+                            })?;
+                    connect_timeout = (secs > 0).then(|| Duration::from_secs(secs));
+                }
+                _ => {
+                    return Err(ConnInfoError::UnknownParameter(format!(
+                        "{} (known: host, port, user, password, dbname, sslmode, sslrootcert, \
+                         application_name, connect_timeout)",
+                        show(&key, hidden)
+                    )))
+                }
+            }
+        }
+
+        let host = host.unwrap_or_else(|| {
+            if Path::new(DEFAULT_SOCKET_DIR).exists() {
+                Host::Unix(PathBuf::from(DEFAULT_SOCKET_DIR))
+            } else {
+                Host::Tcp("localhost".to_owned())
+            }
+        });
+        let user = match user {
+            Some(u) => u,
+            None => std::env::var("USER")
+                .ok()
+                .filter(|u| !u.is_empty())
+                .ok_or(ConnInfoError::MissingUser)?,
+        };
+        let dbname = dbname.unwrap_or_else(|| user.clone());
+        Ok(ConnInfo {
+            host,
+            port,
+            user,
+            password,
+            dbname,
+            sslmode,
+            sslrootcert,
+            application_name,
+            connect_timeout,
+        })
+    }
+
+    /// The Unix socket file, `<dir>/.s.PGSQL.<port>`, when [`ConnInfo::host`] is a directory.
+    pub fn unix_socket_path(&self) -> Option<PathBuf> {
+        match &self.host {
+            Host::Unix(dir) => Some(dir.join(format!(".s.PGSQL.{}", self.port))),
+            Host::Tcp(_) => None,
+        }
+    }
+
+    /// Whether connections use TLS at all: never over Unix sockets nor with `sslmode=disable`.
+    pub fn tls_applies(&self) -> bool {
+        matches!(self.host, Host::Tcp(_)) && self.sslmode != SslMode::Disable
+    }
+
+    /// The settings as a `postgresql://` URL with the password replaced by `***`, for logs.
+    /// Parsing it gives back the same settings (except the password).
+    pub fn redacted(&self) -> String {
+        let mut out = String::from("postgresql://");
+        out.push_str(&percent_encode(&self.user));
+        if self.password.is_some() {
+            out.push_str(":***");
+        }
+        out.push('@');
+        match &self.host {
+            Host::Tcp(h) if h.contains(':') => {
+                out.push('[');
+                out.push_str(h);
+                out.push(']');
+            }
+            Host::Tcp(h) => out.push_str(&percent_encode(h)),
+            Host::Unix(dir) => out.push_str(&percent_encode(&dir.to_string_lossy())),
+        }
+        out.push_str(&format!(":{}/", self.port));
+        out.push_str(&percent_encode(&self.dbname));
+        out.push_str("?sslmode=");
+        out.push_str(self.sslmode.as_str());
+        if let Some(root) = &self.sslrootcert {
+            out.push_str("&sslrootcert=");
+            out.push_str(&percent_encode(&root.to_string_lossy()));
+        }
+        out.push_str("&application_name=");
+        out.push_str(&percent_encode(&self.application_name));
+        if let Some(t) = self.connect_timeout {
+            out.push_str(&format!("&connect_timeout={}", t.as_secs().max(1)));
+        }
+        out
+    }
+}
+
+impl fmt::Display for ConnInfo {
+    /// Same as [`ConnInfo::redacted`].
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl fmt::Debug for ConnInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnInfo")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("dbname", &self.dbname)
+            .field("sslmode", &self.sslmode)
+            .field("sslrootcert", &self.sslrootcert)
+            .field("application_name", &self.application_name)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+fn parse_host(value: &str, hidden: bool) -> Result<Option<Host>, ConnInfoError> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    if value.contains(',') {
+        return Err(ConnInfoError::InvalidValue {
+            param: "host",
+            reason: "several hosts are not supported".to_owned(),
+        });
+    }
+    if value.starts_with('/') {
+        return Ok(Some(Host::Unix(PathBuf::from(value))));
+    }
+    if value.contains(['@', '/', ' ']) {
+        return Err(ConnInfoError::InvalidValue {
+            param: "host",
+            reason: format!(
+                "{} is not a host name (percent-encode '@' and '/' in a URL's user name or password)",
+                show(value, hidden)
+            ),
+        });
+    }
+    Ok(Some(Host::Tcp(value.to_owned())))
+}
+
+fn parse_port(value: &str, hidden: bool) -> Result<u16, ConnInfoError> {
+    match value.trim().parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(ConnInfoError::InvalidValue {
+            param: "port",
+            reason: format!("{} is not a port number (1-65535)", show(value, hidden)),
+        }),
+    }
+}
+
+/// Parses the part of a URL after `postgres://`.
+fn parse_url(rest: &str) -> Result<Vec<Param>, ConnInfoError> {
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = match before_query.find('/') {
+        Some(i) => (&before_query[..i], &before_query[i + 1..]),
+        None => (before_query, ""),
+    };
+    let mut params = Vec::new();
+    let mut push = |key: &str, value: String, hidden: bool| {
+        params.push(Param {
+            key: key.to_owned(),
+            value,
+            hidden,
+        })
+    };
+
+    // The last '@' ends the user info, so an unencoded '@' in a password cannot become a host.
+    let (userinfo, hostport) = match authority.rfind('@') {
+        Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+        None => (None, authority),
+    };
+    let has_password = userinfo.is_some_and(|u| u.contains(':'));
+    if let Some(userinfo) = userinfo {
+        let (user, password) = match userinfo.split_once(':') {
+            Some((u, p)) => (u, Some(p)),
+            None => (userinfo, None),
+        };
+        push("user", percent_decode(user, "user name")?, true);
+        if let Some(p) = password {
+            push("password", percent_decode(p, "password")?, true);
+        }
+    }
+
+    // Host and port: "[v6]:port", "host:port", "host", ":port", "".
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (h, after) = v6
+            .split_once(']')
+            .ok_or_else(|| ConnInfoError::Malformed("unterminated '[' in URL host".to_owned()))?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':').ok_or_else(|| {
+                ConnInfoError::Malformed("unexpected text after ']' in URL host".to_owned())
+            })?),
+        };
+        (h.to_owned(), port)
+    } else {
+        match hostport.split_once(':') {
+            Some((h, p)) => (percent_decode(h, "host")?, Some(p)),
+            None => (percent_decode(hostport, "host")?, None),
+        }
+    };
+    // A URL without user info can still be a password with an unencoded '/' cut short.
+    let authority_hidden = true;
+    if !host.is_empty() {
+        push("host", host, authority_hidden);
+    }
+    if let Some(p) = port.filter(|p| !p.is_empty()) {
+        push("port", percent_decode(p, "port")?, authority_hidden);
+    }
+
+    if !path.is_empty() {
+        if path.contains('@') {
+            return Err(ConnInfoError::Malformed(
+                "unexpected '@' after the URL's host: percent-encode '/' and '@' in the user name \
+                 or password (%2F, %40)"
+                    .to_owned(),
+            ));
+        }
+        push("dbname", percent_decode(path, "database name")?, true);
+    }
+
+    let mut after_password = has_password;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or_else(|| {
+            ConnInfoError::Malformed(format!(
+                "URL query parameter {} has no '='",
+                show(pair, after_password)
+            ))
+        })?;
+        let key = percent_decode(k, "query parameter name")?;
+        let value = percent_decode(v, "query parameter value")?;
+        let is_password = key == "password";
+        push(&key, value, after_password);
+        after_password |= is_password;
+    }
+    Ok(params)
+}
+
+/// Parses libpq's `key=value key='quoted value'` form.
+fn parse_keyword_value(s: &str) -> Result<Vec<Param>, ConnInfoError> {
+    let mut params = Vec::new();
+    let mut chars = s.chars().peekable();
+    let mut after_password = false;
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            break;
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.next() != Some('=') {
+            return Err(ConnInfoError::Malformed(format!(
+                "missing '=' after {} (values with spaces need single quotes)",
+                show(&key, after_password)
+            )));
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next() {
+                    None => {
+                        return Err(ConnInfoError::Malformed(format!(
+                            "unterminated quoted value of {}",
+                            show(&key, after_password)
+                        )))
+                    }
+                    Some('\'') => break,
+                    Some('\\') => match chars.next() {
+                        Some(c) => value.push(c),
+                        None => {
+                            return Err(ConnInfoError::Malformed(format!(
+                                "unterminated quoted value of {}",
+                                show(&key, after_password)
+                            )))
+                        }
+                    },
+                    Some(c) => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    if let Some(escaped) = chars.next() {
+                        value.push(escaped);
+                    }
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        let is_password = key == "password";
+        params.push(Param {
+            key,
+            value,
+            hidden: after_password,
+        });
+        after_password |= is_password;
+    }
+    Ok(params)
+}
+
+/// Decodes `%XX` escapes; the result must be UTF-8 without NUL. `what` names the part for errors
+/// (the input itself is never echoed).
+fn percent_decode(s: &str, what: &str) -> Result<String, ConnInfoError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| {
+                    ConnInfoError::Malformed(format!("invalid percent-encoding in the {what}"))
+                })?;
+            if hex == 0 {
+                return Err(ConnInfoError::Malformed(format!(
+                    "%00 is not allowed in the {what}"
+                )));
+            }
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| {
+        ConnInfoError::Malformed(format!("the {what} is not UTF-8 after percent-decoding"))
+    })
+}
+
+/// Percent-encodes everything except RFC 3986 unreserved characters.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Opens an ordinary (non-replication) connection with tokio-postgres, for DDL and slot health
+/// queries. TLS follows [`ConnInfo::sslmode`] exactly like the replication connection (same
+/// [`TlsConfig`]); with `prefer`, a failed handshake is retried once without TLS. The connection
+/// task is spawned on tokio and logs with `tracing::warn!` if it ends with an error.
+pub async fn connect_control(info: &ConnInfo) -> Result<tokio_postgres::Client, ConnectError> {
+    let attempt = async {
+        let tls = if info.tls_applies() {
+            TlsConfig::new(info.sslmode, info.sslrootcert.as_deref())?
+        } else {
+            None
+        };
+        match tls {
+            None => connect_control_with(control_config(info, false), tokio_postgres::NoTls).await,
+            Some(tls) => {
+                let first =
+                    connect_control_with(control_config(info, true), tls.make_tls_connect()).await;
+                match first {
+                    Err(ConnectError::Postgres(e))
+                        if info.sslmode == SslMode::Prefer && is_tls_failure(&e) =>
+                    {
+                        tracing::debug!(
+                            error = %e,
+                            "TLS handshake failed with sslmode=prefer; retrying without TLS"
+                        );
+                        connect_control_with(control_config(info, false), tokio_postgres::NoTls)
+                            .await
+                    }
+                    other => other,
+                }
+            }
+        }
+    };
+    match info.connect_timeout {
+        Some(limit) => tokio::time::timeout(limit, attempt)
+            .await
+            .map_err(|_| ConnectError::Timeout)?,
+        None => attempt.await,
+    }
+}
+
+fn control_config(info: &ConnInfo, tls: bool) -> tokio_postgres::Config {
+    let mut config = tokio_postgres::Config::new();
+    match &info.host {
+        Host::Tcp(h) => config.host(h.as_str()),
+        Host::Unix(dir) => config.host_path(dir),
+    };
+    config
+        .port(info.port)
+        .user(info.user.as_str())
+        .dbname(info.dbname.as_str())
+        .application_name(info.application_name.as_str())
+        .ssl_mode(if tls {
+            tokio_postgres::config::SslMode::Require
+        } else {
+            tokio_postgres::config::SslMode::Disable
+        });
+    if info.sslmode == SslMode::Prefer && tls {
+        // The server may refuse TLS: then go on in plaintext, like libpq.
+        config.ssl_mode(tokio_postgres::config::SslMode::Prefer);
+    }
+    if let Some(p) = &info.password {
+        config.password(p.as_bytes());
+    }
+    if let Some(t) = info.connect_timeout {
+        config.connect_timeout(t);
+    }
+    config
+}
+
+async fn connect_control_with<T>(
+    config: tokio_postgres::Config,
+    tls: T,
+) -> Result<tokio_postgres::Client, ConnectError>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = config.connect(tls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "PostgreSQL control connection ended with an error");
+        }
+    });
+    Ok(client)
+}
+
+/// Whether a tokio-postgres error came from the TLS handshake (OpenSSL).
+fn is_tls_failure(e: &tokio_postgres::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<openssl::ssl::Error>() || s.is::<openssl::error::ErrorStack>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> ConnInfo {
+        s.parse().unwrap_or_else(|e| panic!("{s:?}: {e}"))
+    }
+
+    #[test]
+    fn url_form() {
+        let c = parse(
+            "postgres://walbox:s3cret@db.example.com:6543/app?sslmode=verify-full\
+             &sslrootcert=/etc/ca.pem&application_name=relay&connect_timeout=7",
+        );
+        assert_eq!(c.host, Host::Tcp("db.example.com".into()));
+        assert_eq!(c.port, 6543);
+        assert_eq!(c.user, "walbox");
+        assert_eq!(c.password.as_deref(), Some("s3cret"));
+        assert_eq!(c.dbname, "app");
+        assert_eq!(c.sslmode, SslMode::VerifyFull);
+        assert_eq!(c.sslrootcert, Some(PathBuf::from("/etc/ca.pem")));
+        assert_eq!(c.application_name, "relay");
+        assert_eq!(c.connect_timeout, Some(Duration::from_secs(7)));
+
+        let c = parse("postgresql://u@[::1]:5433/d");
+        assert_eq!(c.host, Host::Tcp("::1".into()));
+        assert_eq!(c.port, 5433);
+        assert_eq!(c.password, None);
+        assert_eq!(c.sslmode, SslMode::Prefer);
+        assert_eq!(c.application_name, "walbox");
+        assert_eq!(c.connect_timeout, None);
+    }
+
+    #[test]
+    fn url_defaults() {
+        let c = parse("postgres://u@h");
+        assert_eq!(c.port, 5432);
+        assert_eq!(c.dbname, "u", "dbname defaults to the user");
+        let c = parse("postgres://u@h/?connect_timeout=0");
+        assert_eq!(c.connect_timeout, None);
+        assert_eq!(c.dbname, "u");
+    }
+
+    #[test]
+    fn default_user_comes_from_environment() {
+        if let Ok(user) = std::env::var("USER") {
+            if !user.is_empty() {
+                let c = parse("host=h");
+                assert_eq!(c.user, user);
+                assert_eq!(c.dbname, user);
+            }
+        }
+    }
+
+    #[test]
+    fn default_host() {
+        let c = parse("user=u");
+        let expected = if Path::new(DEFAULT_SOCKET_DIR).exists() {
+            Host::Unix(DEFAULT_SOCKET_DIR.into())
+        } else {
+            Host::Tcp("localhost".into())
+        };
+        assert_eq!(c.host, expected);
+    }
+
+    #[test]
+    fn percent_encoding() {
+        let c = parse("postgres://us%40er:p%40ss%2Fw%3Ard@h/my%20db?application_name=a%26b");
+        assert_eq!(c.user, "us@er");
+        assert_eq!(c.password.as_deref(), Some("p@ss/w:rd"));
+        assert_eq!(c.dbname, "my db");
+        assert_eq!(c.application_name, "a&b");
+        // An unencoded '@' in the password still works: the last '@' ends the user info.
+        let c = parse("postgres://u:p@ss@h/d");
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.host, Host::Tcp("h".into()));
+    }
+
+    #[test]
+    fn unix_sockets() {
+        let c = parse("postgres://u@%2Fvar%2Frun%2Fpostgresql:5433/d");
+        assert_eq!(c.host, Host::Unix("/var/run/postgresql".into()));
+        assert_eq!(
+            c.unix_socket_path(),
+            Some(PathBuf::from("/var/run/postgresql/.s.PGSQL.5433"))
+        );
+        assert!(!c.tls_applies());
+        let c = parse("postgres:///d?host=/tmp/sock&user=u&port=7");
+        assert_eq!(c.host, Host::Unix("/tmp/sock".into()));
+        assert_eq!(c.port, 7);
+        let c = parse("host=/tmp user=u");
+        assert_eq!(c.host, Host::Unix("/tmp".into()));
+        assert_eq!(
+            c.unix_socket_path(),
+            Some(PathBuf::from("/tmp/.s.PGSQL.5432"))
+        );
+    }
+
+    #[test]
+    fn keyword_value_form() {
+        let c = parse(
+            "host=db port = 6000 user=walbox password='it\\'s a secret' dbname=app \
+             sslmode=require application_name='walbox east'",
+        );
+        assert_eq!(c.host, Host::Tcp("db".into()));
+        assert_eq!(c.port, 6000);
+        assert_eq!(c.password.as_deref(), Some("it's a secret"));
+        assert_eq!(c.dbname, "app");
+        assert_eq!(c.sslmode, SslMode::Require);
+        assert_eq!(c.application_name, "walbox east");
+        let c = parse("user=u password='' dbname=''");
+        assert_eq!(c.password.as_deref(), Some(""));
+        assert_eq!(c.dbname, "u");
+    }
+
+    #[test]
+    fn errors() {
+        for (s, needle) in [
+            (
+                "postgres://u@h/d?sslmdoe=require",
+                "unknown connection parameter \"sslmdoe\"",
+            ),
+            (
+                "host=h user=u replication=database",
+                "unknown connection parameter",
+            ),
+            ("host=h user=u sslmode=allow", "sslmode"),
+            ("host=h user=u port=0", "port"),
+            ("host=h user=u port=70000", "port"),
+            ("postgres://u@h:x/d", "port"),
+            ("host=h user=u connect_timeout=-1", "connect_timeout"),
+            ("host=h user=u password='abc", "unterminated"),
+            ("host=h user", "missing '='"),
+            ("postgres://u@h1,h2/d", "several hosts"),
+            ("postgres://u@h/d?sslmode", "has no '='"),
+            ("postgres://u@h/d%zz", "percent-encoding"),
+            ("postgres://u@[::1/d", "unterminated '['"),
+        ] {
+            let e = s.parse::<ConnInfo>().expect_err(s).to_string();
+            assert!(e.contains(needle), "{s:?}: {e:?} lacks {needle:?}");
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+    }
+
+    #[test]
+    fn errors_never_contain_the_password() {
+        for s in [
+            // Unquoted space: "cd" and "ef" may be password fragments.
+            "user=u host=h password=ab cd=ef",
+            "user=u host=h password=ab cd",
+            "user=u host=h password=ab port=hunter2",
+            // '/' in a URL password cuts the authority short.
+            "postgres://u:hunter2/x@h/d",
+            "postgres://u:12/hunter2@h/d",
+            "postgres://u:pw@h/d?password=hun&ter2=x",
+            "postgres://u:hunter2@h:hunter2/d",
+            "postgres://u:hunter2@h/d?sslmode=hunter2",
+        ] {
+            let e = s.parse::<ConnInfo>().expect_err(s).to_string();
+            for secret in ["hunter2", "ter2", "cd", "ef"] {
+                assert!(!e.contains(secret), "{s:?} -> {e:?} leaks {secret:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn redaction() {
+        let c =
+            parse("postgres://walbox:hunter2@db:6543/app?sslmode=verify-ca&sslrootcert=/ca.pem");
+        let r = c.redacted();
+        assert!(!r.contains("hunter2"), "{r}");
+        assert_eq!(
+            r,
+            "postgresql://walbox:***@db:6543/app?sslmode=verify-ca&sslrootcert=%2Fca.pem\
+             &application_name=walbox"
+        );
+        assert_eq!(c.to_string(), r);
+        let back = parse(&r);
+        assert_eq!(back.password.as_deref(), Some("***"));
+        assert_eq!(
+            ConnInfo {
+                password: c.password.clone(),
+                ..back
+            },
+            c
+        );
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("hunter2") && dbg.contains("***"), "{dbg}");
+
+        let unix = parse("host=/run/pg port=5444 user=u dbname='a b' connect_timeout=3");
+        let r = unix.redacted();
+        assert_eq!(
+            r,
+            "postgresql://u@%2Frun%2Fpg:5444/a%20b?sslmode=prefer&application_name=walbox\
+             &connect_timeout=3"
+        );
+        assert_eq!(parse(&r), unix);
+        let v6 = parse("postgres://u@[::1]/d");
+        assert_eq!(parse(&v6.redacted()), v6);
+    }
+}
