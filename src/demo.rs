@@ -36,9 +36,14 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
         bail!("--aggregates and --events must be at least 1");
     }
     println!("starting a throwaway PostgreSQL cluster (wal_level=logical)…");
-    let cluster = tokio::task::spawn_blocking(|| PgCluster::start(PgClusterOptions::default()))
-        .await?
-        .context("starting PostgreSQL")?;
+    let cluster = tokio::task::spawn_blocking(|| {
+        PgCluster::start(PgClusterOptions {
+            watchdog: true,
+            ..Default::default()
+        })
+    })
+    .await?
+    .context("starting PostgreSQL")?;
     cluster.create_database("demo")?;
     cluster.psql("demo", SCHEMA)?;
     let broker = Broker::mock(3).context("starting the mock Kafka cluster")?;
@@ -156,14 +161,14 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
     let confirmed = loop {
         let row = client
             .query_one(
-                "SELECT confirmed_flush_lsn::text, pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint FROM pg_replication_slots WHERE slot_name = 'walbox'",
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'walbox'",
                 &[],
             )
             .await?;
-        let (text, num): (String, i64) = (row.get(0), row.get(1));
-        if metrics.transactions.get() >= u64::from(events)
-            && num >= metrics.confirmed_flush_lsn.get()
-            && num > 0
+        let text: String = row.get(0);
+        if text
+            .parse::<crate::source::lsn::Lsn>()
+            .is_ok_and(|l| l > last_commit)
         {
             break text;
         }

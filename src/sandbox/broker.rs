@@ -124,56 +124,133 @@ pub fn read_topics(
     bootstrap: &str,
     topics: &[&str],
     timeout: Duration,
-    mut done: impl FnMut(&[ConsumedRecord]) -> bool,
+    done: impl FnMut(&[ConsumedRecord]) -> bool,
 ) -> Result<Vec<ConsumedRecord>, KafkaError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "walbox-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .create()?;
-    let deadline = Instant::now() + timeout;
-    let mut tpl = TopicPartitionList::new();
-    for topic in topics {
-        let partitions = loop {
-            let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
-            let n = md
-                .topics()
-                .iter()
-                .find(|t| t.name() == *topic)
-                .map(|t| t.partitions().len())
-                .unwrap_or(0);
-            if n > 0 || Instant::now() >= deadline {
-                break n;
+    let mut reader = TopicReader::new(bootstrap, topics, timeout)?;
+    reader.poll_until(timeout, done);
+    Ok(reader.records)
+}
+
+/// An incremental reader of every partition of some topics, from the beginning.
+pub struct TopicReader {
+    consumer: BaseConsumer,
+    partitions: Vec<(String, i32)>,
+    /// Next offset to read, per entry of `partitions`.
+    next: Vec<i64>,
+    /// Everything read so far, in per-partition order.
+    pub records: Vec<ConsumedRecord>,
+}
+
+impl TopicReader {
+    /// Assigns every partition of `topics` (waiting up to `timeout` for them to exist).
+    pub fn new(bootstrap: &str, topics: &[&str], timeout: Duration) -> Result<Self, KafkaError> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", "walbox-reader")
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .create()?;
+        let deadline = Instant::now() + timeout;
+        let mut tpl = TopicPartitionList::new();
+        let mut partitions = Vec::new();
+        for topic in topics {
+            let count = loop {
+                let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
+                let n = md
+                    .topics()
+                    .iter()
+                    .find(|t| t.name() == *topic)
+                    .map(|t| t.partitions().len())
+                    .unwrap_or(0);
+                if n > 0 || Instant::now() >= deadline {
+                    break n;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            for p in 0..count as i32 {
+                tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+                partitions.push(((*topic).to_owned(), p));
             }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        for p in 0..partitions as i32 {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
         }
+        consumer.assign(&tpl)?;
+        let next = vec![0; partitions.len()];
+        Ok(TopicReader {
+            consumer,
+            partitions,
+            next,
+            records: Vec::new(),
+        })
     }
-    consumer.assign(&tpl)?;
-    let mut out = Vec::new();
-    while !done(&out) && Instant::now() < deadline {
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => out.push(ConsumedRecord {
-                topic: m.topic().to_owned(),
-                partition: m.partition(),
-                offset: m.offset(),
-                key: m.key().map(<[u8]>::to_vec),
-                payload: m.payload().map(<[u8]>::to_vec),
-                headers: m
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|x| (x.key.to_owned(), x.value.unwrap_or_default().to_vec()))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            }),
+
+    fn poll_once(&mut self) {
+        match self.consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let rec = ConsumedRecord {
+                    topic: m.topic().to_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    payload: m.payload().map(<[u8]>::to_vec),
+                    headers: m
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|x| (x.key.to_owned(), x.value.unwrap_or_default().to_vec()))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                };
+                if let Some(i) = self
+                    .partitions
+                    .iter()
+                    .position(|(t, p)| *t == rec.topic && *p == rec.partition)
+                {
+                    self.next[i] = rec.offset + 1;
+                }
+                self.records.push(rec);
+            }
             Some(Err(e)) => tracing::debug!(error = %e, "consumer error"),
             None => {}
         }
     }
-    Ok(out)
+
+    /// Polls until `done(records)` or `timeout`; returns whether `done` was reached.
+    pub fn poll_until(
+        &mut self,
+        timeout: Duration,
+        mut done: impl FnMut(&[ConsumedRecord]) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if done(&self.records) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.poll_once();
+        }
+    }
+
+    /// Reads everything the partitions hold right now (up to their high watermarks).
+    pub fn read_to_end(&mut self, timeout: Duration) -> Result<(), KafkaError> {
+        let mut high = Vec::with_capacity(self.partitions.len());
+        for (t, p) in &self.partitions {
+            high.push(
+                self.consumer
+                    .fetch_watermarks(t, *p, Duration::from_secs(5))?
+                    .1,
+            );
+        }
+        let deadline = Instant::now() + timeout;
+        while self.next.iter().zip(&high).any(|(n, h)| n < h) {
+            if Instant::now() >= deadline {
+                return Err(KafkaError::MessageConsumption(
+                    rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+                ));
+            }
+            self.poll_once();
+        }
+        Ok(())
+    }
 }

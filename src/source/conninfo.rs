@@ -156,7 +156,7 @@ pub enum ConnectError {
     #[error(transparent)]
     Tls(#[from] TlsError),
     /// Connecting, the TLS handshake, authentication or the server failed.
-    #[error("cannot connect to PostgreSQL: {0}")]
+    #[error("cannot connect to PostgreSQL: {}", error_chain(.0))]
     Postgres(#[from] tokio_postgres::Error),
     /// `connect_timeout` elapsed.
     #[error("timed out connecting to PostgreSQL")]
@@ -681,6 +681,25 @@ where
     Ok(client)
 }
 
+/// tokio-postgres's `Display` says only "db error" or "error performing TLS handshake": add the
+/// server's fields, or the chain of causes.
+fn error_chain(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    }
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
 /// Whether a tokio-postgres error came from the TLS handshake (OpenSSL).
 fn is_tls_failure(e: &tokio_postgres::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
@@ -839,20 +858,20 @@ mod tests {
 
     #[test]
     fn errors_never_contain_the_password() {
-        for s in [
+        for (s, secrets) in [
             // Unquoted space: "cd" and "ef" may be password fragments.
-            "user=u host=h password=ab cd=ef",
-            "user=u host=h password=ab cd",
-            "user=u host=h password=ab port=hunter2",
+            ("user=u host=h password=ab cd=ef", &["cd", "ef"][..]),
+            ("user=u host=h password=ab cd", &["cd"]),
+            ("user=u host=h password=ab port=hunter2", &["hunter2"]),
             // '/' in a URL password cuts the authority short.
-            "postgres://u:hunter2/x@h/d",
-            "postgres://u:12/hunter2@h/d",
-            "postgres://u:pw@h/d?password=hun&ter2=x",
-            "postgres://u:hunter2@h:hunter2/d",
-            "postgres://u:hunter2@h/d?sslmode=hunter2",
+            ("postgres://u:hunter2/x@h/d", &["hunter2"]),
+            ("postgres://u:12/hunter2@h/d", &["hunter2"]),
+            ("postgres://u:pw@h/d?password=hun&ter2=x", &["ter2"]),
+            ("postgres://u:hunter2@h:hunter2/d", &["hunter2"]),
+            ("postgres://u:hunter2@h/d?sslmode=hunter2", &["hunter2"]),
         ] {
             let e = s.parse::<ConnInfo>().expect_err(s).to_string();
-            for secret in ["hunter2", "ter2", "cd", "ef"] {
+            for secret in secrets {
                 assert!(!e.contains(secret), "{s:?} -> {e:?} leaks {secret:?}");
             }
         }

@@ -1167,6 +1167,7 @@ async fn authenticate(
                         )))
                     }
                 };
+                tracing::debug!(mechanism, "SASL authentication");
                 let client = ScramSha256::new(password()?.as_bytes(), binding);
                 frontend::sasl_initial_response(mechanism, client.message(), &mut wire.write_buf)?;
                 wire.flush_out().await?;

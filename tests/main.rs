@@ -1,0 +1,6 @@
+//! Integration tests: real PostgreSQL (spawned per test binary) and a real Kafka-protocol broker
+//! (librdkafka's mock cluster, or `WALBOX_TEST_KAFKA_BROKERS`).
+
+mod support;
+
+mod relay;

@@ -1,0 +1,268 @@
+//! The relay end to end against real PostgreSQL and a real Kafka-protocol broker: delivery,
+//! ordering, crashes, broker outages, PostgreSQL restarts.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
+use walbox::source::lsn::Lsn;
+
+use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
+
+/// A committed transaction as the writer saw it.
+struct Written {
+    ids: Vec<i64>,
+    /// `pg_current_wal_insert_lsn()` right after COMMIT: at or past the commit's end LSN.
+    after_commit: Lsn,
+}
+
+/// Inserts `rows` outbox rows for `aggregates[i]` in one transaction; returns ids and the LSN
+/// after the commit.
+fn write_txn(db: &TestDb, topic: &str, aggregates: &[String], also_other_table: bool) -> Written {
+    let mut sql = String::from("BEGIN;\n");
+    if also_other_table {
+        sql.push_str("INSERT INTO payments (wallet_id, amount) VALUES ('w', 1);\n");
+    }
+    sql.push_str("INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ");
+    for (i, agg) in aggregates.iter().enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str(&format!(
+            "('{agg}', '{topic}', 'thing.happened', jsonb_build_object('agg', '{agg}', 'i', {i}, 'text', 'caf\u{e9} \"q\" \\\\ ✓'))"
+        ));
+    }
+    sql.push_str(" RETURNING id;\nCOMMIT;\nSELECT pg_current_wal_insert_lsn();");
+    let out = db.sql(&sql);
+    let mut lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+    let lsn = lines.pop().expect("lsn line").parse().expect("lsn");
+    let ids = lines.iter().filter_map(|l| l.parse::<i64>().ok()).collect();
+    Written {
+        ids,
+        after_commit: lsn,
+    }
+}
+
+/// The committed outbox rows as PostgreSQL stores them: id → (aggregate, topic, type, payload).
+fn stored_rows(db: &TestDb) -> BTreeMap<i64, [String; 4]> {
+    db.sql("SELECT id, aggregate_id, topic, event_type, payload::text FROM outbox ORDER BY id")
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.splitn(5, '|').collect();
+            (
+                f[0].parse().expect("id"),
+                [f[1].into(), f[2].into(), f[3].into(), f[4].into()],
+            )
+        })
+        .collect()
+}
+
+fn id_of(r: &ConsumedRecord) -> i64 {
+    r.header_str("id")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("record without numeric id header: {r:?}"))
+}
+
+fn distinct_ids(records: &[ConsumedRecord]) -> HashSet<i64> {
+    records.iter().map(id_of).collect()
+}
+
+/// Per aggregate, the event ids in the order a consumer sees them, duplicates removed (first
+/// occurrence kept), must be increasing: one writer, so id order is commit order.
+fn assert_per_aggregate_commit_order(records: &[ConsumedRecord]) {
+    let mut seen = HashSet::new();
+    let mut last: HashMap<Vec<u8>, i64> = HashMap::new();
+    for r in records {
+        let id = id_of(r);
+        if !seen.insert(id) {
+            continue;
+        }
+        let key = r.key.clone().expect("key");
+        if let Some(prev) = last.insert(key.clone(), id) {
+            assert!(
+                prev < id,
+                "aggregate {} out of commit order: {prev} then {id}",
+                String::from_utf8_lossy(&key)
+            );
+        }
+    }
+}
+
+#[test]
+fn every_committed_event_arrives_exactly_as_stored_in_commit_order() {
+    let db = TestDb::new("e2e");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 6).expect("topic");
+    db.create_slot_and_publication(&slot);
+
+    // 10,000 events over 200 aggregates in transactions of 1–100 rows; some also write another
+    // table, some roll back.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut script = String::new();
+    let (mut committed, mut rolled_back) = (0usize, 0usize);
+    while committed < 10_000 {
+        let n = rng.random_range(1..=100).min(10_000 - committed);
+        let rollback = rng.random_ratio(1, 10);
+        script.push_str("BEGIN;\n");
+        if rng.random_ratio(1, 3) {
+            script.push_str("INSERT INTO payments (wallet_id, amount) VALUES ('w', 42.5);\n");
+        }
+        script.push_str("INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ");
+        for i in 0..n {
+            let agg = rng.random_range(0..200);
+            let kind = if rollback {
+                "rolled.back"
+            } else {
+                "order.placed"
+            };
+            if i > 0 {
+                script.push(',');
+            }
+            script.push_str(&format!(
+                "('agg-{agg}', '{topic}', '{kind}', '{{\"agg\": {agg}, \"n\": {i}, \"note\": \"caf\u{e9} \\\"quoted\\\" ✓\", \"amount\": 12.50}}')"
+            ));
+        }
+        script.push_str(";\n");
+        if rollback {
+            script.push_str("ROLLBACK;\n");
+            rolled_back += n;
+        } else {
+            script.push_str("COMMIT;\n");
+            committed += n;
+        }
+    }
+    db.sql(&script);
+    assert!(rolled_back > 0);
+    let last_commit = db
+        .sql("SELECT pg_current_wal_insert_lsn()")
+        .parse::<Lsn>()
+        .unwrap();
+
+    let _walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| r.len() >= 10_000),
+        "read {} of 10000 events",
+        reader.records.len()
+    );
+    wait_until(WAIT, "the slot to confirm the last commit", || {
+        db.confirmed(&slot) >= last_commit
+    });
+    reader.read_to_end(WAIT).unwrap();
+
+    let stored = stored_rows(&db);
+    assert_eq!(stored.len(), 10_000);
+    assert_eq!(
+        reader.records.len(),
+        10_000,
+        "no duplicates in an undisturbed run"
+    );
+    for r in &reader.records {
+        let id = id_of(r);
+        let [agg, topic_col, kind, payload] = stored
+            .get(&id)
+            .unwrap_or_else(|| panic!("event {id} was not committed (rolled back?)"));
+        assert_eq!(r.topic, *topic_col);
+        assert_eq!(r.key.as_deref(), Some(agg.as_bytes()), "key of {id}");
+        assert_eq!(
+            r.payload.as_deref(),
+            Some(payload.as_bytes()),
+            "payload of {id}"
+        );
+        assert_eq!(r.header_str("event_type"), Some(kind.as_str()));
+        let lsn = r
+            .header_str("walbox.commit_lsn")
+            .expect("commit lsn header");
+        assert!(lsn.parse::<Lsn>().is_ok(), "commit lsn header {lsn:?}");
+        assert!(r.header_str("walbox.index").unwrap().parse::<u32>().is_ok());
+    }
+    assert_eq!(distinct_ids(&reader.records).len(), 10_000);
+    assert_per_aggregate_commit_order(&reader.records);
+}
+
+#[test]
+fn sigkill_at_random_points_loses_nothing_and_never_confirms_unacked_events() {
+    let db = TestDb::new("crash");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 4).expect("topic");
+    db.create_slot_and_publication(&slot);
+    let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+
+    // The writer streams 50,000 events in transactions of 1–50 rows while walbox is killed.
+    let written: Arc<Mutex<Vec<Written>>> = Arc::default();
+    let writer = {
+        let (db, topic, written) = (db.clone(), topic.clone(), written.clone());
+        std::thread::spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+            let mut total = 0;
+            while total < 50_000 {
+                let n = rng.random_range(1..=50).min(50_000 - total);
+                let aggs: Vec<String> = (0..n)
+                    .map(|_| format!("agg-{}", rng.random_range(0..100)))
+                    .collect();
+                let w = write_txn(&db, &topic, &aggs, rng.random_ratio(1, 4));
+                written.lock().unwrap().push(w);
+                total += n;
+            }
+        })
+    };
+
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let mut kills = 0;
+    let mut checked_txns = 0;
+    while kills < 20 || !writer.is_finished() {
+        let mut walbox = Walbox::spawn(&env);
+        // Fault injection: the kill point is random by design.
+        std::thread::sleep(Duration::from_millis(rng.random_range(150..900)));
+        walbox.kill();
+        kills += 1;
+        // walbox is dead, so the slot's position is final for now: every transaction it
+        // confirmed must already be in Kafka, whole.
+        let confirmed = db.confirmed(&slot);
+        reader.read_to_end(WAIT).unwrap();
+        let present = distinct_ids(&reader.records);
+        for w in written.lock().unwrap().iter() {
+            if w.after_commit <= confirmed {
+                checked_txns += 1;
+                for id in &w.ids {
+                    assert!(
+                        present.contains(id),
+                        "slot confirmed {confirmed} but event {id} (committed before {}) is not in Kafka",
+                        w.after_commit
+                    );
+                }
+            }
+        }
+    }
+    writer.join().expect("writer");
+    assert!(checked_txns > 0, "no kill happened after any confirmation");
+
+    let mut walbox = Walbox::spawn(&env);
+    assert!(
+        reader.poll_until(WAIT * 2, |r| distinct_ids(r).len() >= 50_000),
+        "after {kills} kills, {} of 50000 events arrived",
+        distinct_ids(&reader.records).len()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    let all: HashSet<i64> = written
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|w| w.ids.iter().copied())
+        .collect();
+    assert_eq!(all.len(), 50_000);
+    assert_eq!(
+        distinct_ids(&reader.records),
+        all,
+        "every committed event, nothing else"
+    );
+    assert_per_aggregate_commit_order(&reader.records);
+}

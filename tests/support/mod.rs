@@ -1,0 +1,239 @@
+//! Test support: one throwaway PostgreSQL cluster per test binary, one database + slot per test,
+//! a Kafka-protocol broker per test (librdkafka's mock cluster, or the external brokers in
+//! `WALBOX_TEST_KAFKA_BROKERS`), and the `walbox` binary as a child process.
+//!
+//! Waiting is always on a condition with a deadline ([`wait_until`]); a test that times out
+//! panics with what it was waiting for.
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use walbox::sandbox::broker::Broker;
+use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+use walbox::source::lsn::Lsn;
+
+/// Generous deadline for conditions that normally hold within a second.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The seeds' outbox table (`000_…`), plus a business table.
+pub const OUTBOX_DDL: &str = "
+CREATE TABLE payments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, wallet_id text NOT NULL, amount numeric NOT NULL);
+CREATE TABLE outbox (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    aggregate_id  text        NOT NULL,
+    topic         text        NOT NULL,
+    event_type    text        NOT NULL,
+    payload       jsonb       NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);";
+
+/// The cluster shared by every test of this binary.
+pub fn cluster() -> &'static PgCluster {
+    static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        PgCluster::start(PgClusterOptions {
+            watchdog: true,
+            ssl: true,
+            ..Default::default()
+        })
+        .expect("start the test PostgreSQL cluster")
+    })
+}
+
+/// A name unique within this test run.
+pub fn unique(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{tag}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A database of its own, with the outbox table.
+#[derive(Clone)]
+pub struct TestDb {
+    /// Database name (also used for the slot and topic names).
+    pub name: String,
+    cluster: &'static PgCluster,
+}
+
+impl TestDb {
+    /// A fresh database on the shared cluster with [`OUTBOX_DDL`] applied.
+    pub fn new(tag: &str) -> TestDb {
+        Self::on(cluster(), tag)
+    }
+
+    /// A fresh database on `cluster`.
+    pub fn on(cluster: &'static PgCluster, tag: &str) -> TestDb {
+        let name = unique(tag);
+        cluster.create_database(&name).expect("create database");
+        cluster.psql(&name, OUTBOX_DDL).expect("create outbox");
+        TestDb { name, cluster }
+    }
+
+    /// SCRAM over TCP as the superuser.
+    pub fn url(&self) -> String {
+        self.cluster.url(&self.name)
+    }
+
+    /// Runs SQL and returns psql's unaligned output.
+    pub fn sql(&self, sql: &str) -> String {
+        self.cluster
+            .psql(&self.name, sql)
+            .unwrap_or_else(|e| panic!("SQL failed: {e}\n{sql}"))
+            .trim()
+            .to_owned()
+    }
+
+    /// The slot's `confirmed_flush_lsn` (0/0 when absent).
+    pub fn confirmed(&self, slot: &str) -> Lsn {
+        self.sql(&format!(
+            "SELECT coalesce(confirmed_flush_lsn, '0/0') FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ))
+        .parse()
+        .unwrap_or(Lsn::ZERO)
+    }
+
+    /// The PID holding the slot, if any.
+    pub fn slot_active(&self, slot: &str) -> bool {
+        self.sql(&format!(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        )) == "t"
+    }
+
+    /// Creates the slot and the publication walbox expects (so events written before walbox
+    /// first starts are in its stream).
+    pub fn create_slot_and_publication(&self, slot: &str) {
+        self.sql(&format!(
+            "CREATE PUBLICATION {slot} FOR TABLE outbox WITH (publish = 'insert');
+             SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
+        ));
+    }
+}
+
+/// The test's broker.
+pub fn broker() -> Broker {
+    Broker::from_env_or_mock("WALBOX_TEST_KAFKA_BROKERS", 3).expect("start the mock Kafka cluster")
+}
+
+/// Waits for `cond`, polling, up to `timeout`; panics naming `what` on timeout.
+pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `walbox run` child process.
+pub struct Walbox {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The environment of a walbox relaying `db`'s outbox through `slot` to `brokers`.
+pub fn walbox_env(db: &TestDb, slot: &str, brokers: &str) -> Vec<(String, String)> {
+    [
+        ("WALBOX_POSTGRES_URL", db.url()),
+        ("WALBOX_POSTGRES_SLOT", slot.to_owned()),
+        ("WALBOX_POSTGRES_PUBLICATION", slot.to_owned()),
+        ("WALBOX_POSTGRES_CREATE_SLOT", "true".to_owned()),
+        ("WALBOX_POSTGRES_CREATE_PUBLICATION", "true".to_owned()),
+        ("WALBOX_KAFKA_BROKERS", brokers.to_owned()),
+        ("WALBOX_HTTP_LISTEN", "off".to_owned()),
+        ("WALBOX_RELAY_BACKOFF_INITIAL", "50ms".to_owned()),
+        ("WALBOX_RELAY_BACKOFF_MAX", "1s".to_owned()),
+        ("WALBOX_POSTGRES_STATUS_INTERVAL", "100ms".to_owned()),
+        (
+            "WALBOX_LOG_LEVEL",
+            "info,librdkafka=warn,rdkafka=warn".to_owned(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+impl Walbox {
+    /// Starts `walbox run` with exactly `env` (plus PATH) as its environment.
+    pub fn spawn(env: &[(String, String)]) -> Walbox {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("walbox.log");
+        let out = File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_walbox"))
+            .arg("run")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("dup"))
+            .stderr(out)
+            .spawn()
+            .expect("spawn walbox");
+        Walbox {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM (graceful shutdown).
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "walbox did not exit within {timeout:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Everything it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last line it printed (the fatal error line).
+    pub fn last_line(&self) -> String {
+        self.log().lines().last().unwrap_or_default().to_owned()
+    }
+}
+
+impl Drop for Walbox {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
