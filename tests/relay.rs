@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
+use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 use walbox::source::lsn::Lsn;
 
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
@@ -264,5 +265,129 @@ fn sigkill_at_random_points_loses_nothing_and_never_confirms_unacked_events() {
         all,
         "every committed event, nothing else"
     );
+    assert_per_aggregate_commit_order(&reader.records);
+}
+
+#[test]
+fn broker_outage_holds_the_slot_and_everything_arrives_after_recovery() {
+    let db = TestDb::new("outage");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: outage injection needs the mock cluster; skipped");
+        return;
+    };
+    broker.create_topic(&topic, 3).expect("topic");
+    let mut walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    wait_until(WAIT, "walbox to stream from its slot", || {
+        db.slot_active(&slot)
+    });
+    let aggs: Vec<String> = (0..10).map(|i| format!("a{i}")).collect();
+    let before = write_txn(&db, &topic, &aggs, false);
+    wait_until(WAIT, "the first events to be confirmed", || {
+        db.confirmed(&slot) >= before.after_commit
+    });
+
+    for id in 1..=3 {
+        mock.broker_down(id).expect("broker down");
+    }
+    let held = db.confirmed(&slot);
+    let during: Vec<Written> = (0..5)
+        .map(|_| write_txn(&db, &topic, &aggs, true))
+        .collect();
+    let last = during.last().unwrap().after_commit;
+    // The walsender has sent everything, and walbox keeps answering with status updates…
+    wait_until(
+        WAIT,
+        "the walsender to send the outage's transactions",
+        || {
+            db.sql(&format!(
+            "SELECT sent_lsn >= '{last}' FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = '{slot}'"
+        )) == "t"
+        },
+    );
+    let t0 = db.sql("SELECT now()");
+    wait_until(WAIT, "several status updates during the outage", || {
+        db.sql(&format!(
+            "SELECT reply_time > '{t0}'::timestamptz + interval '500 ms' FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = '{slot}'"
+        )) == "t"
+    });
+    // …but none of them confirms an event the broker has not acknowledged.
+    assert_eq!(
+        db.confirmed(&slot),
+        held,
+        "confirmed_flush_lsn moved during the outage"
+    );
+    assert!(
+        walbox.running(),
+        "a broker outage is not fatal:\n{}",
+        walbox.log()
+    );
+
+    for id in 1..=3 {
+        mock.broker_up(id).expect("broker up");
+    }
+    let expected: HashSet<i64> = std::iter::once(&before)
+        .chain(&during)
+        .flat_map(|w| w.ids.iter().copied())
+        .collect();
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).is_superset(&expected)),
+        "after recovery {} of {} events arrived; walbox log:\n{}",
+        distinct_ids(&reader.records).len(),
+        expected.len(),
+        walbox.log()
+    );
+    wait_until(WAIT, "the slot to confirm past the outage", || {
+        db.confirmed(&slot) >= last
+    });
+    assert_per_aggregate_commit_order(&reader.records);
+}
+
+#[test]
+fn postgres_restart_mid_stream_reconnects_and_loses_nothing() {
+    // Its own cluster: restarting the shared one would disturb the other tests.
+    let cluster: &'static PgCluster = Box::leak(Box::new(
+        PgCluster::start(PgClusterOptions {
+            watchdog: true,
+            ..Default::default()
+        })
+        .expect("cluster"),
+    ));
+    let db = TestDb::on(cluster, "pgrestart");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 3).expect("topic");
+    let mut walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    wait_until(WAIT, "walbox to stream from its slot", || {
+        db.slot_active(&slot)
+    });
+
+    let aggs: Vec<String> = (0..20).map(|i| format!("a{i}")).collect();
+    let mut written: Vec<Written> = (0..10)
+        .map(|_| write_txn(&db, &topic, &aggs, false))
+        .collect();
+    cluster.restart().expect("restart postgres");
+    written.extend((0..10).map(|_| write_txn(&db, &topic, &aggs, false)));
+
+    let expected: HashSet<i64> = written.iter().flat_map(|w| w.ids.iter().copied()).collect();
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).is_superset(&expected)),
+        "after the restart {} of {} events arrived",
+        distinct_ids(&reader.records).len(),
+        expected.len()
+    );
+    let last = written.last().unwrap().after_commit;
+    wait_until(WAIT, "the slot to confirm everything", || {
+        db.confirmed(&slot) >= last
+    });
+    assert!(walbox.running(), "walbox exited:\n{}", walbox.log());
+    assert!(walbox.log().contains("reconnecting"), "{}", walbox.log());
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
     assert_per_aggregate_commit_order(&reader.records);
 }

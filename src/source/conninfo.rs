@@ -646,15 +646,12 @@ fn control_config(info: &ConnInfo, tls: bool) -> tokio_postgres::Config {
         .user(info.user.as_str())
         .dbname(info.dbname.as_str())
         .application_name(info.application_name.as_str())
-        .ssl_mode(if tls {
-            tokio_postgres::config::SslMode::Require
-        } else {
-            tokio_postgres::config::SslMode::Disable
+        .ssl_mode(match (tls, info.sslmode) {
+            (false, _) => tokio_postgres::config::SslMode::Disable,
+            // The server may refuse TLS: then go on in plaintext, like libpq.
+            (true, SslMode::Prefer) => tokio_postgres::config::SslMode::Prefer,
+            (true, _) => tokio_postgres::config::SslMode::Require,
         });
-    if info.sslmode == SslMode::Prefer && tls {
-        // The server may refuse TLS: then go on in plaintext, like libpq.
-        config.ssl_mode(tokio_postgres::config::SslMode::Prefer);
-    }
     if let Some(p) = &info.password {
         config.password(p.as_bytes());
     }

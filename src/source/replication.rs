@@ -730,7 +730,8 @@ impl ReplicationConnection {
     fn begin(&mut self) -> Result<(), ReplicationError> {
         if self.busy {
             return Err(protocol(
-                "a cancelled command left the connection in an unknown state; reconnect",
+                "an earlier command was cancelled or failed mid-way, leaving the connection in \
+                 an unknown state; reconnect",
             ));
         }
         self.busy = true;
