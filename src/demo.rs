@@ -123,7 +123,7 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
         bail!("the consumer read {} of {expected} events", records.len());
     }
     let mut rows = records;
-    rows.sort_by(|a, b| (a.partition, a.offset).cmp(&(b.partition, b.offset)));
+    rows.sort_by_key(|r| (r.partition, r.offset));
     println!("\nwhat a consumer reads back from {TOPIC}:");
     println!(
         "{:<10} {:>6} {:<10} {:>8}  {:<18} payload",

@@ -79,32 +79,11 @@ pub enum RelayError {
     #[error(transparent)]
     Outbox(#[from] OutboxError),
     /// The producer refused an event.
-    #[error("cannot publish event {id} of {table} at {lsn} to topic {topic:?}: {source}")]
-    Send {
-        /// `schema.table`.
-        table: String,
-        /// Event id.
-        id: String,
-        /// Commit LSN.
-        lsn: Lsn,
-        /// Topic.
-        topic: String,
-        /// The producer's error.
-        #[source]
-        source: SinkError,
-    },
+    #[error(transparent)]
+    Send(Box<SendFailure>),
     /// The broker failed a record.
-    #[error("kafka failed to deliver event {id} at {lsn} to topic {topic:?}: {error}")]
-    Delivery {
-        /// Event id (from the record's header).
-        id: String,
-        /// Commit LSN (from the record's header).
-        lsn: String,
-        /// Topic.
-        topic: String,
-        /// The error.
-        error: rdkafka::error::KafkaError,
-    },
+    #[error(transparent)]
+    Delivery(Box<DeliveryFailure>),
     /// The server ended the replication stream.
     #[error("postgres ended the replication stream")]
     StreamEnded,
@@ -139,7 +118,7 @@ impl RelayError {
             RelayError::Outbox(OutboxError::UnknownRelation(_)) => Some(Failure::Internal),
             RelayError::Outbox(OutboxError::InvalidEvent { .. }) => Some(Failure::EventRejected),
             RelayError::Outbox(_) => Some(Failure::Schema),
-            RelayError::Send { source, .. } => match source {
+            RelayError::Send(f) => match &f.source {
                 SinkError::Send(e) => match classify(e) {
                     Severity::Transient => None,
                     Severity::RecordRejected => Some(Failure::EventRejected),
@@ -148,7 +127,7 @@ impl RelayError {
                 SinkError::Config(_) => Some(Failure::Kafka),
                 SinkError::QueueFull => None,
             },
-            RelayError::Delivery { error, .. } => match classify(error) {
+            RelayError::Delivery(f) => match classify(&f.error) {
                 Severity::Transient => None,
                 Severity::RecordRejected => Some(Failure::EventRejected),
                 Severity::Fatal => Some(Failure::Kafka),
@@ -168,6 +147,37 @@ impl RelayError {
             None => Err(self),
         }
     }
+}
+
+/// An event the producer refused before it reached the broker.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot publish event {id} of {table} at {lsn} to topic {topic:?}: {source}")]
+pub struct SendFailure {
+    /// `schema.table`.
+    pub table: String,
+    /// Event id.
+    pub id: String,
+    /// Commit LSN.
+    pub lsn: Lsn,
+    /// Topic.
+    pub topic: String,
+    /// The producer's error.
+    #[source]
+    pub source: SinkError,
+}
+
+/// A record the broker failed.
+#[derive(Debug, thiserror::Error)]
+#[error("kafka failed to deliver event {id} at {lsn} to topic {topic:?}: {error}")]
+pub struct DeliveryFailure {
+    /// Event id (from the record's header).
+    pub id: String,
+    /// Commit LSN (from the record's header).
+    pub lsn: String,
+    /// Topic.
+    pub topic: String,
+    /// The error.
+    pub error: rdkafka::error::KafkaError,
 }
 
 /// Position of the transaction being received.
@@ -346,12 +356,12 @@ impl Relay {
             Err(error) => {
                 self.metrics.delivery_errors.inc();
                 let failed = ack.failed.unwrap_or_default();
-                Err(RelayError::Delivery {
+                Err(RelayError::Delivery(Box::new(DeliveryFailure {
                     id: failed.id,
                     lsn: failed.lsn,
                     topic: failed.topic,
                     error,
-                })
+                })))
             }
         }
     }
@@ -393,12 +403,7 @@ impl Relay {
                 };
                 if let Some(event) = s.mapper.map_insert(&ins, position)? {
                     txn.next_index += 1;
-                    let table = s
-                        .mapper
-                        .table_name(ins.relation_id)
-                        .unwrap_or("?")
-                        .to_owned();
-                    self.produce(s, &event, table).await?;
+                    self.produce(s, &event, ins.relation_id).await?;
                 }
             }
             LogicalMessage::Update(u) => self.ignored_change(s, u.relation_id, "UPDATE"),
@@ -423,7 +428,7 @@ impl Relay {
         &mut self,
         s: &mut Session,
         event: &OutboxEvent,
-        table: String,
+        relation_id: u32,
     ) -> Result<(), RelayError> {
         let seq = s.checkpoint.next_seq();
         loop {
@@ -434,13 +439,13 @@ impl Relay {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err(source) => {
-                    return Err(RelayError::Send {
-                        table,
+                    return Err(RelayError::Send(Box::new(SendFailure {
+                        table: s.mapper.table_name(relation_id).unwrap_or("?").to_owned(),
                         id: String::from_utf8_lossy(&event.id).into_owned(),
                         lsn: event.position.commit_lsn,
                         topic: event.topic.clone(),
                         source,
-                    })
+                    })))
                 }
             }
         }
