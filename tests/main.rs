@@ -3,4 +3,5 @@
 
 mod support;
 
+mod failures;
 mod relay;

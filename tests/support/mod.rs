@@ -109,12 +109,38 @@ impl TestDb {
     }
 
     /// Creates the slot and the publication walbox expects (so events written before walbox
-    /// first starts are in its stream).
+    /// first starts are in its stream), and a second slot `<slot>_probe` at the same position
+    /// for [`TestDb::commits`].
     pub fn create_slot_and_publication(&self, slot: &str) {
         self.sql(&format!(
             "CREATE PUBLICATION {slot} FOR TABLE outbox WITH (publish = 'insert');
-             SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
+             SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');
+             SELECT pg_create_logical_replication_slot('{slot}_probe', 'pgoutput');"
         ));
+    }
+
+    /// Every transaction with outbox rows since the slot was created, as `(commit LSN, end
+    /// LSN)`, read through the probe slot (without consuming it) and walbox's own decoder.
+    pub fn commits(&self, slot: &str) -> Vec<(Lsn, Lsn)> {
+        let out = self.sql(&format!(
+            "SELECT encode(data, 'hex') FROM pg_logical_slot_peek_binary_changes('{slot}_probe', NULL, NULL, \
+             'proto_version', '1', 'publication_names', '{slot}') WHERE substr(data, 1, 1) = 'C'::bytea"
+        ));
+        out.lines()
+            .filter(|l| !l.is_empty())
+            .map(|hex| {
+                let bytes: Vec<u8> = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+                    .collect();
+                match walbox::source::pgoutput::decode(bytes.into()) {
+                    Ok(walbox::source::pgoutput::LogicalMessage::Commit(c)) => {
+                        (c.commit_lsn, c.end_lsn)
+                    }
+                    other => panic!("not a commit: {other:?}"),
+                }
+            })
+            .collect()
     }
 }
 

@@ -1,0 +1,179 @@
+//! Bad input: each gives a one-line actionable error, a distinct exit status, and confirms
+//! nothing past the last acknowledged event.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::time::Duration;
+
+use walbox::sandbox::broker::TopicReader;
+
+use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
+
+fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.to_owned(), value.to_owned()));
+}
+
+/// Runs walbox with `env` until it exits; returns (exit code, last line).
+fn run_to_exit(env: &[(String, String)]) -> (i32, String) {
+    let mut w = Walbox::spawn(env);
+    let status = w.wait_exit(WAIT);
+    (status.code().unwrap_or(-1), w.last_line())
+}
+
+#[test]
+fn malformed_config_file_exits_3_naming_the_key() {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    writeln!(
+        file,
+        "[postgres]\nurl = \"postgres://x@y/z\"\nslott = \"typo\""
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_walbox"))
+        .args(["run", "--config"])
+        .arg(file.path())
+        .env_clear()
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("slott"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+}
+
+#[test]
+fn missing_table_exits_5() {
+    let db = TestDb::new("notable");
+    db.sql("DROP TABLE outbox");
+    let broker = support::broker();
+    let (code, line) = run_to_exit(&walbox_env(&db, &db.name, &broker.bootstrap_servers()));
+    assert_eq!(code, 5, "{line}");
+    assert!(line.contains("public.outbox does not exist"), "{line}");
+}
+
+#[test]
+fn missing_column_exits_5_naming_the_setting() {
+    let db = TestDb::new("nocolumn");
+    let broker = support::broker();
+    let mut env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_OUTBOX_COLUMNS_PAYLOAD", "body");
+    let (code, line) = run_to_exit(&env);
+    assert_eq!(code, 5, "{line}");
+    assert!(
+        line.contains("\"body\"") && line.contains("outbox.columns.payload"),
+        "{line}"
+    );
+}
+
+#[test]
+fn missing_slot_without_create_slot_exits_5() {
+    let db = TestDb::new("noslot");
+    let broker = support::broker();
+    let mut env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_POSTGRES_CREATE_SLOT", "false");
+    let (code, line) = run_to_exit(&env);
+    assert_eq!(code, 5, "{line}");
+    assert!(line.contains("create_slot"), "{line}");
+}
+
+#[test]
+fn slot_held_by_another_walbox_exits_6_and_leaves_the_first_running() {
+    let db = TestDb::new("slotheld");
+    let broker = support::broker();
+    let env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    let mut first = Walbox::spawn(&env);
+    wait_until(WAIT, "the first walbox to hold the slot", || {
+        db.slot_active(&db.name)
+    });
+    let (code, line) = run_to_exit(&env);
+    assert_eq!(code, 6, "{line}");
+    assert!(line.contains("is active for PID"), "{line}");
+    assert!(first.running(), "{}", first.log());
+}
+
+#[test]
+fn message_larger_than_the_broker_accepts_exits_8_and_confirms_nothing_past_it() {
+    let db = TestDb::new("toolarge");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 2).unwrap();
+    db.create_slot_and_publication(&slot);
+    let insert = |n: usize, size: usize| {
+        format!(
+            "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+             SELECT 'a' || g, '{topic}', 'x', jsonb_build_object('pad', repeat('x', {size})) FROM generate_series(1, {n}) g;"
+        )
+    };
+    db.sql(&insert(3, 10));
+    // 2 MB: over librdkafka's and Kafka's default message.max.bytes (1 MB).
+    db.sql(&insert(1, 2_000_000));
+    let big_id = db.sql("SELECT max(id) FROM outbox");
+    db.sql(&insert(2, 10));
+
+    let (code, line) = run_to_exit(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    assert_eq!(code, 8, "{line}");
+    assert!(
+        line.contains(&format!("event {big_id} ")) && line.contains("public.outbox"),
+        "the error names the event: {line}"
+    );
+    let commits = db.commits(&slot);
+    assert_eq!(commits.len(), 3);
+    let confirmed = db.confirmed(&slot);
+    assert!(
+        confirmed >= commits[0].1,
+        "the acknowledged first transaction (end {}) was confirmed: {confirmed}",
+        commits[0].1
+    );
+    assert!(
+        confirmed < commits[1].1,
+        "confirmed {confirmed} passed the rejected event's transaction (end {})",
+        commits[1].1
+    );
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    reader.read_to_end(WAIT).unwrap();
+    let ids: HashSet<String> = reader
+        .records
+        .iter()
+        .filter_map(|r| r.header_str("id").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        ids,
+        ["1", "2", "3"].map(String::from).into(),
+        "the events before it arrived"
+    );
+
+    // Restarting does not skip it: the same error again.
+    let (code, _) = run_to_exit(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    assert_eq!(code, 8);
+    assert_eq!(db.confirmed(&slot), confirmed);
+}
+
+#[test]
+fn sigterm_drains_confirms_and_exits_0() {
+    let db = TestDb::new("sigterm");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 2).unwrap();
+    db.create_slot_and_publication(&slot);
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+         SELECT 'a' || (g % 7), '{topic}', 'x', jsonb_build_object('g', g) FROM generate_series(1, 2000) g;"
+    ));
+    let last = db.commits(&slot)[0].1;
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    // Status updates far apart: only the final one, sent on shutdown, can confirm in time.
+    set(&mut env, "WALBOX_POSTGRES_STATUS_INTERVAL", "1s");
+    let mut walbox = Walbox::spawn(&env);
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(reader.poll_until(WAIT, |r| r.len() >= 2000));
+    walbox.terminate();
+    let status = walbox.wait_exit(Duration::from_secs(40));
+    assert!(status.success(), "{status:?}\n{}", walbox.log());
+    assert!(
+        db.confirmed(&slot) >= last,
+        "final status update confirmed {} < {last}",
+        db.confirmed(&slot)
+    );
+}
