@@ -833,6 +833,14 @@ brokers = "k1:9092"
     }
 
     #[test]
+    fn the_shipped_example_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/walbox.toml");
+        let c = load_from(Some(&path), &mut std::iter::empty()).unwrap();
+        assert_eq!(c.kafka.brokers, "kafka-1:9092,kafka-2:9092,kafka-3:9092");
+        assert_eq!(c.relay.max_in_flight, 10_000);
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));

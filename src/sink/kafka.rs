@@ -19,9 +19,11 @@
 //! - Records of one key are produced in the order `send` is called; the idempotent producer keeps
 //!   that order within the partition across retries.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -107,14 +109,42 @@ pub enum SinkError {
 /// Routes delivery reports to the relay.
 struct SinkContext {
     acks: mpsc::UnboundedSender<Ack>,
+    /// The last client error logged and when: librdkafka repeats connection errors many times a
+    /// second while a broker is down, and one line per change (or per minute) is enough.
+    last_error: Mutex<HashMap<String, Instant>>,
 }
 
+/// How often an unchanged client error is logged again.
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
 impl ClientContext for SinkContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        // librdkafka's own lines duplicate what `error` reports; keep them for debugging.
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical => {
+                tracing::error!(target: "librdkafka", fac, "{log_message}")
+            }
+            _ => tracing::debug!(target: "librdkafka", fac, "{log_message}"),
+        }
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if classify(&error) == Severity::Fatal {
             tracing::error!(error = %error, reason, "kafka producer error");
-        } else {
-            tracing::warn!(error = %error, reason, "kafka client error");
+            return;
+        }
+        let key = error.to_string();
+        let now = Instant::now();
+        let mut last = match self.last_error.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let repeat = last
+            .get(&key)
+            .is_some_and(|at| now.duration_since(*at) < ERROR_LOG_INTERVAL);
+        if !repeat {
+            tracing::warn!(error = %error, reason, "kafka client error (repeats are logged once a minute)");
+            last.insert(key, now);
         }
     }
 }
@@ -178,7 +208,10 @@ impl KafkaSink {
             cc.set(k, v);
         }
         let producer = cc
-            .create_with_context(SinkContext { acks })
+            .create_with_context(SinkContext {
+                acks,
+                last_error: Mutex::new(HashMap::new()),
+            })
             .map_err(SinkError::Config)?;
         Ok(KafkaSink { producer })
     }
