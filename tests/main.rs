@@ -4,4 +4,5 @@
 mod support;
 
 mod failures;
+mod http;
 mod relay;

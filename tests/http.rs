@@ -1,0 +1,76 @@
+//! The HTTP endpoints of a running walbox: metrics, liveness, readiness.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+
+use walbox::sandbox::broker::TopicReader;
+
+use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
+
+/// `GET path` on 127.0.0.1:`port`: (status code, body), or None when nothing listens yet.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
+fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn metrics_health_and_readiness_reflect_the_relay() {
+    let db = TestDb::new("http");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 2).unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    env.retain(|(k, _)| k != "WALBOX_HTTP_LISTEN");
+    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
+    let walbox = Walbox::spawn(&env);
+
+    wait_until(WAIT, "/readyz to report streaming", || {
+        get(port, "/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    assert_eq!(get(port, "/healthz").map(|(c, _)| c), Some(200));
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+         SELECT 'a' || g, '{topic}', 'x', '{{}}' FROM generate_series(1, 25) g"
+    ));
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(reader.poll_until(WAIT, |r| r.len() >= 25));
+    wait_until(WAIT, "the metrics to count the events", || {
+        get(port, "/metrics").is_some_and(|(_, body)| {
+            metric(&body, "walbox_events_published_total") == Some(25.0)
+                && metric(&body, "walbox_transactions_total") == Some(1.0)
+                && metric(&body, "walbox_confirmed_flush_lsn").is_some_and(|v| v > 0.0)
+        })
+    });
+    let (_, body) = get(port, "/metrics").unwrap();
+    for name in [
+        "walbox_inflight_events",
+        "walbox_replication_lag_seconds",
+        "walbox_commit_to_ack_seconds_count",
+        "walbox_streaming",
+    ] {
+        assert!(metric(&body, name).is_some(), "{name} missing:\n{body}");
+    }
+    drop(walbox);
+}
