@@ -3,7 +3,9 @@
 //!
 //! Start-up: bind the HTTP listener (a bad address fails at once), create the producer, probe the
 //! brokers in the background (a warning, not an error: events wait for the broker), then run
-//! replication sessions until shutdown or a fatal error. A transient error ends the session and
+//! replication sessions until shutdown or a fatal error. The slot monitor runs beside the relay
+//! on its own connection; when it finds the slot lost it stops the relay the way shutdown does
+//! and walbox exits with the lost-slot status. A transient error ends the session and
 //! the next one starts after a capped exponential backoff with jitter; the backoff resets once a
 //! session reaches streaming.
 //!
@@ -12,7 +14,7 @@
 //! return `Ok` (exit 0).
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
@@ -21,8 +23,10 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
 use crate::metrics::{self, Health, Metrics};
+use crate::monitor::{self, FatalSignal};
 use crate::relay::{Relay, SessionEnd};
 use crate::sink::kafka::KafkaSink;
+use crate::webhook::Webhook;
 
 /// Capped exponential backoff with full jitter in the upper half.
 #[derive(Debug)]
@@ -104,11 +108,27 @@ pub async fn run_with(
     })?;
 
     let (stop_tx, mut stop_rx) = watch::channel(false);
+    let fatal = FatalSignal {
+        error: Arc::new(Mutex::new(None)),
+        stop: stop_tx.clone(),
+    };
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutdown requested: stopping intake, waiting for in-flight events");
         let _ = stop_tx.send(true);
     });
+    let webhook = Webhook::start(&config.alerts).map_err(|e| FatalError {
+        failure: Failure::Config,
+        message: format!("alerts.webhook_url: {e}"),
+    })?;
+    let webhook_task = webhook.as_ref().map(Webhook::finished);
+    let monitor_task = tokio::spawn(monitor::run(
+        config.clone(),
+        metrics.clone(),
+        webhook,
+        fatal.clone(),
+        stop_rx.clone(),
+    ));
 
     let mut relay = Relay::new(
         config.clone(),
@@ -127,8 +147,15 @@ pub async fn run_with(
                     backoff.reset();
                 }
                 match e.into_fatal() {
-                    Ok(fatal) => {
-                        health.set_fatal(fatal.message.clone());
+                    Ok(mut fatal) => {
+                        if fatal.failure == Failure::SlotLost {
+                            fatal.message = format!(
+                                "replication slot {:?} is lost: {}; last confirmed position {}: events committed after it may never be relayed. See the README runbook \"Slot lost\"; recreate the slot only with `walbox recreate-slot`",
+                                config.postgres.slot,
+                                fatal.message,
+                                relay.acked_frontier()
+                            );
+                        }
                         break Err(fatal);
                     }
                     Err(transient) => {
@@ -145,8 +172,24 @@ pub async fn run_with(
         }
     };
 
+    // Stop the monitor (it takes a last reading, so a lost slot is reported) and let the webhook
+    // deliver what it has, both bounded.
+    let _ = fatal.stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), monitor_task).await;
+    if let Some(done) = webhook_task {
+        let _ = tokio::time::timeout(Duration::from_secs(5), done).await;
+    }
+    // A fatal error found by the slot monitor stopped the relay like a shutdown does.
+    let outcome = match (outcome, fatal.error.lock().ok().and_then(|mut f| f.take())) {
+        (Ok(()), Some(e)) => Err(e),
+        (outcome, _) => outcome,
+    };
+    if let Err(e) = &outcome {
+        health.set_fatal(e.message.clone());
+    }
     let sink = relay.into_sink();
-    let timeout = config.relay.shutdown_timeout;
+    // In-flight events were already waited for (bounded) when the session ended.
+    let timeout = config.relay.shutdown_timeout.min(Duration::from_secs(5));
     let flushed = tokio::task::spawn_blocking(move || {
         let ok = sink.flush(timeout);
         drop(sink);

@@ -22,6 +22,25 @@ pub enum Command {
         #[arg(long, short, env = "WALBOX_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Print the replication slot's health: retained WAL, lag, wal_status, alert level.
+    Status {
+        /// TOML configuration file (the same as for `run`).
+        #[arg(long, short, env = "WALBOX_CONFIG")]
+        config: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop and recreate the replication slot after it was lost. Events committed between the
+    /// old slot's confirmed position and the new slot's creation are NOT relayed.
+    RecreateSlot {
+        /// TOML configuration file (the same as for `run`).
+        #[arg(long, short, env = "WALBOX_CONFIG")]
+        config: Option<PathBuf>,
+        /// Required: you accept the data-loss window described above.
+        #[arg(long)]
+        confirm_data_loss: bool,
+    },
     /// Run walbox end to end on a throwaway PostgreSQL cluster and an embedded Kafka-protocol
     /// broker, and print what a consumer reads back.
     Demo {

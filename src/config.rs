@@ -115,6 +115,12 @@ pub struct RawConfig {
     /// `[relay]`
     #[serde(default)]
     pub relay: RawRelay,
+    /// `[slot]`
+    #[serde(default)]
+    pub slot: RawSlot,
+    /// `[alerts]`
+    #[serde(default)]
+    pub alerts: RawAlerts,
     /// `[http]`
     #[serde(default)]
     pub http: RawHttp,
@@ -216,6 +222,76 @@ pub struct RawRelay {
     pub backoff_max: Option<HumanDuration>,
 }
 
+/// A byte size written as `"512MB"`, `"10GB"` (PostgreSQL's 1024-based units `kB`, `MB`, `GB`,
+/// `TB`) or a number of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Bytes(u64),
+            Text(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Bytes(b) => Ok(ByteSize(b)),
+            Repr::Text(t) => parse_size(&t)
+                .map(ByteSize)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses `"512MB"`, `"10GB"`, `"1TB"`, `"64kB"` (1024-based, like PostgreSQL) or plain bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let err = || format!("invalid size {text:?}: expected e.g. 512MB, 10GB");
+    let n: u64 = num.parse().map_err(|_| err())?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "kB" | "KB" => 1 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        "TB" => 1 << 40,
+        _ => return Err(err()),
+    };
+    n.checked_mul(mult).ok_or_else(err)
+}
+
+/// `[slot]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSlot {
+    /// How often the slot's health is checked.
+    pub check_interval: Option<HumanDuration>,
+    /// Warning when retained WAL ≥ this share of `max_slot_wal_keep_size`.
+    pub warning_ratio: Option<f64>,
+    /// Critical when retained WAL ≥ this share of `max_slot_wal_keep_size`.
+    pub critical_ratio: Option<f64>,
+    /// Warning threshold when `max_slot_wal_keep_size = -1`.
+    pub warning_bytes: Option<ByteSize>,
+    /// Critical threshold when `max_slot_wal_keep_size = -1`.
+    pub critical_bytes: Option<ByteSize>,
+    /// Interval of `pg_logical_emit_message` heartbeats; `"off"` (default) disables them.
+    pub heartbeat_interval: Option<String>,
+}
+
+/// `[alerts]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAlerts {
+    /// URL receiving each alert level transition as JSON (Alertmanager webhook format).
+    pub webhook_url: Option<String>,
+    /// Delivery attempts per transition.
+    pub webhook_attempts: Option<u32>,
+    /// Timeout of one attempt.
+    pub webhook_timeout: Option<HumanDuration>,
+}
+
 /// `[http]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -245,6 +321,10 @@ pub struct Config {
     pub kafka: KafkaConfig,
     /// Pipeline limits and timings.
     pub relay: RelayConfig,
+    /// Slot monitoring and heartbeats.
+    pub slot: SlotConfig,
+    /// Alert delivery.
+    pub alerts: AlertsConfig,
     /// Listen address of the HTTP endpoints; `None` disables them.
     pub http_listen: Option<SocketAddr>,
     /// Logging.
@@ -329,6 +409,34 @@ pub struct RelayConfig {
     pub backoff_max: Duration,
 }
 
+/// Validated `[slot]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotConfig {
+    /// How often the slot's health is checked.
+    pub check_interval: Duration,
+    /// Warning ratio of `max_slot_wal_keep_size`.
+    pub warning_ratio: f64,
+    /// Critical ratio of `max_slot_wal_keep_size`.
+    pub critical_ratio: f64,
+    /// Warning threshold in bytes when the keep size is unlimited.
+    pub warning_bytes: u64,
+    /// Critical threshold in bytes when the keep size is unlimited.
+    pub critical_bytes: u64,
+    /// Heartbeat interval; `None` disables heartbeats.
+    pub heartbeat_interval: Option<Duration>,
+}
+
+/// Validated `[alerts]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertsConfig {
+    /// Webhook receiving level transitions.
+    pub webhook_url: Option<String>,
+    /// Delivery attempts per transition.
+    pub webhook_attempts: u32,
+    /// Timeout of one attempt.
+    pub webhook_timeout: Duration,
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -371,6 +479,7 @@ enum Kind {
     Str,
     Bool,
     Int,
+    Float,
 }
 
 /// `(section path, key, kind)` of every scalar setting; `WALBOX_<PATH>_<KEY>` sets it.
@@ -394,6 +503,15 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["relay"], "shutdown_timeout", Kind::Str),
     (&["relay"], "backoff_initial", Kind::Str),
     (&["relay"], "backoff_max", Kind::Str),
+    (&["slot"], "check_interval", Kind::Str),
+    (&["slot"], "warning_ratio", Kind::Float),
+    (&["slot"], "critical_ratio", Kind::Float),
+    (&["slot"], "warning_bytes", Kind::Str),
+    (&["slot"], "critical_bytes", Kind::Str),
+    (&["slot"], "heartbeat_interval", Kind::Str),
+    (&["alerts"], "webhook_url", Kind::Str),
+    (&["alerts"], "webhook_attempts", Kind::Int),
+    (&["alerts"], "webhook_timeout", Kind::Str),
     (&["http"], "listen", Kind::Str),
     (&["log"], "format", Kind::Str),
     (&["log"], "level", Kind::Str),
@@ -451,6 +569,15 @@ fn apply_env(
                     return Err(ConfigError::Env {
                         var,
                         message: format!("expected true or false, got {value:?}"),
+                    })
+                }
+            },
+            Kind::Float => match value.parse::<f64>() {
+                Ok(n) => toml::Value::Float(n),
+                Err(_) => {
+                    return Err(ConfigError::Env {
+                        var,
+                        message: format!("expected a number, got {value:?}"),
                     })
                 }
             },
@@ -628,6 +755,63 @@ impl RawConfig {
             ));
         }
 
+        let slot_cfg = SlotConfig {
+            check_interval: self
+                .slot
+                .check_interval
+                .map(|d| d.0)
+                .unwrap_or(Duration::from_secs(10)),
+            warning_ratio: self.slot.warning_ratio.unwrap_or(0.5),
+            critical_ratio: self.slot.critical_ratio.unwrap_or(0.8),
+            warning_bytes: self.slot.warning_bytes.map(|b| b.0).unwrap_or(5 << 30),
+            critical_bytes: self.slot.critical_bytes.map(|b| b.0).unwrap_or(20 << 30),
+            heartbeat_interval: match self.slot.heartbeat_interval.as_deref() {
+                None | Some("off") => None,
+                Some(t) => Some(parse_duration(t).map_err(|e| {
+                    ConfigError::Invalid(format!("slot.heartbeat_interval: {e} (or \"off\")"))
+                })?),
+            },
+        };
+        if slot_cfg.check_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "slot.check_interval must be > 0".into(),
+            ));
+        }
+        if !(0.0 < slot_cfg.warning_ratio
+            && slot_cfg.warning_ratio <= slot_cfg.critical_ratio
+            && slot_cfg.critical_ratio <= 1.0)
+        {
+            return Err(ConfigError::Invalid(
+                "slot ratios must satisfy 0 < warning_ratio <= critical_ratio <= 1".into(),
+            ));
+        }
+        if slot_cfg.warning_bytes > slot_cfg.critical_bytes {
+            return Err(ConfigError::Invalid(
+                "slot.warning_bytes must be <= slot.critical_bytes".into(),
+            ));
+        }
+        if slot_cfg.heartbeat_interval.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::Invalid(
+                "slot.heartbeat_interval must be > 0 or \"off\"".into(),
+            ));
+        }
+        if let Some(url) = &self.alerts.webhook_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError::Invalid(format!(
+                    "alerts.webhook_url {url:?} must start with http:// or https://"
+                )));
+            }
+        }
+        let alerts = AlertsConfig {
+            webhook_url: self.alerts.webhook_url,
+            webhook_attempts: self.alerts.webhook_attempts.unwrap_or(5).max(1),
+            webhook_timeout: self
+                .alerts
+                .webhook_timeout
+                .map(|d| d.0)
+                .unwrap_or(Duration::from_secs(5)),
+        };
+
         let listen = self.http.listen.unwrap_or_else(|| "0.0.0.0:9187".into());
         let http_listen = if listen == "off" {
             None
@@ -681,6 +865,8 @@ impl RawConfig {
                 backoff_initial,
                 backoff_max,
             },
+            slot: slot_cfg,
+            alerts,
             http_listen,
             log: LogConfig {
                 format,
@@ -838,6 +1024,40 @@ brokers = "k1:9092"
         let c = load_from(Some(&path), &mut std::iter::empty()).unwrap();
         assert_eq!(c.kafka.brokers, "kafka-1:9092,kafka-2:9092,kafka-3:9092");
         assert_eq!(c.relay.max_in_flight, 10_000);
+    }
+
+    #[test]
+    fn slot_and_alert_settings() {
+        let f = file(&format!(
+            "{MINIMAL}\n[slot]\ncheck_interval = \"2s\"\nwarning_bytes = \"1GB\"\nheartbeat_interval = \"30s\"\n[alerts]\nwebhook_url = \"http://am:9093/hook\"\n"
+        ));
+        let c = load_from(
+            Some(f.path()),
+            &mut env(&[("WALBOX_SLOT_CRITICAL_RATIO", "0.9")]).into_iter(),
+        )
+        .unwrap();
+        assert_eq!(c.slot.check_interval, Duration::from_secs(2));
+        assert_eq!(c.slot.warning_bytes, 1 << 30);
+        assert_eq!(c.slot.critical_ratio, 0.9);
+        assert_eq!(c.slot.heartbeat_interval, Some(Duration::from_secs(30)));
+        assert_eq!(c.alerts.webhook_url.as_deref(), Some("http://am:9093/hook"));
+        let c = load_from(Some(file(MINIMAL).path()), &mut std::iter::empty()).unwrap();
+        assert_eq!(c.slot.heartbeat_interval, None);
+        assert_eq!(c.slot.warning_ratio, 0.5);
+        let e = load_from(
+            Some(file(MINIMAL).path()),
+            &mut env(&[("WALBOX_SLOT_WARNING_RATIO", "0.95")]).into_iter(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("warning_ratio"), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64MB"), Ok(64 << 20));
+        assert_eq!(parse_size("1TB"), Ok(1 << 40));
+        assert_eq!(parse_size("123"), Ok(123));
+        assert!(parse_size("12 parsecs").is_err());
     }
 
     #[test]

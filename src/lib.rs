@@ -17,16 +17,21 @@
 //!   replication.rs       replication protocol client (CopyBoth, standby status)
 //!   pgoutput.rs          pgoutput decoder (bytes → messages), never panics
 //!   catalog.rs           start-up checks; publication and slot set-up
+//!   slot.rs              slot health readings (retained WAL, wal_status, safe_wal_size)
 //!   lsn.rs               log sequence numbers
 //! outbox.rs            relation cache + INSERT → OutboxEvent (topic, key, value, headers)
 //! sink/kafka.rs        producer: delivery reports, error classification
 //! checkpoint.rs        flush LSN = end of the longest fully acknowledged prefix
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
+//! monitor.rs           slot health checks, alerts, heartbeat, lost-slot stop
+//! alert.rs, webhook.rs alert levels and their delivery
+//! status.rs            `walbox status`, `walbox recreate-slot`
 //! failure.rs           fatal failures and exit statuses
 //! sandbox/             throwaway PostgreSQL + Kafka-protocol broker (demo, tests, benches)
 //! demo.rs              `walbox demo`
 //! ```
 
+pub mod alert;
 pub mod app;
 pub mod checkpoint;
 pub mod cli;
@@ -34,8 +39,11 @@ pub mod config;
 pub mod demo;
 pub mod failure;
 pub mod metrics;
+pub mod monitor;
 pub mod outbox;
 pub mod relay;
 pub mod sandbox;
 pub mod sink;
 pub mod source;
+pub mod status;
+pub mod webhook;

@@ -72,6 +72,37 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Status { config, json } => {
+            let config = match config::load(config.as_deref()) {
+                Ok(c) => c,
+                Err(e) => return fail(Failure::Config, e),
+            };
+            init_logging(config.log.format, "warn");
+            match runtime.block_on(walbox::status::status(&config, json)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e.failure, e),
+            }
+        }
+        Command::RecreateSlot {
+            config,
+            confirm_data_loss,
+        } => {
+            if !confirm_data_loss {
+                return fail(
+                    Failure::Config,
+                    "recreate-slot skips every event committed while the slot was lost; pass --confirm-data-loss to proceed",
+                );
+            }
+            let config = match config::load(config.as_deref()) {
+                Ok(c) => c,
+                Err(e) => return fail(Failure::Config, e),
+            };
+            init_logging(config.log.format, "warn");
+            match runtime.block_on(walbox::status::recreate_slot(&config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e.failure, e),
+            }
+        }
         Command::Demo { aggregates, events } => {
             init_logging(LogFormat::Text, "warn");
             match runtime.block_on(walbox::demo::run(aggregates, events)) {

@@ -17,7 +17,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Every metric walbox exports.
@@ -44,6 +45,58 @@ pub struct Metrics {
     pub reconnects: IntCounter,
     /// `walbox_streaming`: 1 while a replication session is streaming.
     pub streaming: IntGauge,
+    /// `walbox_slot_retained_wal_bytes`: current WAL LSN − `restart_lsn`.
+    pub slot_retained_wal: IntGauge,
+    /// `walbox_slot_confirmed_lag_bytes`: current WAL LSN − `confirmed_flush_lsn`.
+    pub slot_confirmed_lag: IntGauge,
+    /// `walbox_slot_safe_wal_size_bytes` (absent when PostgreSQL reports NULL).
+    pub slot_safe_wal_size: OptionalGauge,
+    /// `walbox_slot_max_wal_keep_bytes` (absent when unlimited).
+    pub slot_max_wal_keep: OptionalGauge,
+    /// `walbox_slot_wal_keep_used_ratio` (absent when unlimited).
+    pub slot_keep_used_ratio: OptionalGauge,
+    /// `walbox_slot_wal_status{status}`: 1 for the current status.
+    pub slot_wal_status: IntGaugeVec,
+    /// `walbox_slot_alert_level`: 0 ok, 1 warning, 2 critical, 3 lost.
+    pub slot_alert_level: IntGauge,
+    /// `walbox_slot_active`: 1 while some process streams from the slot.
+    pub slot_active: IntGauge,
+    /// `walbox_slot_checks_total`: slot health readings taken.
+    pub slot_checks: IntCounter,
+    /// `walbox_slot_check_errors_total`: slot health readings that failed.
+    pub slot_check_errors: IntCounter,
+    /// `walbox_heartbeats_sent_total`: heartbeat messages written.
+    pub heartbeats_sent: IntCounter,
+    /// `walbox_heartbeats_received_total`: heartbeat messages seen in the stream.
+    pub heartbeats_received: IntCounter,
+    /// `walbox_heartbeat_round_trip_seconds`: heartbeat write → received in the stream.
+    pub heartbeat_round_trip: Histogram,
+}
+
+/// A gauge that is absent from the exposition until set, and can be made absent again.
+#[derive(Clone)]
+pub struct OptionalGauge(GaugeVec);
+
+impl OptionalGauge {
+    /// Sets the value, or removes the series when `None`.
+    pub fn set(&self, value: Option<f64>) {
+        match value {
+            Some(v) => self.0.with_label_values::<&str>(&[]).set(v),
+            None => {
+                let _ = self.0.remove_label_values::<&str>(&[]);
+            }
+        }
+    }
+}
+
+/// The WAL statuses PostgreSQL reports for a slot.
+pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
+
+fn optional(r: &Registry, name: &str, help: &str) -> OptionalGauge {
+    OptionalGauge(register(
+        r,
+        GaugeVec::new(Opts::new(name, help), &[]).expect("valid metric"),
+    ))
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -115,6 +168,74 @@ impl Metrics {
             streaming: int_gauge(
                 "walbox_streaming",
                 "1 while a replication session is streaming, else 0.",
+            ),
+            slot_retained_wal: int_gauge(
+                "walbox_slot_retained_wal_bytes",
+                "WAL the slot retains: current WAL LSN minus restart_lsn.",
+            ),
+            slot_confirmed_lag: int_gauge(
+                "walbox_slot_confirmed_lag_bytes",
+                "Current WAL LSN minus the slot's confirmed_flush_lsn.",
+            ),
+            slot_safe_wal_size: optional(
+                &r,
+                "walbox_slot_safe_wal_size_bytes",
+                "Bytes of WAL that can be written before the slot is in danger (absent when unlimited).",
+            ),
+            slot_max_wal_keep: optional(
+                &r,
+                "walbox_slot_max_wal_keep_bytes",
+                "max_slot_wal_keep_size in bytes (absent when -1, unlimited).",
+            ),
+            slot_keep_used_ratio: optional(
+                &r,
+                "walbox_slot_wal_keep_used_ratio",
+                "Retained WAL divided by max_slot_wal_keep_size (absent when unlimited).",
+            ),
+            slot_wal_status: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "walbox_slot_wal_status",
+                        "1 for the slot's current wal_status (reserved, extended, unreserved, lost).",
+                    ),
+                    &["status"],
+                )
+                .expect("valid metric"),
+            ),
+            slot_alert_level: int_gauge(
+                "walbox_slot_alert_level",
+                "Slot alert level: 0 ok, 1 warning, 2 critical, 3 lost.",
+            ),
+            slot_active: int_gauge(
+                "walbox_slot_active",
+                "1 while some process streams from the slot.",
+            ),
+            slot_checks: counter("walbox_slot_checks_total", "Slot health readings taken."),
+            slot_check_errors: counter(
+                "walbox_slot_check_errors_total",
+                "Slot health readings that failed.",
+            ),
+            heartbeats_sent: counter(
+                "walbox_heartbeats_sent_total",
+                "Heartbeat messages written with pg_logical_emit_message.",
+            ),
+            heartbeats_received: counter(
+                "walbox_heartbeats_received_total",
+                "Heartbeat messages seen coming back through the replication stream.",
+            ),
+            heartbeat_round_trip: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "walbox_heartbeat_round_trip_seconds",
+                        "Heartbeat written on the control connection to received in the stream.",
+                    )
+                    .buckets(vec![
+                        0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0,
+                    ]),
+                )
+                .expect("valid metric"),
             ),
             registry: r,
         }
@@ -234,5 +355,15 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn optional_gauges_appear_and_disappear() {
+        let m = Metrics::new();
+        assert!(!m.render().contains("walbox_slot_safe_wal_size_bytes "));
+        m.slot_safe_wal_size.set(Some(42.0));
+        assert!(m.render().contains("walbox_slot_safe_wal_size_bytes 42"));
+        m.slot_safe_wal_size.set(None);
+        assert!(!m.render().contains("walbox_slot_safe_wal_size_bytes "));
     }
 }

@@ -38,6 +38,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
 use crate::metrics::{Health, Metrics};
+use crate::monitor::HEARTBEAT_PREFIX;
 use crate::outbox::{EventPosition, OutboxError, OutboxEvent, OutboxMapper};
 use crate::sink::kafka::{classify, Ack, KafkaSink, Severity, SinkError};
 use crate::source::catalog::{self, CatalogError};
@@ -239,6 +240,11 @@ impl Relay {
         }
     }
 
+    /// Highest position this process knows to be fully acknowledged.
+    pub fn acked_frontier(&self) -> Lsn {
+        self.acked_frontier
+    }
+
     /// The producer (for start-up probes).
     pub fn sink(&self) -> &KafkaSink {
         &self.sink
@@ -268,13 +274,15 @@ impl Relay {
         drop(control);
         let start = slot.confirmed_flush_lsn.max(self.acked_frontier);
         let publication = pg.publication.clone();
-        let stream = repl
-            .start_logical(
-                &pg.slot,
-                start,
-                &[("proto_version", "1"), ("publication_names", &publication)],
-            )
-            .await?;
+        let mut options = vec![
+            ("proto_version", "1"),
+            ("publication_names", publication.as_str()),
+        ];
+        // Logical messages reach pgoutput only on request, and only from PostgreSQL 14 on.
+        if self.config.slot.heartbeat_interval.is_some() && repl.server_version_num() >= 140_000 {
+            options.push(("messages", "true"));
+        }
+        let stream = repl.start_logical(&pg.slot, start, &options).await?;
         tracing::info!(slot = %pg.slot, start = %start, "streaming");
         self.health.set_streaming(true);
         self.metrics.streaming.set(1);
@@ -413,9 +421,24 @@ impl Relay {
                     self.ignored_change(s, id, "TRUNCATE");
                 }
             }
+            LogicalMessage::Message(m) if m.prefix == HEARTBEAT_PREFIX => {
+                self.on_heartbeat(&m.content)
+            }
             LogicalMessage::Type(_) | LogicalMessage::Origin(_) | LogicalMessage::Message(_) => {}
         }
         Ok(())
+    }
+
+    fn on_heartbeat(&self, content: &[u8]) {
+        self.metrics.heartbeats_received.inc();
+        let sent = serde_json::from_slice::<serde_json::Value>(content)
+            .ok()
+            .and_then(|v| v.get("sent_at_us").and_then(serde_json::Value::as_i64));
+        if let Some(sent) = sent {
+            let rtt = (pg_now_micros() - sent).max(0) as f64 / 1e6;
+            self.metrics.heartbeat_round_trip.observe(rtt);
+            tracing::debug!(round_trip_s = rtt, "heartbeat received");
+        }
     }
 
     fn ignored_change(&self, s: &Session, relation_id: u32, op: &str) {

@@ -1,33 +1,10 @@
 //! The HTTP endpoints of a running walbox: metrics, liveness, readiness.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 
 use walbox::sandbox::broker::TopicReader;
 
-use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
-
-/// `GET path` on 127.0.0.1:`port`: (status code, body), or None when nothing listens yet.
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
-}
-
-fn metric(body: &str, name: &str) -> Option<f64> {
-    body.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-}
+use crate::support::{self, http_get as get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
 #[test]
 fn metrics_health_and_readiness_reflect_the_relay() {

@@ -6,3 +6,4 @@ mod support;
 mod failures;
 mod http;
 mod relay;
+mod slot;

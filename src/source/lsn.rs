@@ -41,6 +41,12 @@ impl fmt::Display for Lsn {
     }
 }
 
+impl serde::Serialize for Lsn {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// The text was not of the form `XXXXXXXX/YYYYYYYY`.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid LSN {0:?}: expected two hexadecimal halves like 0/16B3748")]

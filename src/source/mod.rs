@@ -9,4 +9,5 @@ pub mod conninfo;
 pub mod lsn;
 pub mod pgoutput;
 pub mod replication;
+pub mod slot;
 pub mod tls;

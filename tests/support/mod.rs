@@ -8,10 +8,13 @@
 #![allow(dead_code)]
 
 use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use walbox::sandbox::broker::Broker;
@@ -261,5 +264,91 @@ impl Walbox {
 impl Drop for Walbox {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// `GET path` on 127.0.0.1:`port`: (status code, body), or None when nothing listens yet.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
+/// The value of an unlabelled sample `name` in a Prometheus text exposition.
+pub fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A local HTTP server that records the JSON bodies POSTed to it and answers 200.
+pub struct WebhookReceiver {
+    /// Its URL.
+    pub url: String,
+    /// Bodies received, in order.
+    pub received: Arc<Mutex<Vec<serde_json::Value>>>,
+}
+
+impl WebhookReceiver {
+    /// Starts listening on a free port.
+    pub fn start() -> WebhookReceiver {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let received: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let sink = received.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let body = loop {
+                    let Ok(n) = conn.read(&mut chunk) else {
+                        break None;
+                    };
+                    if n == 0 {
+                        break None;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            break Some(body[..len].to_owned());
+                        }
+                    }
+                };
+                let _ = conn.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+                if let Some(v) = body.and_then(|b| serde_json::from_str(&b).ok()) {
+                    sink.lock().unwrap().push(v);
+                }
+            }
+        });
+        WebhookReceiver { url, received }
     }
 }

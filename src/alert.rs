@@ -1,0 +1,355 @@
+//! Slot alert levels: from a [`SlotHealth`] reading to ok / warning / critical / lost, and what
+//! to tell the operator when the level changes.
+//!
+//! Levels, with the configurable thresholds of `[slot]`:
+//! - **lost** (3): `wal_status = lost`, or the slot disappeared. Events may be gone; walbox stops.
+//! - **critical** (2): retained WAL ≥ `critical_ratio` × `max_slot_wal_keep_size`, or
+//!   `wal_status = unreserved` (the next checkpoint may remove WAL the slot needs).
+//! - **warning** (1): retained WAL ≥ `warning_ratio` × `max_slot_wal_keep_size`.
+//! - **ok** (0) otherwise.
+//!
+//! With `max_slot_wal_keep_size = -1` the slot can fill the primary's disk instead of being
+//! invalidated, so the absolute `warning_bytes` / `critical_bytes` thresholds apply.
+//!
+//! Every transition is one structured log line (WARN, or ERROR for critical and lost) and, when
+//! `[alerts] webhook_url` is set, one JSON document in Alertmanager's webhook format (see
+//! [`webhook_payload`]).
+
+use std::fmt;
+
+use serde_json::json;
+
+use crate::config::SlotConfig;
+use crate::source::slot::SlotHealth;
+
+/// How close the slot is to endangering the primary or being lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AlertLevel {
+    /// Nothing to do.
+    Ok = 0,
+    /// Retained WAL is growing: find out why walbox is behind.
+    Warning = 1,
+    /// The slot will soon be invalidated or the disk fill: act now.
+    Critical = 2,
+    /// The slot was invalidated: events may be lost.
+    Lost = 3,
+}
+
+impl AlertLevel {
+    /// The numeric value exported as `walbox_slot_alert_level`.
+    pub fn value(self) -> i64 {
+        self as i64
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AlertLevel::Ok => "ok",
+            AlertLevel::Warning => "warning",
+            AlertLevel::Critical => "critical",
+            AlertLevel::Lost => "lost",
+        }
+    }
+}
+
+impl fmt::Display for AlertLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A level with the reason and the advice that go with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assessment {
+    /// The level.
+    pub level: AlertLevel,
+    /// Why, with numbers.
+    pub reason: String,
+    /// What to do.
+    pub action: &'static str,
+    /// Bytes that can still be retained before the slot is invalidated (or before the critical
+    /// threshold, when unlimited).
+    pub headroom_bytes: Option<u64>,
+}
+
+const ACTION_OK: &str = "nothing to do";
+const ACTION_WARNING: &str = "walbox is behind: check walbox_inflight_events, the broker and walbox's logs; WAL is retained until it catches up";
+const ACTION_CRITICAL: &str = "act now: restore the broker or walbox, or raise max_slot_wal_keep_size (or free disk); the slot will be invalidated or the disk fill";
+const ACTION_LOST: &str = "events after the last confirmed LSN may be lost: follow the runbook \"Slot lost\" in the README before recreating the slot";
+
+/// The level of a reading (`None` = the slot does not exist).
+pub fn assess(health: Option<&SlotHealth>, cfg: &SlotConfig) -> Assessment {
+    let Some(h) = health else {
+        return Assessment {
+            level: AlertLevel::Lost,
+            reason: "the replication slot no longer exists".into(),
+            action: ACTION_LOST,
+            headroom_bytes: None,
+        };
+    };
+    let retained = h.retained_bytes();
+    if h.is_lost() {
+        return Assessment {
+            level: AlertLevel::Lost,
+            reason: "wal_status = lost: PostgreSQL invalidated the slot".into(),
+            action: ACTION_LOST,
+            headroom_bytes: Some(0),
+        };
+    }
+    let (level, reason, headroom) = match h.max_slot_wal_keep_bytes {
+        Some(max) => {
+            let ratio = h.keep_used_ratio().unwrap_or(0.0);
+            let headroom = h
+                .safe_wal_size
+                .and_then(|s| u64::try_from(s).ok())
+                .unwrap_or(max.saturating_sub(retained));
+            let reason = format!(
+                "retained {retained} bytes = {:.0}% of max_slot_wal_keep_size ({max} bytes), wal_status = {}",
+                ratio * 100.0,
+                h.wal_status.as_deref().unwrap_or("?")
+            );
+            let level =
+                if h.wal_status.as_deref() == Some("unreserved") || ratio >= cfg.critical_ratio {
+                    AlertLevel::Critical
+                } else if ratio >= cfg.warning_ratio {
+                    AlertLevel::Warning
+                } else {
+                    AlertLevel::Ok
+                };
+            (level, reason, Some(headroom))
+        }
+        None => {
+            let reason = format!(
+                "retained {retained} bytes with max_slot_wal_keep_size = -1 (unlimited: the slot can fill the disk); thresholds {} / {} bytes",
+                cfg.warning_bytes, cfg.critical_bytes
+            );
+            let level = if retained >= cfg.critical_bytes {
+                AlertLevel::Critical
+            } else if retained >= cfg.warning_bytes {
+                AlertLevel::Warning
+            } else {
+                AlertLevel::Ok
+            };
+            (
+                level,
+                reason,
+                Some(cfg.critical_bytes.saturating_sub(retained)),
+            )
+        }
+    };
+    Assessment {
+        level,
+        reason,
+        action: match level {
+            AlertLevel::Ok => ACTION_OK,
+            AlertLevel::Warning => ACTION_WARNING,
+            AlertLevel::Critical => ACTION_CRITICAL,
+            AlertLevel::Lost => ACTION_LOST,
+        },
+        headroom_bytes: headroom,
+    }
+}
+
+/// Logs a level transition as one structured line.
+pub fn log_transition(slot: &str, from: AlertLevel, a: &Assessment, health: Option<&SlotHealth>) {
+    let ratio = health.and_then(SlotHealth::keep_used_ratio);
+    let retained = health.map(SlotHealth::retained_bytes);
+    match a.level {
+        AlertLevel::Ok | AlertLevel::Warning => tracing::warn!(
+            slot, level = %a.level, previous = %from, ratio, retained_bytes = retained,
+            headroom_bytes = a.headroom_bytes, reason = %a.reason, action = a.action,
+            "slot alert level changed"
+        ),
+        AlertLevel::Critical | AlertLevel::Lost => tracing::error!(
+            slot, level = %a.level, previous = %from, ratio, retained_bytes = retained,
+            headroom_bytes = a.headroom_bytes, reason = %a.reason, action = a.action,
+            "slot alert level changed"
+        ),
+    }
+}
+
+/// The JSON sent to the webhook for a transition: Alertmanager's webhook format (version 4), one
+/// alert named `WalboxSlot`, `status` `resolved` when the new level is ok, else `firing`, with
+/// labels `slot` and `severity` (the level) and the numbers in annotations.
+pub fn webhook_payload(
+    slot: &str,
+    from: AlertLevel,
+    a: &Assessment,
+    health: Option<&SlotHealth>,
+    at_rfc3339: &str,
+) -> serde_json::Value {
+    let status = if a.level == AlertLevel::Ok {
+        "resolved"
+    } else {
+        "firing"
+    };
+    let severity = if a.level == AlertLevel::Ok {
+        from.name()
+    } else {
+        a.level.name()
+    };
+    let labels = json!({ "alertname": "WalboxSlot", "slot": slot, "severity": severity });
+    json!({
+        "version": "4",
+        "status": status,
+        "receiver": "walbox",
+        "groupKey": format!("walbox:{slot}"),
+        "groupLabels": { "alertname": "WalboxSlot", "slot": slot },
+        "commonLabels": labels,
+        "commonAnnotations": {},
+        "externalURL": "",
+        "alerts": [{
+            "status": status,
+            "labels": labels,
+            "annotations": {
+                "summary": format!("walbox slot {slot}: {} (was {})", a.level, from),
+                "description": format!("{}; {}", a.reason, a.action),
+                "level": a.level.name(),
+                "previous_level": from.name(),
+                "retained_bytes": health.map(SlotHealth::retained_bytes),
+                "keep_used_ratio": health.and_then(SlotHealth::keep_used_ratio),
+                "headroom_bytes": a.headroom_bytes,
+                "wal_status": health.and_then(|h| h.wal_status.clone()),
+                "confirmed_flush_lsn": health.and_then(|h| h.confirmed_flush_lsn).map(|l| l.to_string()),
+            },
+            "startsAt": at_rfc3339,
+            "endsAt": if status == "resolved" { at_rfc3339 } else { "0001-01-01T00:00:00Z" },
+        }],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::lsn::Lsn;
+    use std::time::Duration;
+
+    fn cfg() -> SlotConfig {
+        SlotConfig {
+            check_interval: Duration::from_secs(10),
+            warning_ratio: 0.5,
+            critical_ratio: 0.8,
+            warning_bytes: 100,
+            critical_bytes: 200,
+            heartbeat_interval: None,
+        }
+    }
+
+    fn health(retained: u64, max: Option<u64>, status: &str) -> SlotHealth {
+        SlotHealth {
+            slot: "s".into(),
+            current_lsn: Lsn(10_000),
+            restart_lsn: Some(Lsn(10_000 - retained)),
+            confirmed_flush_lsn: Some(Lsn(10_000)),
+            wal_status: Some(status.into()),
+            safe_wal_size: None,
+            active: true,
+            active_pid: Some(7),
+            max_slot_wal_keep_bytes: max,
+            wal_keep_bytes: 0,
+            max_wal_bytes: 0,
+            server_version_num: 150000,
+            idle_replication_slot_timeout: None,
+        }
+    }
+
+    #[test]
+    fn ratio_thresholds() {
+        let c = cfg();
+        assert_eq!(
+            assess(Some(&health(10, Some(1000), "reserved")), &c).level,
+            AlertLevel::Ok
+        );
+        assert_eq!(
+            assess(Some(&health(500, Some(1000), "extended")), &c).level,
+            AlertLevel::Warning
+        );
+        assert_eq!(
+            assess(Some(&health(800, Some(1000), "extended")), &c).level,
+            AlertLevel::Critical
+        );
+        assert_eq!(
+            assess(Some(&health(10, Some(1000), "unreserved")), &c).level,
+            AlertLevel::Critical
+        );
+        assert_eq!(
+            assess(Some(&health(10, Some(1000), "lost")), &c).level,
+            AlertLevel::Lost
+        );
+        assert_eq!(assess(None, &c).level, AlertLevel::Lost);
+    }
+
+    #[test]
+    fn absolute_thresholds_when_unlimited() {
+        let c = cfg();
+        assert_eq!(
+            assess(Some(&health(99, None, "reserved")), &c).level,
+            AlertLevel::Ok
+        );
+        let a = assess(Some(&health(150, None, "reserved")), &c);
+        assert_eq!(a.level, AlertLevel::Warning);
+        assert!(a.reason.contains("unlimited"));
+        assert_eq!(a.headroom_bytes, Some(50));
+        assert_eq!(
+            assess(Some(&health(250, None, "extended")), &c).level,
+            AlertLevel::Critical
+        );
+    }
+
+    #[test]
+    fn webhook_payload_is_alertmanager_shaped() {
+        let h = health(500, Some(1000), "extended");
+        let a = assess(Some(&h), &cfg());
+        let v = webhook_payload("s", AlertLevel::Ok, &a, Some(&h), "2026-01-01T00:00:00Z");
+        assert_eq!(v["version"], "4");
+        assert_eq!(v["status"], "firing");
+        assert_eq!(v["alerts"][0]["labels"]["severity"], "warning");
+        assert_eq!(v["alerts"][0]["annotations"]["previous_level"], "ok");
+        assert_eq!(v["alerts"][0]["annotations"]["retained_bytes"], 500);
+        let ok = assess(Some(&health(1, Some(1000), "reserved")), &cfg());
+        let v = webhook_payload("s", AlertLevel::Warning, &ok, Some(&h), "t");
+        assert_eq!(v["status"], "resolved");
+        assert_eq!(v["alerts"][0]["labels"]["severity"], "warning");
+    }
+}
+
+/// The current UTC time as RFC 3339 (`2026-11-30T01:02:03Z`).
+pub fn rfc3339_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    rfc3339(secs)
+}
+
+/// Seconds since the Unix epoch as RFC 3339 UTC (civil-from-days, Howard Hinnant's algorithm).
+fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod time_tests {
+    #[test]
+    fn rfc3339() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(super::rfc3339(1_796_000_523), "2026-11-30T01:02:03Z");
+    }
+}

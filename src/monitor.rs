@@ -1,0 +1,230 @@
+//! The slot monitor: reads the slot's health on its own control connection at start-up and every
+//! `slot.check_interval`, exports it as metrics, raises alerts on level changes, writes the
+//! optional heartbeat, and stops walbox when the slot is lost.
+//!
+//! It never touches the replication connection and never blocks it: a failed reading is logged,
+//! counted (`walbox_slot_check_errors_total`) and retried at the next tick.
+//!
+//! # Heartbeat
+//! With `slot.heartbeat_interval` set, the monitor writes
+//! `pg_logical_emit_message(true, 'walbox.heartbeat', '{"sent_at_us": …}')`. It must be
+//! transactional: a non-transactional message does not advance an otherwise idle cluster. The
+//! relay recognises it when it comes back through the stream (PostgreSQL 14+, which can send
+//! logical messages to pgoutput) and records the round trip in
+//! `walbox_heartbeat_round_trip_seconds`; the empty transaction it rides in is confirmed like any
+//! other, so the slot advances even when no table is written.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::alert::{self, AlertLevel};
+use crate::config::Config;
+use crate::failure::{Failure, FatalError};
+use crate::metrics::{Metrics, WAL_STATUSES};
+use crate::relay::pg_now_micros;
+use crate::source::conninfo::connect_control;
+use crate::source::slot::{self, SlotHealth};
+use crate::webhook::Webhook;
+
+/// Prefix of walbox's heartbeat messages.
+pub const HEARTBEAT_PREFIX: &str = "walbox.heartbeat";
+
+/// Where the monitor reports a lost slot: the fatal error is stored, then `stop` is raised so
+/// the relay winds down as on shutdown.
+#[derive(Clone)]
+pub struct FatalSignal {
+    /// The error to exit with.
+    pub error: Arc<Mutex<Option<FatalError>>>,
+    /// Raised after `error` is set.
+    pub stop: watch::Sender<bool>,
+}
+
+impl FatalSignal {
+    fn raise(&self, e: FatalError) {
+        if let Ok(mut slot) = self.error.lock() {
+            slot.get_or_insert(e);
+        }
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Exports one reading as metrics.
+pub fn export(metrics: &Metrics, h: &SlotHealth, level: AlertLevel) {
+    metrics.slot_retained_wal.set(h.retained_bytes() as i64);
+    metrics
+        .slot_confirmed_lag
+        .set(h.confirmed_lag_bytes() as i64);
+    metrics
+        .slot_safe_wal_size
+        .set(h.safe_wal_size.map(|v| v as f64));
+    metrics
+        .slot_max_wal_keep
+        .set(h.max_slot_wal_keep_bytes.map(|v| v as f64));
+    metrics.slot_keep_used_ratio.set(h.keep_used_ratio());
+    for s in WAL_STATUSES {
+        let on = h.wal_status.as_deref() == Some(s);
+        metrics
+            .slot_wal_status
+            .with_label_values(&[s])
+            .set(on as i64);
+    }
+    metrics.slot_alert_level.set(level.value());
+    metrics.slot_active.set(h.active as i64);
+}
+
+/// State kept between readings.
+struct Monitor {
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    webhook: Option<Webhook>,
+    fatal: FatalSignal,
+    client: Option<tokio_postgres::Client>,
+    level: Option<AlertLevel>,
+    seen_slot: bool,
+    warned_unlimited: bool,
+}
+
+impl Monitor {
+    async fn client(&mut self) -> Option<&tokio_postgres::Client> {
+        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            match connect_control(&self.config.postgres.conn).await {
+                Ok(c) => self.client = Some(c),
+                Err(e) => {
+                    self.metrics.slot_check_errors.inc();
+                    tracing::warn!(error = %e, "slot monitor cannot connect; retrying at the next check");
+                    return None;
+                }
+            }
+        }
+        self.client.as_ref()
+    }
+
+    async fn heartbeat(&mut self) {
+        let metrics = self.metrics.clone();
+        let Some(c) = self.client().await else { return };
+        let content = format!("{{\"sent_at_us\": {}}}", pg_now_micros());
+        match c
+            .execute(
+                "SELECT pg_logical_emit_message(true, $1, $2::text)",
+                &[&HEARTBEAT_PREFIX, &content],
+            )
+            .await
+        {
+            Ok(_) => metrics.heartbeats_sent.inc(),
+            Err(e) => tracing::warn!(error = %e, "heartbeat write failed"),
+        }
+    }
+
+    /// One reading: metrics, alert transitions, lost-slot stop. Returns the level, if read.
+    async fn check(&mut self) -> Option<AlertLevel> {
+        let slot_name = self.config.postgres.slot.clone();
+        let c = self.client().await?;
+        let health = match slot::read(c, &slot_name).await {
+            Ok(h) => h,
+            Err(e) => {
+                self.metrics.slot_check_errors.inc();
+                tracing::warn!(error = %e, "slot health check failed");
+                return None;
+            }
+        };
+        self.metrics.slot_checks.inc();
+        if health.is_none() && !self.seen_slot {
+            return None; // not created yet (create_slot = true and the relay has not started)
+        }
+        self.seen_slot = true;
+        let assessment = alert::assess(health.as_ref(), &self.config.slot);
+        if let Some(h) = &health {
+            export(&self.metrics, h, assessment.level);
+            if h.max_slot_wal_keep_bytes.is_none() && !self.warned_unlimited {
+                self.warned_unlimited = true;
+                tracing::warn!(
+                    slot = %slot_name,
+                    warning_bytes = self.config.slot.warning_bytes,
+                    critical_bytes = self.config.slot.critical_bytes,
+                    "max_slot_wal_keep_size = -1: if walbox stops confirming, this slot retains WAL until the primary's disk is full; set max_slot_wal_keep_size, and alerts use the absolute slot.warning_bytes / slot.critical_bytes thresholds"
+                );
+            }
+        } else {
+            self.metrics.slot_alert_level.set(AlertLevel::Lost.value());
+        }
+        let previous = self.level.unwrap_or(AlertLevel::Ok);
+        if self.level != Some(assessment.level)
+            && (self.level.is_some() || assessment.level != AlertLevel::Ok)
+        {
+            alert::log_transition(&slot_name, previous, &assessment, health.as_ref());
+            if let Some(w) = &self.webhook {
+                w.notify(alert::webhook_payload(
+                    &slot_name,
+                    previous,
+                    &assessment,
+                    health.as_ref(),
+                    &alert::rfc3339_now(),
+                ));
+            }
+        }
+        self.level = Some(assessment.level);
+        if assessment.level == AlertLevel::Lost {
+            let confirmed = health
+                .as_ref()
+                .and_then(|h| h.confirmed_flush_lsn)
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "unknown".into());
+            self.fatal.raise(FatalError {
+                failure: Failure::SlotLost,
+                message: format!(
+                    "replication slot {slot_name:?} is lost ({}); last confirmed position {confirmed}: events committed after it may never be relayed. See the README runbook \"Slot lost\"; recreate the slot only with `walbox recreate-slot`",
+                    assessment.reason
+                ),
+            });
+        }
+        Some(assessment.level)
+    }
+}
+
+/// Runs until `stop` is raised, then takes one last reading (so a slot lost while walbox stops
+/// is still reported). Raises `fatal` when the slot is lost.
+pub async fn run(
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    webhook: Option<Webhook>,
+    fatal: FatalSignal,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut check = tokio::time::interval(config.slot.check_interval);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let heartbeat_on = config.slot.heartbeat_interval.is_some();
+    let every = config
+        .slot
+        .heartbeat_interval
+        .unwrap_or(Duration::from_secs(3600));
+    let mut heartbeat = tokio::time::interval(every);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut m = Monitor {
+        config,
+        metrics,
+        webhook,
+        fatal,
+        client: None,
+        level: None,
+        seen_slot: false,
+        warned_unlimited: false,
+    };
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.changed() => break,
+            _ = check.tick() => {
+                if m.check().await == Some(AlertLevel::Lost) {
+                    return;
+                }
+            }
+            _ = heartbeat.tick(), if heartbeat_on => m.heartbeat().await,
+        }
+        if *stop.borrow() {
+            break;
+        }
+    }
+    m.check().await;
+}

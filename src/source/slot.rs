@@ -1,0 +1,177 @@
+//! The replication slot's health, read on the ordinary (control) connection — never on the
+//! replication connection, which must keep streaming.
+//!
+//! A logical slot makes PostgreSQL keep WAL from its `restart_lsn` on. If walbox falls behind
+//! (broker down, paused deployment), that WAL grows until the disk fills or, with
+//! `max_slot_wal_keep_size` set, until PostgreSQL invalidates the slot (`wal_status = lost`) and
+//! the events in the removed WAL can no longer be relayed. [`SlotHealth`] holds every number an
+//! operator needs to see that coming; `crate::alert` turns it into alert levels.
+
+use tokio_postgres::Client;
+
+use crate::source::lsn::Lsn;
+
+/// One reading of the slot and the settings that bound it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SlotHealth {
+    /// The slot's name.
+    pub slot: String,
+    /// `pg_current_wal_lsn()`.
+    pub current_lsn: Lsn,
+    /// WAL the slot retains from here on.
+    pub restart_lsn: Option<Lsn>,
+    /// Last position confirmed by walbox.
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (absent on very old servers).
+    pub wal_status: Option<String>,
+    /// Bytes that can still be written before the slot is in danger (NULL when unlimited or lost).
+    pub safe_wal_size: Option<i64>,
+    /// Whether a process streams from the slot.
+    pub active: bool,
+    /// That process.
+    pub active_pid: Option<i32>,
+    /// `max_slot_wal_keep_size` in bytes; `None` when unlimited (-1).
+    pub max_slot_wal_keep_bytes: Option<u64>,
+    /// `wal_keep_size` in bytes.
+    pub wal_keep_bytes: u64,
+    /// `max_wal_size` in bytes.
+    pub max_wal_bytes: u64,
+    /// `server_version_num`.
+    pub server_version_num: i32,
+    /// `idle_replication_slot_timeout` (PostgreSQL 18+), as PostgreSQL prints it.
+    pub idle_replication_slot_timeout: Option<String>,
+}
+
+impl SlotHealth {
+    /// Current WAL LSN − `restart_lsn`: the WAL this slot keeps on disk.
+    pub fn retained_bytes(&self) -> u64 {
+        self.restart_lsn
+            .map(|r| self.current_lsn.bytes_since(r))
+            .unwrap_or(0)
+    }
+
+    /// Current WAL LSN − `confirmed_flush_lsn`: how far walbox's confirmations trail the server.
+    pub fn confirmed_lag_bytes(&self) -> u64 {
+        self.confirmed_flush_lsn
+            .map(|c| self.current_lsn.bytes_since(c))
+            .unwrap_or(0)
+    }
+
+    /// Retained WAL as a share of `max_slot_wal_keep_size` (`None` when unlimited).
+    pub fn keep_used_ratio(&self) -> Option<f64> {
+        self.max_slot_wal_keep_bytes
+            .filter(|m| *m > 0)
+            .map(|m| self.retained_bytes() as f64 / m as f64)
+    }
+
+    /// Whether PostgreSQL invalidated the slot.
+    pub fn is_lost(&self) -> bool {
+        self.wal_status.as_deref() == Some("lost")
+    }
+}
+
+/// Reads the slot's health. `Ok(None)` when the slot does not exist.
+pub async fn read(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<SlotHealth>, tokio_postgres::Error> {
+    let settings = client
+        .query_one(
+            "SELECT pg_current_wal_lsn()::text, \
+                    pg_size_bytes(current_setting('max_slot_wal_keep_size')), \
+                    pg_size_bytes(current_setting('wal_keep_size')), \
+                    pg_size_bytes(current_setting('max_wal_size')), \
+                    current_setting('server_version_num')::int, \
+                    current_setting('idle_replication_slot_timeout', true)",
+            &[],
+        )
+        .await?;
+    let row = client
+        .query_opt(
+            "SELECT restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size, \
+                    active, active_pid \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let lsn = |v: Option<String>| v.and_then(|t| t.parse::<Lsn>().ok());
+    let max_keep: i64 = settings.get(1);
+    Ok(Some(SlotHealth {
+        slot: slot.to_owned(),
+        current_lsn: lsn(settings.get(0)).unwrap_or(Lsn::ZERO),
+        restart_lsn: lsn(row.get(0)),
+        confirmed_flush_lsn: lsn(row.get(1)),
+        wal_status: row.get(2),
+        safe_wal_size: row.get(3),
+        active: row.get(4),
+        active_pid: row.get(5),
+        max_slot_wal_keep_bytes: u64::try_from(max_keep).ok(),
+        wal_keep_bytes: u64::try_from(settings.get::<_, i64>(2)).unwrap_or(0),
+        max_wal_bytes: u64::try_from(settings.get::<_, i64>(3)).unwrap_or(0),
+        server_version_num: settings.get(4),
+        idle_replication_slot_timeout: settings
+            .get::<_, Option<String>>(5)
+            .filter(|v| !v.is_empty()),
+    }))
+}
+
+/// Drops the slot (which must not be active) and creates it again with pgoutput; returns the new
+/// slot's consistent point. Events committed between the old slot's confirmed position and that
+/// point are not in the new slot's stream.
+pub async fn recreate(client: &Client, slot: &str) -> Result<Lsn, tokio_postgres::Error> {
+    client
+        .execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    let row = client
+        .query_one(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&slot],
+        )
+        .await?;
+    Ok(row
+        .get::<_, Option<String>>(0)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(Lsn::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health() -> SlotHealth {
+        SlotHealth {
+            slot: "s".into(),
+            current_lsn: Lsn(1000),
+            restart_lsn: Some(Lsn(400)),
+            confirmed_flush_lsn: Some(Lsn(900)),
+            wal_status: Some("reserved".into()),
+            safe_wal_size: Some(600),
+            active: true,
+            active_pid: Some(1),
+            max_slot_wal_keep_bytes: Some(1200),
+            wal_keep_bytes: 0,
+            max_wal_bytes: 1 << 30,
+            server_version_num: 150018,
+            idle_replication_slot_timeout: None,
+        }
+    }
+
+    #[test]
+    fn derived_numbers() {
+        let h = health();
+        assert_eq!(h.retained_bytes(), 600);
+        assert_eq!(h.confirmed_lag_bytes(), 100);
+        assert_eq!(h.keep_used_ratio(), Some(0.5));
+        let unlimited = SlotHealth {
+            max_slot_wal_keep_bytes: None,
+            ..h
+        };
+        assert_eq!(unlimited.keep_used_ratio(), None);
+    }
+}

@@ -1,0 +1,171 @@
+//! `walbox status`: the slot's health, human-readable or as JSON; and `walbox recreate-slot`, the
+//! only way walbox ever replaces a slot.
+//!
+//! Recreating a slot is an explicit operator decision because it opens a data-loss window: the
+//! new slot streams only transactions that commit after its creation, so every event committed
+//! after the old slot's confirmed position and before the new slot exists is never relayed. The
+//! command prints both positions so the window can be republished from the outbox table.
+
+use crate::alert::{self, Assessment};
+use crate::config::Config;
+use crate::failure::{Failure, FatalError};
+use crate::source::conninfo::connect_control;
+use crate::source::slot::{self, SlotHealth};
+
+fn fatal(failure: Failure, message: impl ToString) -> FatalError {
+    FatalError {
+        failure,
+        message: message.to_string(),
+    }
+}
+
+async fn read(config: &Config) -> Result<(tokio_postgres::Client, Option<SlotHealth>), FatalError> {
+    let client = connect_control(&config.postgres.conn)
+        .await
+        .map_err(|e| fatal(Failure::Auth, format!("cannot connect to PostgreSQL: {e}")))?;
+    let health = slot::read(&client, &config.postgres.slot)
+        .await
+        .map_err(|e| fatal(Failure::Schema, format!("cannot read the slot: {e}")))?;
+    Ok((client, health))
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// Renders a reading for people.
+pub fn render(h: &SlotHealth, a: &Assessment) -> String {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<26} {v}\n"));
+    line("slot", h.slot.clone());
+    line("alert level", format!("{} ({})", a.level, a.reason));
+    line("action", a.action.to_owned());
+    line(
+        "active",
+        match h.active_pid {
+            Some(pid) if h.active => format!("yes (pid {pid})"),
+            _ => "no".into(),
+        },
+    );
+    line("wal_status", opt(h.wal_status.clone()));
+    line("current WAL LSN", h.current_lsn.to_string());
+    line(
+        "confirmed_flush_lsn",
+        opt(h.confirmed_flush_lsn.map(|l| l.to_string())),
+    );
+    line("restart_lsn", opt(h.restart_lsn.map(|l| l.to_string())));
+    line("retained WAL", human(h.retained_bytes()));
+    line("confirmed lag", human(h.confirmed_lag_bytes()));
+    line(
+        "max_slot_wal_keep_size",
+        h.max_slot_wal_keep_bytes
+            .map(human)
+            .unwrap_or_else(|| "-1 (unlimited: the slot can fill the disk)".into()),
+    );
+    line(
+        "keep size used",
+        opt(h.keep_used_ratio().map(|r| format!("{:.1}%", r * 100.0))),
+    );
+    line(
+        "safe_wal_size",
+        opt(h
+            .safe_wal_size
+            .map(|s| human(u64::try_from(s).unwrap_or(0)))),
+    );
+    line("headroom", opt(a.headroom_bytes.map(human)));
+    line("max_wal_size", human(h.max_wal_bytes));
+    line("wal_keep_size", human(h.wal_keep_bytes));
+    if let Some(t) = &h.idle_replication_slot_timeout {
+        line("idle_replication_slot_timeout", t.clone());
+    }
+    line("server_version_num", h.server_version_num.to_string());
+    out
+}
+
+/// `walbox status [--json]`.
+pub async fn status(config: &Config, json: bool) -> Result<(), FatalError> {
+    let (_client, health) = read(config).await?;
+    let Some(h) = health else {
+        return Err(fatal(
+            Failure::Schema,
+            format!("replication slot {:?} does not exist", config.postgres.slot),
+        ));
+    };
+    let a = alert::assess(Some(&h), &config.slot);
+    if json {
+        let mut v = serde_json::to_value(&h).map_err(|e| fatal(Failure::Internal, e))?;
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("retained_wal_bytes".into(), h.retained_bytes().into());
+            obj.insert("confirmed_lag_bytes".into(), h.confirmed_lag_bytes().into());
+            obj.insert("wal_keep_used_ratio".into(), h.keep_used_ratio().into());
+            obj.insert("alert_level".into(), a.level.name().into());
+            obj.insert("alert_level_value".into(), a.level.value().into());
+            obj.insert("reason".into(), a.reason.clone().into());
+            obj.insert("action".into(), a.action.into());
+            obj.insert("headroom_bytes".into(), a.headroom_bytes.into());
+        }
+        println!("{v:#}");
+    } else {
+        print!("{}", render(&h, &a));
+    }
+    Ok(())
+}
+
+/// `walbox recreate-slot --confirm-data-loss`: drops the slot and creates it again.
+pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
+    let (client, health) = read(config).await?;
+    let name = &config.postgres.slot;
+    if let Some(h) = &health {
+        if h.active {
+            return Err(fatal(
+                Failure::SlotInUse,
+                format!(
+                    "replication slot {name:?} is active (pid {}); stop walbox first",
+                    h.active_pid.unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    let old = health
+        .as_ref()
+        .and_then(|h| h.confirmed_flush_lsn)
+        .map(|l| l.to_string())
+        .unwrap_or_else(|| "none".into());
+    let new = slot::recreate(&client, name).await.map_err(|e| {
+        fatal(
+            Failure::Schema,
+            format!("cannot recreate slot {name:?}: {e}"),
+        )
+    })?;
+    println!("recreated replication slot {name:?}");
+    println!("  old confirmed position: {old}");
+    println!("  new slot starts at:     {new}");
+    println!(
+        "events committed after {old} and before {new} were NOT relayed; republish them from the outbox table if its rows are still there"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human;
+
+    #[test]
+    fn sizes_for_people() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(64 << 20), "64.0 MiB");
+        assert_eq!(human(3 << 30), "3.0 GiB");
+    }
+}
