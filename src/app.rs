@@ -137,7 +137,7 @@ pub async fn run_with(
         metrics.clone(),
         health.clone(),
     );
-    probe_brokers(relay.sink().clone(), config.kafka.brokers.clone());
+    let probe = probe_brokers(relay.sink().clone(), config.kafka.brokers.clone());
     let mut backoff = Backoff::new(config.relay.backoff_initial, config.relay.backoff_max);
     let outcome = loop {
         match relay.run_session(&mut stop_rx).await {
@@ -202,12 +202,15 @@ pub async fn run_with(
             "kafka producer did not flush in time; unconfirmed events are sent again after restart"
         );
     }
+    // The runtime waits for the (bounded) probe anyway when it is dropped; waiting here keeps
+    // its log line before the caller's final one-line error.
+    let _ = probe.await;
     outcome
 }
 
 /// Logs, in the background, whether the brokers answer; never fails start-up (events wait for
-/// the broker).
-fn probe_brokers(sink: KafkaSink, brokers: String) {
+/// the broker). Ends within the probe's 5 s timeout.
+fn probe_brokers(sink: KafkaSink, brokers: String) -> tokio::task::JoinHandle<()> {
     tokio::task::spawn_blocking(move || match sink.probe(Duration::from_secs(5)) {
         Ok(()) => tracing::info!(brokers = %brokers, "kafka brokers reachable"),
         Err(e) => tracing::warn!(
@@ -215,7 +218,7 @@ fn probe_brokers(sink: KafkaSink, brokers: String) {
             error = %e,
             "kafka brokers not reachable yet; events will wait for them"
         ),
-    });
+    })
 }
 
 #[cfg(test)]

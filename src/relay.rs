@@ -98,6 +98,7 @@ impl RelayError {
     pub fn failure(&self) -> Option<Failure> {
         match self {
             RelayError::Control(ConnectError::Tls(_)) => Some(Failure::Auth),
+            RelayError::Control(e) if e.certificate_rejected() => Some(Failure::Auth),
             RelayError::Control(e) => e
                 .sqlstate()
                 .and_then(|c| Failure::from_sqlstate(c, &e.to_string())),

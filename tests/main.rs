@@ -3,6 +3,7 @@
 
 mod support;
 
+mod connection;
 mod failures;
 mod http;
 mod relay;

@@ -171,6 +171,16 @@ impl ConnectError {
             _ => None,
         }
     }
+
+    /// Whether the TLS handshake failed because the server's certificate was rejected (untrusted
+    /// chain, host name mismatch, expired): a configuration problem that every retry repeats,
+    /// unlike a handshake cut short by the network.
+    pub fn certificate_rejected(&self) -> bool {
+        match self {
+            ConnectError::Postgres(e) => is_certificate_rejection(e),
+            _ => false,
+        }
+    }
 }
 
 /// One parameter as written in the input.
@@ -703,6 +713,28 @@ fn is_tls_failure(e: &tokio_postgres::Error) -> bool {
     while let Some(s) = source {
         if s.is::<openssl::ssl::Error>() || s.is::<openssl::error::ErrorStack>() {
             return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Whether a tokio-postgres error is OpenSSL's "certificate verify failed" (the verification
+/// callback, including the host name check, refused the server's certificate).
+fn is_certificate_rejection(e: &tokio_postgres::Error) -> bool {
+    /// OpenSSL's `ERR_LIB_SSL` and `SSL_R_CERTIFICATE_VERIFY_FAILED` (same in 1.1 and 3.x).
+    const ERR_LIB_SSL: i32 = 20;
+    const SSL_R_CERTIFICATE_VERIFY_FAILED: i32 = 134;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(stack) = s
+            .downcast_ref::<openssl::ssl::Error>()
+            .and_then(|ssl| ssl.ssl_error())
+        {
+            return stack.errors().iter().any(|e| {
+                e.library_code() == ERR_LIB_SSL
+                    && e.reason_code() == SSL_R_CERTIFICATE_VERIFY_FAILED
+            });
         }
         source = s.source();
     }
