@@ -26,6 +26,7 @@ use crate::metrics::{self, Health, Metrics};
 use crate::monitor::{self, FatalSignal};
 use crate::relay::{Relay, SessionEnd};
 use crate::sink::kafka::KafkaSink;
+use crate::sink::topics::Topics;
 use crate::webhook::Webhook;
 
 /// Capped exponential backoff with full jitter in the upper half.
@@ -130,12 +131,17 @@ pub async fn run_with(
         stop_rx.clone(),
     ));
 
+    let topics = Topics::new(&config.kafka).map_err(|e| FatalError {
+        failure: Failure::Kafka,
+        message: format!("kafka admin client: {e}"),
+    })?;
     let mut relay = Relay::new(
         config.clone(),
         sink,
         ack_rx,
         metrics.clone(),
         health.clone(),
+        topics,
     );
     let probe = probe_brokers(relay.sink().clone(), config.kafka.brokers.clone());
     let mut backoff = Backoff::new(config.relay.backoff_initial, config.relay.backoff_max);

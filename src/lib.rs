@@ -9,7 +9,7 @@
 //! # Layout
 //! ```text
 //! cli.rs, main.rs      command line; main is thin
-//! config.rs            TOML + WALBOX_* environment → validated Config
+//! config/              TOML + WALBOX_* environment → validated Config; outbox routes
 //! app.rs               wiring: HTTP, producer, reconnect loop, shutdown order
 //! relay.rs             one replication session: WAL → events → Kafka → confirmed LSN
 //! source/
@@ -19,7 +19,9 @@
 //!   catalog.rs           start-up checks; publication and slot set-up
 //!   slot.rs              slot health readings (retained WAL, wal_status, safe_wal_size)
 //!   lsn.rs               log sequence numbers
-//! outbox.rs            relation cache + INSERT → OutboxEvent (topic, key, value, headers)
+//! outbox.rs            relation cache + INSERT/message → OutboxEvent (topic, key, value, headers)
+//! envelope.rs          JSON and protobuf envelopes (proto/walbox/v1/envelope.proto)
+//! timestamp.rs         epochs, RFC 3339, timestamptz parsing
 //! sink/kafka.rs        producer: delivery reports, error classification
 //! checkpoint.rs        flush LSN = end of the longest fully acknowledged prefix
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
@@ -37,6 +39,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod envelope;
 pub mod failure;
 pub mod metrics;
 pub mod monitor;
@@ -46,4 +49,5 @@ pub mod sandbox;
 pub mod sink;
 pub mod source;
 pub mod status;
+pub mod timestamp;
 pub mod webhook;

@@ -41,6 +41,8 @@ pub struct Metrics {
     pub commit_to_ack: Histogram,
     /// `walbox_delivery_errors_total`: records the broker failed.
     pub delivery_errors: IntCounter,
+    /// `walbox_dead_letter_total`: events sent to a dead-letter topic.
+    pub dead_letters: IntCounter,
     /// `walbox_reconnects_total`: replication sessions restarted after a transient error.
     pub reconnects: IntCounter,
     /// `walbox_streaming`: 1 while a replication session is streaming.
@@ -160,6 +162,10 @@ impl Metrics {
             delivery_errors: counter(
                 "walbox_delivery_errors_total",
                 "Records the Kafka producer reported as failed.",
+            ),
+            dead_letters: counter(
+                "walbox_dead_letter_total",
+                "Events that could not be published and went to a dead-letter topic.",
             ),
             reconnects: counter(
                 "walbox_reconnects_total",

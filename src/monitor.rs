@@ -23,9 +23,9 @@ use crate::alert::{self, AlertLevel};
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
 use crate::metrics::{Metrics, WAL_STATUSES};
-use crate::relay::pg_now_micros;
 use crate::source::conninfo::connect_control;
 use crate::source::slot::{self, SlotHealth};
+use crate::timestamp::pg_now_micros;
 use crate::webhook::Webhook;
 
 /// Prefix of walbox's heartbeat messages.
@@ -160,7 +160,7 @@ impl Monitor {
                     previous,
                     &assessment,
                     health.as_ref(),
-                    &alert::rfc3339_now(),
+                    &crate::timestamp::rfc3339_now(),
                 ));
             }
         }

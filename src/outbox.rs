@@ -1,43 +1,70 @@
-//! The outbox mapping: pgoutput Relation + Insert messages → [`OutboxEvent`]s.
+//! The outbox mapping: pgoutput Relation + Insert messages (and logical messages) →
+//! [`OutboxEvent`]s, routed and encoded per the table's [`Route`].
 //!
-//! The mapper keeps a cache of the relations PostgreSQL announced (Relation messages are sent
-//! before the first change of a table in each session and again after a schema change). A
-//! relation that is the configured outbox table gets its mapped columns resolved to positions
-//! once; each INSERT is then mapped without looking anything up by name. Rows of other tables are
-//! ignored.
-//!
-//! Defaults follow the seeds' schemas: key = `aggregate_id`; topic = column `topic` when the
-//! table has it and it is not NULL, else `<topic_prefix><aggregate_type>`
-//! (`outbox.event.<aggregate_type>`); value = `payload` as stored (jsonb/json/text as their text,
-//! bytea as its bytes). Headers: `id`, `event_type`, `walbox.commit_lsn`, `walbox.index`.
+//! The mapper keeps a cache of the relations PostgreSQL announced. Relation messages are sent
+//! before the first change of a table in each session, and again after a schema change. For a
+//! relation that is a configured outbox table, the mapped columns are resolved to positions
+//! once, and each INSERT is then mapped without looking anything up by name. Rows of other
+//! tables are ignored. With `[outbox.messages]`, the JSON content of
+//! `pg_logical_emit_message(true, '<prefix>', …)` is mapped the same way, its keys standing in
+//! for columns.
 //!
 //! # Invariants
-//! - Mapping is a pure function of the relation and the tuple: the same row always gives the same
-//!   record, so a transaction replayed after a restart produces identical events.
-//! - A row that cannot be mapped (NULL key, NULL payload, no topic) is an error naming the table,
-//!   event id and LSN. It is never skipped.
-//! - Values are zero-copy slices of the replication buffer, except bytea payloads, which are
-//!   decoded from their hex text form.
+//! - Mapping is a pure function of the route, the relation and the row. The same row always
+//!   gives the same record, so a transaction replayed after a restart produces identical events.
+//! - A row that cannot be mapped is an [`OutboxError::InvalidEvent`] that carries the table,
+//!   the event id, the LSN and the original payload, for the route's `on_invalid` policy. Causes
+//!   include a NULL key, id or payload (without `tombstones`), a NULL routing value without
+//!   `fallback_topic`, an invalid topic name, and a mapped column dropped or renamed mid-stream.
+//!   Such a row is never skipped silently.
+//! - Raw values are zero-copy slices of the replication buffer. The exceptions are bytea
+//!   payloads (decoded from hex text) and envelopes, which are built per event.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::config::OutboxConfig;
+use crate::config::{OutboxConfig, Route, RouteSource};
+use crate::envelope::{self, Payload, PayloadKind};
 use crate::source::lsn::Lsn;
-use crate::source::pgoutput::{Insert, Relation, TupleValue};
+use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
+use crate::timestamp::{self, pg_micros_to_unix_micros, pg_micros_to_unix_ms};
 
-/// `bytea`'s type OID.
+/// Type OIDs with a special meaning for payloads.
 const BYTEA_OID: u32 = 17;
+const JSON_OID: u32 = 114;
+const JSONB_OID: u32 = 3802;
 
 /// Where an event sits in the WAL: the commit LSN of its transaction and its ordinal in it.
 /// An LSN alone does not identify an event (all rows of a transaction share one commit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EventPosition {
     /// LSN of the transaction's commit record (pgoutput Begin's `final_lsn`).
     pub commit_lsn: Lsn,
     /// 0-based ordinal of the event among the transaction's outbox events.
     pub index: u32,
+    /// Commit time, microseconds since 2000-01-01.
+    pub commit_time: i64,
+}
+
+/// A header name: one of walbox's own, or one configured in `[outbox.headers]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderName {
+    /// A fixed name.
+    Static(&'static str),
+    /// A configured name.
+    Custom(Arc<str>),
+}
+
+impl HeaderName {
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            HeaderName::Static(s) => s,
+            HeaderName::Custom(s) => s,
+        }
+    }
 }
 
 /// One record to produce.
@@ -45,149 +72,271 @@ pub struct EventPosition {
 pub struct OutboxEvent {
     /// Destination topic.
     pub topic: String,
+    /// Explicit partition (`columns.partition`), else the key decides.
+    pub partition: Option<i32>,
     /// Record key: the aggregate id.
-    pub key: Bytes,
-    /// Record value: the payload as stored.
-    pub payload: Bytes,
-    /// The row's id as text (header `id`, the consumer's dedup key).
+    pub key: Option<Bytes>,
+    /// Record value; `None` is a tombstone.
+    pub value: Option<Bytes>,
+    /// Headers in order: `id`, `event_type`, `walbox.commit_lsn`, `walbox.index`, CloudEvents,
+    /// configured extras.
+    pub headers: Vec<(HeaderName, Bytes)>,
+    /// Record timestamp, milliseconds since the Unix epoch.
+    pub timestamp_ms: i64,
+    /// The event id (for messages and dead letters).
     pub id: Bytes,
-    /// Header `event_type`, when the table has the column and it is not NULL.
-    pub event_type: Option<Bytes>,
     /// Position in the WAL.
     pub position: EventPosition,
+    /// `schema.table` or `message:<prefix>`.
+    pub source: Arc<str>,
 }
 
 /// Why a change could not be mapped.
 #[derive(Debug, thiserror::Error)]
 pub enum OutboxError {
-    /// The outbox table lacks a column the mapping needs.
-    #[error("outbox table {table} has no column {column:?} (set outbox.columns.{setting} to the right name)")]
-    MissingColumn {
-        /// `schema.table`.
-        table: String,
-        /// The missing column.
-        column: String,
-        /// The setting that names it.
-        setting: &'static str,
-    },
-    /// The table has neither a topic nor an aggregate type column.
-    #[error("outbox table {table} has neither a {topic:?} nor an {aggregate_type:?} column, so no topic can be chosen")]
-    NoTopicColumn {
-        /// `schema.table`.
-        table: String,
-        /// Configured topic column.
-        topic: String,
-        /// Configured aggregate type column.
-        aggregate_type: String,
-    },
     /// A row cannot become a record.
-    #[error("cannot publish event {id} of {table} at {lsn}: {reason}")]
-    InvalidEvent {
-        /// `schema.table`.
-        table: String,
-        /// The event id (or `?` when it is NULL).
-        id: String,
-        /// Commit LSN of its transaction.
-        lsn: Lsn,
-        /// What is wrong.
-        reason: String,
-    },
+    #[error(transparent)]
+    InvalidEvent(Box<InvalidEvent>),
     /// An INSERT referenced a relation never announced: a protocol violation.
     #[error("INSERT for relation {0} that was never announced by a Relation message")]
     UnknownRelation(u32),
 }
 
-/// Column positions of a relation that is the outbox table.
+/// A row that cannot become a record, with what a dead letter needs.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot publish event {id} of {source_name} at {lsn}: {reason}")]
+pub struct InvalidEvent {
+    /// Index of the route (`tables` first, then `messages`).
+    pub route: usize,
+    /// `schema.table` or `message:<prefix>`.
+    pub source_name: Arc<str>,
+    /// The event id (`?` when NULL).
+    pub id: String,
+    /// Commit LSN of its transaction.
+    pub lsn: Lsn,
+    /// Position in the WAL.
+    pub position: EventPosition,
+    /// What is wrong.
+    pub reason: String,
+    /// The key, when it could be read.
+    pub key: Option<Bytes>,
+    /// The payload exactly as stored, when it could be read.
+    pub payload: Option<Bytes>,
+}
+
+/// What a dead-letter record says about the event it replaces.
+pub struct DeadLetter<'a> {
+    /// Dead-letter topic.
+    pub topic: &'a str,
+    /// Event id (`?` when unknown).
+    pub id: &'a str,
+    /// `schema.table` or `message:<prefix>`.
+    pub source: &'a str,
+    /// Where the event sits in the WAL.
+    pub position: EventPosition,
+    /// Why it could not be published.
+    pub error: &'a str,
+    /// Original key.
+    pub key: Option<Bytes>,
+    /// Original payload bytes.
+    pub payload: Option<Bytes>,
+}
+
+impl DeadLetter<'_> {
+    /// The record for the dead-letter topic: the original key and payload, with headers `id`,
+    /// `walbox.error`, `walbox.source`, `walbox.commit_lsn` and `walbox.index`.
+    pub fn into_event(self) -> OutboxEvent {
+        let id = Bytes::copy_from_slice(self.id.as_bytes());
+        OutboxEvent {
+            topic: self.topic.to_owned(),
+            partition: None,
+            key: self.key,
+            value: self.payload,
+            headers: vec![
+                (HeaderName::Static("id"), id.clone()),
+                (
+                    HeaderName::Static("walbox.error"),
+                    Bytes::copy_from_slice(self.error.as_bytes()),
+                ),
+                (
+                    HeaderName::Static("walbox.source"),
+                    Bytes::copy_from_slice(self.source.as_bytes()),
+                ),
+                (
+                    HeaderName::Static("walbox.commit_lsn"),
+                    Bytes::from(self.position.commit_lsn.to_string()),
+                ),
+                (
+                    HeaderName::Static("walbox.index"),
+                    Bytes::from(self.position.index.to_string()),
+                ),
+            ],
+            timestamp_ms: pg_micros_to_unix_ms(self.position.commit_time),
+            id,
+            position: self.position,
+            source: Arc::from(self.source),
+        }
+    }
+}
+
+impl InvalidEvent {
+    /// The dead-letter record for this event.
+    pub fn dead_letter(&self, topic: &str) -> OutboxEvent {
+        DeadLetter {
+            topic,
+            id: &self.id,
+            source: &self.source_name,
+            position: self.position,
+            error: &self.reason,
+            key: self.key.clone(),
+            payload: self.payload.clone(),
+        }
+        .into_event()
+    }
+}
+
+/// Column positions of a relation that is an outbox table.
 #[derive(Debug, Clone)]
 struct MappedRelation {
-    table: String,
-    id: usize,
-    key: usize,
-    payload: usize,
-    payload_is_bytea: bool,
+    route: usize,
+    id: Option<usize>,
+    key: Option<usize>,
+    payload: Option<usize>,
+    payload_kind: PayloadKind,
     topic: Option<usize>,
     aggregate_type: Option<usize>,
     event_type: Option<usize>,
+    timestamp: Option<usize>,
+    partition: Option<usize>,
+    headers: Vec<(Option<usize>, HeaderName)>,
+    envelope: Vec<(Option<usize>, Arc<str>)>,
+    /// Mapped columns the relation no longer has (dropped or renamed mid-stream).
+    missing: Vec<String>,
+}
+
+/// The values of one row, whatever its source.
+struct Row<'a> {
+    id: Option<Bytes>,
+    key: Option<Bytes>,
+    aggregate_type: Option<&'a [u8]>,
+    event_type: Option<Bytes>,
+    topic: Option<&'a [u8]>,
+    payload: Option<Payload>,
+    timestamp: Option<&'a [u8]>,
+    partition: Option<&'a [u8]>,
+    headers: Vec<(HeaderName, Option<Bytes>)>,
+    envelope: Vec<(Arc<str>, Option<Bytes>)>,
+    missing: &'a [String],
 }
 
 /// Relation cache and row mapper; see the module docs.
 #[derive(Debug)]
 pub struct OutboxMapper {
-    config: OutboxConfig,
-    /// `None` for relations that are not the outbox table.
+    routes: Vec<Route>,
+    templates: Vec<(Template, Option<Template>)>,
+    messages: Option<usize>,
+    /// `None` for relations that are not outbox tables.
     relations: HashMap<u32, Option<MappedRelation>>,
 }
 
 impl OutboxMapper {
-    /// A mapper for the configured table.
-    pub fn new(config: OutboxConfig) -> Self {
+    /// A mapper for the configured routes.
+    pub fn new(config: &OutboxConfig) -> Self {
+        let mut routes = config.tables.clone();
+        let messages = config.messages.clone().map(|m| {
+            routes.push(m);
+            routes.len() - 1
+        });
+        let templates = routes
+            .iter()
+            .map(|r| {
+                (
+                    Template::parse(&r.topic),
+                    r.fallback_topic.as_deref().map(Template::parse),
+                )
+            })
+            .collect();
         OutboxMapper {
-            config,
+            routes,
+            templates,
+            messages,
             relations: HashMap::new(),
         }
     }
 
-    /// Records a Relation message; resolves the mapping when it is the outbox table.
-    pub fn relation(&mut self, rel: &Relation) -> Result<(), OutboxError> {
-        let is_outbox = rel.name == self.config.table && rel.namespace == self.config.schema;
-        let mapped = if is_outbox {
-            Some(self.resolve(rel)?)
-        } else {
-            None
-        };
+    /// The route with this index.
+    pub fn route(&self, index: usize) -> &Route {
+        &self.routes[index]
+    }
+
+    /// Records a Relation message; resolves the mapping when it is an outbox table.
+    pub fn relation(&mut self, rel: &Relation) {
+        let route = self.routes.iter().position(|r| {
+            matches!(&r.source, RouteSource::Table { schema, table } if *table == rel.name && *schema == rel.namespace)
+        });
+        let mapped = route.map(|i| self.resolve(i, rel));
         self.relations.insert(rel.id, mapped);
-        Ok(())
     }
 
-    /// Whether `relation_id` is the outbox table (false for unknown relations).
-    pub fn is_outbox(&self, relation_id: u32) -> bool {
-        matches!(self.relations.get(&relation_id), Some(Some(_)))
-    }
-
-    /// `schema.table` of a known outbox relation.
-    pub fn table_name(&self, relation_id: u32) -> Option<&str> {
+    /// The route index of an outbox relation (`None` for other or unknown relations).
+    pub fn route_of(&self, relation_id: u32) -> Option<usize> {
         match self.relations.get(&relation_id) {
-            Some(Some(m)) => Some(&m.table),
+            Some(Some(m)) => Some(m.route),
             _ => None,
         }
     }
 
-    fn resolve(&self, rel: &Relation) -> Result<MappedRelation, OutboxError> {
-        let c = &self.config.columns;
-        let table = format!("{}.{}", rel.namespace, rel.name);
+    fn resolve(&self, route: usize, rel: &Relation) -> MappedRelation {
+        let c = &self.routes[route].columns;
         let find = |name: &str| rel.columns.iter().position(|col| col.name == name);
-        let need = |name: &str, setting: &'static str| {
-            find(name).ok_or_else(|| OutboxError::MissingColumn {
-                table: table.clone(),
-                column: name.to_owned(),
-                setting,
-            })
+        let mut missing = Vec::new();
+        let mut need = |name: &str| {
+            let found = find(name);
+            if found.is_none() {
+                missing.push(name.to_owned());
+            }
+            found
         };
-        let id = need(&c.id, "id")?;
-        let key = need(&c.aggregate_id, "aggregate_id")?;
-        let payload = need(&c.payload, "payload")?;
+        let id = need(&c.id);
+        let key = need(&c.aggregate_id);
+        let payload = need(&c.payload);
+        let timestamp = c.timestamp.as_deref().and_then(&mut need);
+        let partition = c.partition.as_deref().and_then(&mut need);
+        let headers = self.routes[route]
+            .headers
+            .iter()
+            .map(|(col, h)| (need(col), HeaderName::Custom(h.as_str().into())))
+            .collect();
+        let envelope = self.routes[route]
+            .envelope
+            .iter()
+            .map(|(col, f)| (need(col), Arc::from(f.as_str())))
+            .collect();
         let topic = find(&c.topic);
         let aggregate_type = find(&c.aggregate_type);
-        if topic.is_none() && aggregate_type.is_none() {
-            return Err(OutboxError::NoTopicColumn {
-                table,
-                topic: c.topic.clone(),
-                aggregate_type: c.aggregate_type.clone(),
-            });
-        }
-        Ok(MappedRelation {
-            payload_is_bytea: rel.columns[payload].type_oid == BYTEA_OID,
-            table,
+        let payload_kind = match payload.map(|i| rel.columns[i].type_oid) {
+            Some(BYTEA_OID) => PayloadKind::Bytes,
+            Some(JSON_OID | JSONB_OID) => PayloadKind::Json,
+            _ => PayloadKind::Text,
+        };
+        MappedRelation {
+            route,
             id,
             key,
             payload,
+            payload_kind,
             topic,
             aggregate_type,
             event_type: find(&c.event_type),
-        })
+            timestamp,
+            partition,
+            headers,
+            envelope,
+            missing,
+        }
     }
 
-    /// Maps an INSERT. `Ok(None)` when the row is not in the outbox table.
+    /// Maps an INSERT. `Ok(None)` when the row is not in an outbox table.
     pub fn map_insert(
         &self,
         insert: &Insert,
@@ -199,68 +348,436 @@ impl OutboxMapper {
             None => return Err(OutboxError::UnknownRelation(insert.relation_id)),
         };
         let cols = &insert.tuple.columns;
-        let text = |idx: usize| -> Option<&Bytes> {
-            match cols.get(idx) {
+        let value = |idx: Option<usize>| -> Option<&Bytes> {
+            match cols.get(idx?) {
                 Some(TupleValue::Text(b)) | Some(TupleValue::Binary(b)) => Some(b),
                 _ => None,
             }
         };
-        let id = text(m.id).cloned();
-        let invalid = |reason: String| OutboxError::InvalidEvent {
-            table: m.table.clone(),
+        let payload = match value(m.payload) {
+            None => None,
+            Some(raw) if m.payload_kind == PayloadKind::Bytes => match decode_bytea_hex(raw) {
+                Some(b) => Some(Payload {
+                    bytes: b,
+                    kind: PayloadKind::Bytes,
+                }),
+                None => {
+                    return Err(self.invalid(
+                        m.route,
+                        value(m.id).cloned(),
+                        value(m.key).cloned(),
+                        Some(raw.clone()),
+                        position,
+                        "the bytea payload is not in hex format (set bytea_output = 'hex')".into(),
+                    ))
+                }
+            },
+            Some(raw) => Some(Payload {
+                bytes: raw.clone(),
+                kind: m.payload_kind,
+            }),
+        };
+        let row = Row {
+            id: value(m.id).cloned(),
+            key: value(m.key).cloned(),
+            aggregate_type: value(m.aggregate_type).map(|b| &b[..]),
+            event_type: value(m.event_type).cloned(),
+            topic: value(m.topic).map(|b| &b[..]),
+            payload,
+            timestamp: value(m.timestamp).map(|b| &b[..]),
+            partition: value(m.partition).map(|b| &b[..]),
+            headers: m
+                .headers
+                .iter()
+                .map(|(i, h)| (h.clone(), value(*i).cloned()))
+                .collect(),
+            envelope: m
+                .envelope
+                .iter()
+                .map(|(i, f)| (f.clone(), value(*i).cloned()))
+                .collect(),
+            missing: &m.missing,
+        };
+        self.build(m.route, row, position).map(Some)
+    }
+
+    /// The route of the table-less outbox, when `prefix` is its prefix.
+    pub fn message_route(&self, prefix: &str) -> Option<usize> {
+        let i = self.messages?;
+        matches!(&self.routes[i].source, RouteSource::Messages { prefix: p } if p == prefix)
+            .then_some(i)
+    }
+
+    /// Maps a logical message. `Ok(None)` when its prefix is not the configured one (or the
+    /// table-less outbox is off).
+    pub fn map_message(
+        &self,
+        msg: &Message,
+        position: EventPosition,
+    ) -> Result<Option<OutboxEvent>, OutboxError> {
+        let Some(route) = self.messages else {
+            return Ok(None);
+        };
+        if !matches!(&self.routes[route].source, RouteSource::Messages { prefix } if *prefix == msg.prefix)
+        {
+            return Ok(None);
+        }
+        let json: serde_json::Map<String, serde_json::Value> =
+            match serde_json::from_slice(&msg.content) {
+                Ok(serde_json::Value::Object(o)) => o,
+                _ => {
+                    return Err(self.invalid(
+                        route,
+                        None,
+                        None,
+                        Some(msg.content.clone()),
+                        position,
+                        "message content is not a JSON object".into(),
+                    ))
+                }
+            };
+        let c = &self.routes[route].columns;
+        let text = |k: &str| -> Option<Bytes> {
+            match json.get(k)? {
+                serde_json::Value::Null => None,
+                serde_json::Value::String(s) => Some(Bytes::copy_from_slice(s.as_bytes())),
+                other => Some(Bytes::from(other.to_string())),
+            }
+        };
+        let payload = json.get(&c.payload).and_then(|v| match v {
+            serde_json::Value::Null => None,
+            serde_json::Value::String(s) => Some(Payload {
+                bytes: Bytes::copy_from_slice(s.as_bytes()),
+                kind: PayloadKind::Text,
+            }),
+            other => Some(Payload {
+                bytes: Bytes::from(other.to_string()),
+                kind: PayloadKind::Json,
+            }),
+        });
+        let aggregate_type = text(&c.aggregate_type);
+        let topic = text(&c.topic);
+        let timestamp = c.timestamp.as_deref().and_then(text);
+        let partition = c.partition.as_deref().and_then(text);
+        let route_cfg = &self.routes[route];
+        let row = Row {
+            id: text(&c.id),
+            key: text(&c.aggregate_id),
+            aggregate_type: aggregate_type.as_deref(),
+            event_type: text(&c.event_type),
+            topic: topic.as_deref(),
+            payload,
+            timestamp: timestamp.as_deref(),
+            partition: partition.as_deref(),
+            headers: route_cfg
+                .headers
+                .iter()
+                .map(|(k, h)| (HeaderName::Custom(h.as_str().into()), text(k)))
+                .collect(),
+            envelope: route_cfg
+                .envelope
+                .iter()
+                .map(|(k, f)| (Arc::from(f.as_str()), text(k)))
+                .collect(),
+            missing: &[],
+        };
+        self.build(route, row, position).map(Some)
+    }
+
+    fn invalid(
+        &self,
+        route: usize,
+        id: Option<Bytes>,
+        key: Option<Bytes>,
+        payload: Option<Bytes>,
+        position: EventPosition,
+        reason: String,
+    ) -> OutboxError {
+        OutboxError::InvalidEvent(Box::new(InvalidEvent {
+            route,
+            source_name: self.routes[route].name.clone(),
             id: id
                 .as_ref()
                 .map(|b| String::from_utf8_lossy(b).into_owned())
                 .unwrap_or_else(|| "?".into()),
             lsn: position.commit_lsn,
+            position,
             reason,
-        };
-        let c = &self.config.columns;
-        let Some(id_value) = id.clone() else {
-            return Err(invalid(format!("column {:?} (event id) is NULL", c.id)));
-        };
-        let key = text(m.key)
-            .cloned()
-            .ok_or_else(|| invalid(format!("column {:?} (key) is NULL", c.aggregate_id)))?;
-        let raw_payload = text(m.payload)
-            .ok_or_else(|| invalid(format!("column {:?} (payload) is NULL", c.payload)))?;
-        let payload = if m.payload_is_bytea {
-            decode_bytea_hex(raw_payload).ok_or_else(|| {
-                invalid(format!(
-                    "column {:?} is not in bytea hex format (set bytea_output = 'hex')",
-                    c.payload
-                ))
-            })?
-        } else {
-            raw_payload.clone()
-        };
-        let topic = match (m.topic.and_then(text), m.aggregate_type.and_then(text)) {
-            (Some(t), _) => utf8(t).map(str::to_owned),
-            (None, Some(agg)) => utf8(agg).map(|a| format!("{}{a}", self.config.topic_prefix)),
-            (None, None) => None,
-        }
-        .ok_or_else(|| {
-            invalid(format!(
-                "no topic: column {:?} and column {:?} are NULL or not UTF-8",
-                c.topic, c.aggregate_type
-            ))
-        })?;
-        if topic.is_empty() {
-            return Err(invalid("the topic name is empty".into()));
-        }
-        Ok(Some(OutboxEvent {
-            topic,
             key,
             payload,
-            id: id_value,
-            event_type: m.event_type.and_then(text).cloned(),
-            position,
         }))
+    }
+
+    fn build(
+        &self,
+        route: usize,
+        row: Row<'_>,
+        position: EventPosition,
+    ) -> Result<OutboxEvent, OutboxError> {
+        let r = &self.routes[route];
+        let c = &r.columns;
+        let fail = |row: &Row<'_>, reason: String| {
+            self.invalid(
+                route,
+                row.id.clone(),
+                row.key.clone(),
+                row.payload.as_ref().map(|p| p.bytes.clone()),
+                position,
+                reason,
+            )
+        };
+        if let Some(col) = row.missing.first() {
+            return Err(fail(
+                &row,
+                format!(
+                    "column {col:?} is mapped but the table no longer has it (dropped or renamed)"
+                ),
+            ));
+        }
+        let Some(id) = row.id.clone() else {
+            return Err(fail(&row, format!("{:?} (event id) is NULL", c.id)));
+        };
+        let Some(key) = row.key.clone() else {
+            return Err(fail(&row, format!("{:?} (key) is NULL", c.aggregate_id)));
+        };
+        if row.payload.is_none() && !r.tombstones {
+            return Err(fail(
+                &row,
+                format!(
+                    "{:?} (payload) is NULL (set tombstones = true to send a tombstone)",
+                    c.payload
+                ),
+            ));
+        }
+        let topic = match row.topic.and_then(|t| std::str::from_utf8(t).ok()) {
+            Some(t) => t.to_owned(),
+            None => {
+                let vars = Vars {
+                    aggregate_type: row.aggregate_type,
+                    event_type: row.event_type.as_deref(),
+                    source: &r.source,
+                };
+                let (template, fallback) = &self.templates[route];
+                match template.render(&vars) {
+                    Some(t) => t,
+                    None => match fallback.as_ref().and_then(|f| f.render(&vars)) {
+                        Some(t) => t,
+                        None => {
+                            return Err(fail(
+                                &row,
+                                format!(
+                                    "no topic: a routing value of {:?} is NULL and no fallback_topic is set",
+                                    r.topic
+                                ),
+                            ))
+                        }
+                    },
+                }
+            }
+        };
+        if !valid_topic(&topic) {
+            return Err(fail(
+                &row,
+                format!("{topic:?} is not a valid Kafka topic name"),
+            ));
+        }
+        let partition = match row.partition {
+            None => None,
+            Some(p) => match std::str::from_utf8(p)
+                .ok()
+                .and_then(|s| s.parse::<i32>().ok())
+            {
+                Some(n) if n >= 0 => Some(n),
+                _ => {
+                    return Err(fail(
+                        &row,
+                        format!(
+                            "partition {:?} is not a non-negative integer",
+                            String::from_utf8_lossy(p)
+                        ),
+                    ))
+                }
+            },
+        };
+        let commit_ms = pg_micros_to_unix_ms(position.commit_time);
+        let timestamp_ms = match row.timestamp {
+            None => commit_ms,
+            Some(t) => match std::str::from_utf8(t)
+                .ok()
+                .and_then(timestamp::parse_timestamptz_ms)
+            {
+                Some(ms) => ms,
+                None => {
+                    return Err(fail(
+                        &row,
+                        format!(
+                            "timestamp {:?} is not a timestamptz",
+                            String::from_utf8_lossy(t)
+                        ),
+                    ))
+                }
+            },
+        };
+        let lsn_text = position.commit_lsn.to_string();
+        let mut headers = Vec::with_capacity(4 + row.headers.len());
+        headers.push((HeaderName::Static("id"), id.clone()));
+        if let Some(t) = &row.event_type {
+            headers.push((HeaderName::Static("event_type"), t.clone()));
+        }
+        headers.push((
+            HeaderName::Static("walbox.commit_lsn"),
+            Bytes::from(lsn_text.clone()),
+        ));
+        headers.push((
+            HeaderName::Static("walbox.index"),
+            Bytes::from(position.index.to_string()),
+        ));
+        let value = match (&row.payload, r.format) {
+            (None, _) => None,
+            (Some(p), crate::config::ValueFormat::Raw) => Some(p.bytes.clone()),
+            (Some(p), format) => {
+                let env = envelope::Envelope {
+                    id: &id,
+                    event_type: row.event_type.as_deref(),
+                    aggregate_type: row.aggregate_type,
+                    aggregate_id: &key,
+                    payload: p,
+                    expand_json: r.expand_json_payload,
+                    commit_lsn: &lsn_text,
+                    commit_time_us: pg_micros_to_unix_micros(position.commit_time),
+                    index: position.index,
+                    source: &r.name,
+                    fields: &row.envelope,
+                };
+                match env.encode(format) {
+                    Ok(b) => Some(b),
+                    Err(reason) => return Err(fail(&row, reason)),
+                }
+            }
+        };
+        if let Some(ce_source) = &r.cloudevents_source {
+            let content_type = match (r.format, row.payload.as_ref().map(|p| p.kind)) {
+                (crate::config::ValueFormat::Json, _) => "application/json",
+                (crate::config::ValueFormat::Protobuf, _) => "application/protobuf",
+                (_, Some(PayloadKind::Json)) => "application/json",
+                (_, Some(PayloadKind::Bytes)) => "application/octet-stream",
+                _ => "text/plain",
+            };
+            headers.push((
+                HeaderName::Static("ce_specversion"),
+                Bytes::from_static(b"1.0"),
+            ));
+            headers.push((HeaderName::Static("ce_id"), id.clone()));
+            headers.push((
+                HeaderName::Static("ce_source"),
+                Bytes::from(ce_source.clone()),
+            ));
+            if let Some(t) = &row.event_type {
+                headers.push((HeaderName::Static("ce_type"), t.clone()));
+            }
+            headers.push((
+                HeaderName::Static("ce_time"),
+                Bytes::from(timestamp::rfc3339_ms(timestamp_ms)),
+            ));
+            headers.push((HeaderName::Static("ce_subject"), key.clone()));
+            headers.push((
+                HeaderName::Static("content-type"),
+                Bytes::from_static(content_type.as_bytes()),
+            ));
+        }
+        for (name, v) in row.headers {
+            if let Some(v) = v {
+                headers.push((name, v));
+            }
+        }
+        Ok(OutboxEvent {
+            topic,
+            partition,
+            key: Some(key),
+            value,
+            headers,
+            timestamp_ms,
+            id,
+            position,
+            source: r.name.clone(),
+        })
     }
 }
 
-fn utf8(b: &Bytes) -> Option<&str> {
-    std::str::from_utf8(b).ok()
+/// Kafka's topic name rule: 1–249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+fn valid_topic(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 249
+        && t != "."
+        && t != ".."
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// Values a topic template may use.
+struct Vars<'a> {
+    aggregate_type: Option<&'a [u8]>,
+    event_type: Option<&'a [u8]>,
+    source: &'a RouteSource,
+}
+
+#[derive(Debug, Clone)]
+enum Segment {
+    Literal(String),
+    AggregateType,
+    EventType,
+    Table,
+    Schema,
+}
+
+/// A parsed topic template (`events.${aggregate_type}`); variables were checked by the config.
+#[derive(Debug, Clone)]
+struct Template(Vec<Segment>);
+
+impl Template {
+    fn parse(t: &str) -> Template {
+        let mut out = Vec::new();
+        let mut rest = t;
+        while let Some(i) = rest.find("${") {
+            if i > 0 {
+                out.push(Segment::Literal(rest[..i].to_owned()));
+            }
+            let after = &rest[i + 2..];
+            let end = after.find('}').unwrap_or(after.len());
+            out.push(match &after[..end] {
+                "aggregate_type" => Segment::AggregateType,
+                "event_type" => Segment::EventType,
+                "table" => Segment::Table,
+                _ => Segment::Schema,
+            });
+            rest = after.get(end + 1..).unwrap_or("");
+        }
+        if !rest.is_empty() {
+            out.push(Segment::Literal(rest.to_owned()));
+        }
+        Template(out)
+    }
+
+    /// `None` when a variable it uses is NULL (or not UTF-8).
+    fn render(&self, v: &Vars<'_>) -> Option<String> {
+        let mut s = String::with_capacity(48);
+        for seg in &self.0 {
+            match seg {
+                Segment::Literal(l) => s.push_str(l),
+                Segment::AggregateType => s.push_str(std::str::from_utf8(v.aggregate_type?).ok()?),
+                Segment::EventType => s.push_str(std::str::from_utf8(v.event_type?).ok()?),
+                Segment::Table => match v.source {
+                    RouteSource::Table { table, .. } => s.push_str(table),
+                    RouteSource::Messages { prefix } => s.push_str(prefix),
+                },
+                Segment::Schema => match v.source {
+                    RouteSource::Table { schema, .. } => s.push_str(schema),
+                    RouteSource::Messages { .. } => s.push_str("message"),
+                },
+            }
+        }
+        Some(s)
+    }
 }
 
 /// Decodes bytea's text output `\x0a1b…` into bytes.
@@ -283,241 +800,5 @@ fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::ColumnNames;
-    use crate::source::pgoutput::{Column, TupleData};
-
-    fn config() -> OutboxConfig {
-        OutboxConfig {
-            schema: "public".into(),
-            table: "outbox".into(),
-            topic_prefix: "outbox.event.".into(),
-            columns: ColumnNames {
-                id: "id".into(),
-                aggregate_id: "aggregate_id".into(),
-                aggregate_type: "aggregate_type".into(),
-                event_type: "event_type".into(),
-                topic: "topic".into(),
-                payload: "payload".into(),
-            },
-        }
-    }
-
-    fn relation(id: u32, name: &str, cols: &[(&str, u32)]) -> Relation {
-        Relation {
-            id,
-            namespace: "public".into(),
-            name: name.into(),
-            replica_identity: b'd',
-            columns: cols
-                .iter()
-                .map(|(n, oid)| Column {
-                    flags: 0,
-                    name: (*n).into(),
-                    type_oid: *oid,
-                    type_modifier: -1,
-                })
-                .collect(),
-        }
-    }
-
-    fn insert(rel: u32, vals: &[Option<&str>]) -> Insert {
-        Insert {
-            relation_id: rel,
-            tuple: TupleData {
-                columns: vals
-                    .iter()
-                    .map(|v| match v {
-                        Some(s) => TupleValue::Text(Bytes::copy_from_slice(s.as_bytes())),
-                        None => TupleValue::Null,
-                    })
-                    .collect(),
-            },
-        }
-    }
-
-    const POS: EventPosition = EventPosition {
-        commit_lsn: Lsn(0x16B3748),
-        index: 2,
-    };
-
-    #[test]
-    fn seed_schema_with_topic_column() {
-        // 000_…: outbox(id bigint, aggregate_id, topic, event_type, payload jsonb, …)
-        let mut m = OutboxMapper::new(config());
-        m.relation(&relation(
-            1,
-            "outbox",
-            &[
-                ("id", 20),
-                ("aggregate_id", 25),
-                ("topic", 25),
-                ("event_type", 25),
-                ("payload", 3802),
-            ],
-        ))
-        .unwrap();
-        let e = m
-            .map_insert(
-                &insert(
-                    1,
-                    &[
-                        Some("7"),
-                        Some("wallet-1"),
-                        Some("payments.events"),
-                        Some("payment.captured"),
-                        Some("{\"a\": 1}"),
-                    ],
-                ),
-                POS,
-            )
-            .unwrap()
-            .unwrap();
-        assert_eq!(e.topic, "payments.events");
-        assert_eq!(&e.key[..], b"wallet-1");
-        assert_eq!(&e.payload[..], b"{\"a\": 1}");
-        assert_eq!(&e.id[..], b"7");
-        assert_eq!(e.event_type.as_deref(), Some(&b"payment.captured"[..]));
-        assert_eq!(e.position, POS);
-    }
-
-    #[test]
-    fn seed_schema_with_aggregate_type_and_bytea() {
-        // 003_…: outbox_events(id uuid, aggregate_type, aggregate_id, event_type, payload, …)
-        let mut c = config();
-        c.table = "outbox_events".into();
-        let mut m = OutboxMapper::new(c);
-        m.relation(&relation(
-            9,
-            "outbox_events",
-            &[
-                ("id", 2950),
-                ("aggregate_type", 25),
-                ("aggregate_id", 25),
-                ("event_type", 25),
-                ("payload", BYTEA_OID),
-            ],
-        ))
-        .unwrap();
-        let e = m
-            .map_insert(
-                &insert(
-                    9,
-                    &[
-                        Some("0b6e…"),
-                        Some("order"),
-                        Some("o-1"),
-                        None,
-                        Some("\\x00ff41"),
-                    ],
-                ),
-                POS,
-            )
-            .unwrap()
-            .unwrap();
-        assert_eq!(e.topic, "outbox.event.order");
-        assert_eq!(&e.payload[..], &[0x00, 0xff, 0x41]);
-        assert_eq!(e.event_type, None);
-    }
-
-    #[test]
-    fn topic_falls_back_to_aggregate_type_when_null() {
-        let mut m = OutboxMapper::new(config());
-        m.relation(&relation(
-            1,
-            "outbox",
-            &[
-                ("id", 20),
-                ("aggregate_id", 25),
-                ("aggregate_type", 25),
-                ("topic", 25),
-                ("payload", 25),
-            ],
-        ))
-        .unwrap();
-        let e = m
-            .map_insert(
-                &insert(1, &[Some("1"), Some("k"), Some("user"), None, Some("x")]),
-                POS,
-            )
-            .unwrap()
-            .unwrap();
-        assert_eq!(e.topic, "outbox.event.user");
-    }
-
-    #[test]
-    fn other_tables_are_ignored() {
-        let mut m = OutboxMapper::new(config());
-        m.relation(&relation(2, "payments", &[("id", 20)])).unwrap();
-        assert!(!m.is_outbox(2));
-        assert_eq!(m.map_insert(&insert(2, &[Some("1")]), POS).unwrap(), None);
-        assert!(matches!(
-            m.map_insert(&insert(3, &[Some("1")]), POS),
-            Err(OutboxError::UnknownRelation(3))
-        ));
-    }
-
-    #[test]
-    fn missing_columns_name_the_setting() {
-        let mut m = OutboxMapper::new(config());
-        let err = m
-            .relation(&relation(
-                1,
-                "outbox",
-                &[("id", 20), ("topic", 25), ("payload", 25)],
-            ))
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("outbox.columns.aggregate_id"),
-            "{err}"
-        );
-        let err = m
-            .relation(&relation(
-                1,
-                "outbox",
-                &[("id", 20), ("aggregate_id", 25), ("payload", 25)],
-            ))
-            .unwrap_err();
-        assert!(matches!(err, OutboxError::NoTopicColumn { .. }));
-    }
-
-    #[test]
-    fn unpublishable_rows_are_errors_with_id_and_lsn() {
-        let mut m = OutboxMapper::new(config());
-        m.relation(&relation(
-            1,
-            "outbox",
-            &[
-                ("id", 20),
-                ("aggregate_id", 25),
-                ("topic", 25),
-                ("payload", 25),
-            ],
-        ))
-        .unwrap();
-        for row in [
-            [Some("42"), None, Some("t"), Some("p")],
-            [Some("42"), Some("k"), None, Some("p")],
-            [Some("42"), Some("k"), Some("t"), None],
-        ] {
-            let err = m.map_insert(&insert(1, &row), POS).unwrap_err().to_string();
-            assert!(
-                err.contains("event 42") && err.contains("0/16B3748"),
-                "{err}"
-            );
-        }
-    }
-
-    #[test]
-    fn bytea_hex() {
-        assert_eq!(decode_bytea_hex(b"\\x").as_deref(), Some(&[][..]));
-        assert_eq!(
-            decode_bytea_hex(b"\\xDEad").as_deref(),
-            Some(&[0xde, 0xad][..])
-        );
-        assert_eq!(decode_bytea_hex(b"\\x0"), None);
-        assert_eq!(decode_bytea_hex(b"\\xzz"), None);
-        assert_eq!(decode_bytea_hex(b"abc"), None);
-    }
-}
+#[path = "outbox_tests.rs"]
+mod tests;

@@ -28,19 +28,22 @@
 //! - Acknowledged progress is remembered across sessions of one process (`acked_frontier`), so a
 //!   reconnect resumes after it even if the last status update did not reach the server.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
+use crate::config::{OnChange, OnInvalid};
 use crate::failure::{Failure, FatalError};
 use crate::metrics::{Health, Metrics};
 use crate::monitor::HEARTBEAT_PREFIX;
-use crate::outbox::{EventPosition, OutboxError, OutboxEvent, OutboxMapper};
+use crate::outbox::{DeadLetter, EventPosition, OutboxError, OutboxEvent, OutboxMapper};
 use crate::sink::kafka::{classify, Ack, KafkaSink, Severity, SinkError};
+use crate::sink::topics::{TopicError, Topics};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::conninfo::{connect_control, ConnectError};
 use crate::source::lsn::Lsn;
@@ -48,18 +51,7 @@ use crate::source::pgoutput::{self, DecodeError, LogicalMessage};
 use crate::source::replication::{
     ReplicationConnection, ReplicationError, ReplicationMessage, ReplicationStream, StandbyStatus,
 };
-
-/// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
-const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
-
-/// Now, in microseconds since 2000-01-01.
-pub fn pg_now_micros() -> i64 {
-    let unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0);
-    unix - PG_EPOCH_OFFSET_MICROS
-}
+use crate::timestamp::pg_now_micros;
 
 /// Why a session ended with an error.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +80,26 @@ pub enum RelayError {
     /// The server ended the replication stream.
     #[error("postgres ended the replication stream")]
     StreamEnded,
+    /// A topic is missing (or could not be created) and the event cannot be dead-lettered.
+    #[error("cannot publish event {id} of {source_name} at {lsn}: {error}")]
+    Topic {
+        /// Event id.
+        id: String,
+        /// `schema.table`.
+        source_name: String,
+        /// Commit LSN.
+        lsn: Lsn,
+        /// The cause.
+        error: TopicError,
+    },
+    /// The publication sends UPDATE/DELETE/TRUNCATE of an outbox table with `on_change = "fail"`.
+    #[error("{op} on outbox table {table}: an outbox is insert-only (on_change = \"fail\"); publish only inserts: ALTER PUBLICATION … SET (publish = 'insert')")]
+    Change {
+        /// The operation.
+        op: &'static str,
+        /// `schema.table`.
+        table: String,
+    },
     /// The stream broke the protocol's rules.
     #[error("replication protocol violation: {0}")]
     Protocol(String),
@@ -118,8 +130,7 @@ impl RelayError {
             },
             RelayError::Decode(_) => Some(Failure::Internal),
             RelayError::Outbox(OutboxError::UnknownRelation(_)) => Some(Failure::Internal),
-            RelayError::Outbox(OutboxError::InvalidEvent { .. }) => Some(Failure::EventRejected),
-            RelayError::Outbox(_) => Some(Failure::Schema),
+            RelayError::Outbox(OutboxError::InvalidEvent(_)) => Some(Failure::EventRejected),
             RelayError::Send(f) => match &f.source {
                 SinkError::Send(e) => match classify(e) {
                     Severity::Transient => None,
@@ -135,6 +146,8 @@ impl RelayError {
                 Severity::Fatal => Some(Failure::Kafka),
             },
             RelayError::StreamEnded => None,
+            RelayError::Topic { .. } => Some(Failure::EventRejected),
+            RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::Protocol(_) => Some(Failure::Internal),
         }
     }
@@ -182,11 +195,35 @@ pub struct DeliveryFailure {
     pub error: rdkafka::error::KafkaError,
 }
 
+fn send_failure(event: &OutboxEvent, source: SinkError) -> RelayError {
+    RelayError::Send(Box::new(SendFailure {
+        table: event.source.to_string(),
+        id: String::from_utf8_lossy(&event.id).into_owned(),
+        lsn: event.position.commit_lsn,
+        topic: event.topic.clone(),
+        source,
+    }))
+}
+
 /// Position of the transaction being received.
 #[derive(Debug, Clone, Copy)]
 struct OpenTxn {
     commit_lsn: Lsn,
+    commit_time: i64,
     next_index: u32,
+}
+
+impl OpenTxn {
+    /// The position of the next outbox event, which it then reserves.
+    fn next_position(&mut self) -> EventPosition {
+        let p = EventPosition {
+            commit_lsn: self.commit_lsn,
+            index: self.next_index,
+            commit_time: self.commit_time,
+        };
+        self.next_index += 1;
+        p
+    }
 }
 
 /// State of one session.
@@ -195,6 +232,8 @@ struct Session {
     checkpoint: Checkpoint,
     mapper: OutboxMapper,
     txn: Option<OpenTxn>,
+    /// When an ignored change to each outbox table was last logged.
+    change_warned: HashMap<usize, Instant>,
     /// Records handed to the sink and not yet reported back.
     outstanding: usize,
     last_status: Lsn,
@@ -216,6 +255,7 @@ pub struct Relay {
     health: Arc<Health>,
     next_seq: u64,
     acked_frontier: Lsn,
+    topics: Topics,
     /// Set once a session reached streaming; the supervisor resets its backoff then.
     pub reached_streaming: bool,
 }
@@ -228,8 +268,10 @@ impl Relay {
         acks: mpsc::UnboundedReceiver<Ack>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
+        topics: Topics,
     ) -> Self {
         Relay {
+            topics,
             config,
             sink,
             acks,
@@ -280,7 +322,9 @@ impl Relay {
             ("publication_names", publication.as_str()),
         ];
         // Logical messages reach pgoutput only on request, and only from PostgreSQL 14 on.
-        if self.config.slot.heartbeat_interval.is_some() && repl.server_version_num() >= 140_000 {
+        let wants_messages =
+            self.config.slot.heartbeat_interval.is_some() || self.config.outbox.messages.is_some();
+        if wants_messages && repl.server_version_num() >= 140_000 {
             options.push(("messages", "true"));
         }
         let stream = repl.start_logical(&pg.slot, start, &options).await?;
@@ -292,8 +336,9 @@ impl Relay {
         let mut session = Session {
             stream,
             checkpoint: Checkpoint::new(start, self.next_seq),
-            mapper: OutboxMapper::new(self.config.outbox.clone()),
+            mapper: OutboxMapper::new(&self.config.outbox),
             txn: None,
+            change_warned: HashMap::new(),
             outstanding: 0,
             last_status: start,
         };
@@ -365,6 +410,33 @@ impl Relay {
             Err(error) => {
                 self.metrics.delivery_errors.inc();
                 let failed = ack.failed.unwrap_or_default();
+                let rejected = classify(&error) == Severity::RecordRejected;
+                if let (true, OnInvalid::DeadLetter(dlq)) =
+                    (rejected, &s.mapper.route(ack.route).on_invalid)
+                {
+                    if failed.topic != *dlq {
+                        let position = EventPosition {
+                            commit_lsn: failed.lsn.parse().unwrap_or_default(),
+                            index: failed.index.parse().unwrap_or_default(),
+                            commit_time: pg_now_micros(),
+                        };
+                        let reason = format!(
+                            "kafka refused the record for topic {:?}: {error}",
+                            failed.topic
+                        );
+                        let letter = DeadLetter {
+                            topic: dlq,
+                            id: &failed.id,
+                            source: &s.mapper.route(ack.route).name,
+                            position,
+                            error: &reason,
+                            key: failed.key.clone(),
+                            payload: failed.payload.clone(),
+                        }
+                        .into_event();
+                        return self.resend_dead_letter(s, letter, ack.seq, ack.route);
+                    }
+                }
                 Err(RelayError::Delivery(Box::new(DeliveryFailure {
                     id: failed.id,
                     lsn: failed.lsn,
@@ -391,6 +463,7 @@ impl Relay {
                 s.checkpoint.begin();
                 s.txn = Some(OpenTxn {
                     commit_lsn: b.final_lsn,
+                    commit_time: b.commit_time,
                     next_index: 0,
                 });
                 self.metrics.received_lsn.set(b.final_lsn.as_u64() as i64);
@@ -401,33 +474,76 @@ impl Relay {
                     self.observe_confirmed(s);
                 }
             }
-            LogicalMessage::Relation(r) => s.mapper.relation(&r)?,
+            LogicalMessage::Relation(r) => s.mapper.relation(&r),
             LogicalMessage::Insert(ins) => {
-                let Some(txn) = s.txn.as_mut() else {
-                    return Err(RelayError::Protocol("INSERT outside a transaction".into()));
+                let Some(route) = s.mapper.route_of(ins.relation_id) else {
+                    // Not an outbox table (or an unannounced relation: the mapper says which).
+                    s.mapper.map_insert(&ins, EventPosition::default())?;
+                    return Ok(());
                 };
-                let position = EventPosition {
-                    commit_lsn: txn.commit_lsn,
-                    index: txn.next_index,
+                let position = match s.txn.as_mut() {
+                    Some(txn) => txn.next_position(),
+                    None => {
+                        return Err(RelayError::Protocol("INSERT outside a transaction".into()))
+                    }
                 };
-                if let Some(event) = s.mapper.map_insert(&ins, position)? {
-                    txn.next_index += 1;
-                    self.produce(s, &event, ins.relation_id).await?;
-                }
+                let mapped = s.mapper.map_insert(&ins, position);
+                self.publish(s, mapped, route).await?;
             }
-            LogicalMessage::Update(u) => self.ignored_change(s, u.relation_id, "UPDATE"),
-            LogicalMessage::Delete(d) => self.ignored_change(s, d.relation_id, "DELETE"),
+            LogicalMessage::Update(u) => self.outbox_change(s, u.relation_id, "UPDATE")?,
+            LogicalMessage::Delete(d) => self.outbox_change(s, d.relation_id, "DELETE")?,
             LogicalMessage::Truncate(t) => {
                 for id in t.relation_ids {
-                    self.ignored_change(s, id, "TRUNCATE");
+                    self.outbox_change(s, id, "TRUNCATE")?;
                 }
             }
             LogicalMessage::Message(m) if m.prefix == HEARTBEAT_PREFIX => {
                 self.on_heartbeat(&m.content)
             }
-            LogicalMessage::Type(_) | LogicalMessage::Origin(_) | LogicalMessage::Message(_) => {}
+            LogicalMessage::Message(m) => {
+                let Some(route) = s.mapper.message_route(&m.prefix) else {
+                    return Ok(());
+                };
+                let position = match (m.transactional, s.txn.as_mut()) {
+                    (true, Some(txn)) => txn.next_position(),
+                    _ => {
+                        return Err(RelayError::Protocol(format!(
+                            "non-transactional logical message with prefix {:?} at {}: emit outbox messages with pg_logical_emit_message(true, …)",
+                            m.prefix, m.lsn
+                        )))
+                    }
+                };
+                let mapped = s.mapper.map_message(&m, position);
+                self.publish(s, mapped, route).await?;
+            }
+            LogicalMessage::Type(_) | LogicalMessage::Origin(_) => {}
         }
         Ok(())
+    }
+
+    /// Produces a mapped event, or applies the route's `on_invalid` policy to a row that could
+    /// not be mapped.
+    async fn publish(
+        &mut self,
+        s: &mut Session,
+        mapped: Result<Option<OutboxEvent>, OutboxError>,
+        route: usize,
+    ) -> Result<(), RelayError> {
+        match mapped {
+            Ok(Some(event)) => self.produce(s, &event, route).await,
+            Ok(None) => Ok(()),
+            Err(OutboxError::InvalidEvent(inv)) => match &s.mapper.route(route).on_invalid {
+                OnInvalid::Fail => Err(OutboxError::InvalidEvent(inv).into()),
+                OnInvalid::DeadLetter(dlq) => {
+                    tracing::warn!(source = %inv.source_name, id = %inv.id, lsn = %inv.lsn, reason = %inv.reason, topic = %dlq, "event sent to the dead-letter topic");
+                    let letter = inv.dead_letter(dlq);
+                    self.produce(s, &letter, route).await?;
+                    self.metrics.dead_letters.inc();
+                    Ok(())
+                }
+            },
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn on_heartbeat(&self, content: &[u8]) {
@@ -442,41 +558,136 @@ impl Relay {
         }
     }
 
-    fn ignored_change(&self, s: &Session, relation_id: u32, op: &str) {
-        if let Some(table) = s.mapper.table_name(relation_id) {
-            tracing::warn!(table, op, "change to the outbox table is not an event; ignored (publish only inserts: ALTER PUBLICATION … SET (publish = 'insert'))");
+    /// An UPDATE, DELETE or TRUNCATE: never an event. Warns (once a minute per table) or fails,
+    /// per the table's `on_change`.
+    fn outbox_change(
+        &self,
+        s: &mut Session,
+        relation_id: u32,
+        op: &'static str,
+    ) -> Result<(), RelayError> {
+        let Some(route) = s.mapper.route_of(relation_id) else {
+            return Ok(());
+        };
+        let r = s.mapper.route(route);
+        if r.on_change == OnChange::Fail {
+            return Err(RelayError::Change {
+                op,
+                table: r.name.to_string(),
+            });
         }
+        let now = Instant::now();
+        let due = s
+            .change_warned
+            .get(&route)
+            .is_none_or(|at| now.duration_since(*at) >= Duration::from_secs(60));
+        if due {
+            s.change_warned.insert(route, now);
+            tracing::warn!(table = %r.name, op, "change to an outbox table is not an event; ignored (repeats are logged once a minute; publish only inserts: ALTER PUBLICATION … SET (publish = 'insert'))");
+        }
+        Ok(())
     }
 
     async fn produce(
         &mut self,
         s: &mut Session,
         event: &OutboxEvent,
-        relation_id: u32,
+        route: usize,
     ) -> Result<(), RelayError> {
-        let seq = s.checkpoint.next_seq();
-        loop {
-            match self.sink.send(event, seq) {
-                Ok(()) => break,
-                Err(SinkError::QueueFull) => {
-                    // librdkafka's queue is smaller than the in-flight cap: let it drain.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                Err(source) => {
-                    return Err(RelayError::Send(Box::new(SendFailure {
-                        table: s.mapper.table_name(relation_id).unwrap_or("?").to_owned(),
-                        id: String::from_utf8_lossy(&event.id).into_owned(),
-                        lsn: event.position.commit_lsn,
-                        topic: event.topic.clone(),
-                        source,
-                    })))
+        if let Err(error) = self.topics.ensure(&self.sink, &event.topic).await {
+            if let OnInvalid::DeadLetter(dlq) = &s.mapper.route(route).on_invalid {
+                if event.topic != *dlq {
+                    let reason = error.to_string();
+                    let letter = DeadLetter {
+                        topic: dlq,
+                        id: &String::from_utf8_lossy(&event.id),
+                        source: &event.source,
+                        position: event.position,
+                        error: &reason,
+                        key: event.key.clone(),
+                        payload: event.value.clone(),
+                    }
+                    .into_event();
+                    self.metrics.dead_letters.inc();
+                    return Box::pin(self.produce(s, &letter, route)).await;
                 }
             }
+            return Err(RelayError::Topic {
+                id: String::from_utf8_lossy(&event.id).into_owned(),
+                source_name: event.source.to_string(),
+                lsn: event.position.commit_lsn,
+                error,
+            });
         }
+        let seq = s.checkpoint.next_seq();
+        self.send(s, event, seq, route).await?;
         let assigned = s.checkpoint.event();
         debug_assert_eq!(assigned, seq);
         s.outstanding += 1;
         Ok(())
+    }
+
+    /// Hands a record to the sink, waiting while librdkafka's queue is full; a record the
+    /// producer refuses outright is dead-lettered (when the route says so) or an error.
+    async fn send(
+        &mut self,
+        s: &mut Session,
+        event: &OutboxEvent,
+        seq: u64,
+        route: usize,
+    ) -> Result<(), RelayError> {
+        loop {
+            match self.sink.send(event, seq, route) {
+                Ok(()) => return Ok(()),
+                Err(SinkError::QueueFull) => {
+                    // librdkafka's queue is smaller than the in-flight cap: let it drain.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(SinkError::Send(e)) if classify(&e) == Severity::RecordRejected => {
+                    match &s.mapper.route(route).on_invalid {
+                        OnInvalid::DeadLetter(dlq) if event.topic != *dlq => {
+                            let reason = format!(
+                                "kafka refused the record for topic {:?}: {e}",
+                                event.topic
+                            );
+                            let letter = DeadLetter {
+                                topic: dlq,
+                                id: &String::from_utf8_lossy(&event.id),
+                                source: &event.source,
+                                position: event.position,
+                                error: &reason,
+                                key: event.key.clone(),
+                                payload: event.value.clone(),
+                            }
+                            .into_event();
+                            self.metrics.dead_letters.inc();
+                            return Box::pin(self.send(s, &letter, seq, route)).await;
+                        }
+                        _ => return Err(send_failure(event, SinkError::Send(e))),
+                    }
+                }
+                Err(source) => return Err(send_failure(event, source)),
+            }
+        }
+    }
+
+    /// Re-sends a failed record's dead letter under the same sequence number.
+    fn resend_dead_letter(
+        &mut self,
+        s: &mut Session,
+        letter: OutboxEvent,
+        seq: u64,
+        route: usize,
+    ) -> Result<(), RelayError> {
+        match self.sink.send(&letter, seq, route) {
+            Ok(()) => {
+                s.outstanding += 1;
+                self.metrics.dead_letters.inc();
+                tracing::warn!(id = %String::from_utf8_lossy(&letter.id), topic = %letter.topic, "kafka refused an event; sent to the dead-letter topic");
+                Ok(())
+            }
+            Err(source) => Err(send_failure(&letter, source)),
+        }
     }
 
     async fn send_status(&self, s: &mut Session, reply: bool) -> Result<(), RelayError> {

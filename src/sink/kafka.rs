@@ -38,13 +38,15 @@ use crate::outbox::OutboxEvent;
 pub struct Ack {
     /// The record's sequence number (see `checkpoint`).
     pub seq: u64,
+    /// The route (outbox table) the record came from.
+    pub route: usize,
     /// `Ok` when the broker acknowledged it with `acks=all`.
     pub result: Result<(), KafkaError>,
     /// For a failed record: what identifies it, read back from the record.
     pub failed: Option<FailedRecord>,
 }
 
-/// Identity of a record the broker failed, for the error message.
+/// A record the broker failed, read back for the error message or a dead letter.
 #[derive(Debug, Default, Clone)]
 pub struct FailedRecord {
     /// Topic.
@@ -53,6 +55,12 @@ pub struct FailedRecord {
     pub id: String,
     /// Header `walbox.commit_lsn`.
     pub lsn: String,
+    /// Header `walbox.index`.
+    pub index: String,
+    /// Key.
+    pub key: Option<bytes::Bytes>,
+    /// Value.
+    pub payload: Option<bytes::Bytes>,
 }
 
 /// How an error on the Kafka side is to be treated.
@@ -152,7 +160,7 @@ impl ClientContext for SinkContext {
 impl ProducerContext for SinkContext {
     type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, seq: usize) {
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
         let (result, failed) = match result {
             Ok(_) => (Ok(()), None),
             Err((err, msg)) => {
@@ -167,17 +175,37 @@ impl ProducerContext for SinkContext {
                     topic: msg.topic().to_owned(),
                     id: header("id"),
                     lsn: header("walbox.commit_lsn"),
+                    index: header("walbox.index"),
+                    key: msg.key().map(bytes::Bytes::copy_from_slice),
+                    payload: msg.payload().map(bytes::Bytes::copy_from_slice),
                 };
                 (Err(err.clone()), Some(failed))
             }
         };
         // The receiver is gone only while the process shuts down; nothing waits for the ack then.
+        let (seq, route) = unpack_opaque(opaque);
         let _ = self.acks.send(Ack {
-            seq: seq as u64,
+            seq,
+            route,
             result,
             failed,
         });
     }
+}
+
+/// Bits of the delivery opaque that hold the route index; the rest is the sequence number.
+const ROUTE_BITS: u32 = 16;
+
+fn pack_opaque(seq: u64, route: usize) -> usize {
+    debug_assert!(route < 1 << ROUTE_BITS && seq < 1 << (usize::BITS - ROUTE_BITS));
+    ((seq as usize) << ROUTE_BITS) | (route & ((1 << ROUTE_BITS) - 1))
+}
+
+fn unpack_opaque(opaque: usize) -> (u64, usize) {
+    (
+        (opaque >> ROUTE_BITS) as u64,
+        opaque & ((1 << ROUTE_BITS) - 1),
+    )
 }
 
 /// The producer; see the module docs. Clones share one librdkafka producer.
@@ -193,6 +221,7 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("partitioner", "murmur2_random"),
     ("message.timeout.ms", "0"),
     ("linger.ms", "5"),
+    ("allow.auto.create.topics", "false"),
     ("client.id", "walbox"),
 ];
 
@@ -216,33 +245,28 @@ impl KafkaSink {
         Ok(KafkaSink { producer })
     }
 
-    /// Hands one event to the producer; its [`Ack`] arrives later with `seq`.
-    pub fn send(&self, event: &OutboxEvent, seq: u64) -> Result<(), SinkError> {
-        let lsn = event.position.commit_lsn.to_string();
-        let index = event.position.index.to_string();
-        let mut headers = OwnedHeaders::new_with_capacity(4).insert(Header {
-            key: "id",
-            value: Some(&event.id[..]),
-        });
-        if let Some(t) = &event.event_type {
+    /// Hands one event to the producer; its [`Ack`] arrives later with `seq` and `route`.
+    pub fn send(&self, event: &OutboxEvent, seq: u64, route: usize) -> Result<(), SinkError> {
+        let mut headers = OwnedHeaders::new_with_capacity(event.headers.len());
+        for (name, value) in &event.headers {
             headers = headers.insert(Header {
-                key: "event_type",
-                value: Some(&t[..]),
+                key: name.as_str(),
+                value: Some(&value[..]),
             });
         }
-        headers = headers
-            .insert(Header {
-                key: "walbox.commit_lsn",
-                value: Some(lsn.as_bytes()),
-            })
-            .insert(Header {
-                key: "walbox.index",
-                value: Some(index.as_bytes()),
-            });
-        let record = BaseRecord::with_opaque_to(&event.topic, seq as usize)
-            .key(&event.key[..])
-            .payload(&event.payload[..])
-            .headers(headers);
+        let mut record: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(&event.topic, pack_opaque(seq, route))
+                .headers(headers)
+                .timestamp(event.timestamp_ms);
+        if let Some(k) = &event.key {
+            record = record.key(&k[..]);
+        }
+        if let Some(v) = &event.value {
+            record = record.payload(&v[..]);
+        }
+        if let Some(p) = event.partition {
+            record = record.partition(p);
+        }
         match self.producer.send(record) {
             Ok(()) => Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
@@ -250,6 +274,19 @@ impl KafkaSink {
             }
             Err((e, _)) => Err(SinkError::Send(e)),
         }
+    }
+
+    /// Whether the cluster knows `topic` (blocking, up to `timeout`). `Err` when the cluster
+    /// could not be asked.
+    pub fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError> {
+        let md = self
+            .producer
+            .client()
+            .fetch_metadata(Some(topic), timeout)?;
+        Ok(md
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty()))
     }
 
     /// Records handed to librdkafka and not yet reported.
@@ -274,6 +311,13 @@ impl KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn opaque_packs_sequence_and_route() {
+        for (seq, route) in [(0, 0), (1, 65_535), (1 << 40, 7)] {
+            assert_eq!(unpack_opaque(pack_opaque(seq, route)), (seq, route));
+        }
+    }
 
     #[test]
     fn classification() {

@@ -1,3 +1,4 @@
 //! Where events go. Today one sink: Kafka ([`kafka`]).
 
 pub mod kafka;
+pub mod topics;

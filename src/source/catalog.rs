@@ -9,7 +9,7 @@
 
 use tokio_postgres::Client;
 
-use crate::config::{OutboxConfig, PostgresConfig};
+use crate::config::{OutboxConfig, PostgresConfig, Route, RouteSource};
 use crate::source::lsn::Lsn;
 
 /// Oldest supported server (`server_version_num`).
@@ -35,18 +35,36 @@ pub enum CatalogError {
     )]
     MissingTable(String),
     /// A mapped column does not exist.
-    #[error("outbox table {table} has no column {column:?} (set outbox.columns.{setting} to the right name)")]
+    #[error("outbox table {table} has no column {column:?} (fix outbox.{setting}, or the table)")]
     MissingColumn {
         /// `schema.table`.
         table: String,
         /// The column.
         column: String,
         /// The setting naming it.
-        setting: &'static str,
+        setting: String,
     },
-    /// Neither topic nor aggregate type column exists.
-    #[error("outbox table {0} has neither a topic nor an aggregate_type column, so no topic can be chosen (set outbox.columns.topic or outbox.columns.aggregate_type)")]
-    NoTopicColumn(String),
+    /// The topic template needs a column the table lacks.
+    #[error("outbox table {table} has no topic column and no column {column:?}, which topic {topic:?} needs (set outbox.columns, topic or fallback_topic)")]
+    NoTopicColumn {
+        /// `schema.table`.
+        table: String,
+        /// The missing column.
+        column: String,
+        /// The template.
+        topic: String,
+    },
+    /// A partitioned table in a publication without `publish_via_partition_root`.
+    #[error("outbox table {table} is partitioned but publication {publication:?} publishes its partitions under their own names: run ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)")]
+    PartitionsNotViaRoot {
+        /// The publication.
+        publication: String,
+        /// `schema.table`.
+        table: String,
+    },
+    /// The table-less outbox needs PostgreSQL 14.
+    #[error("[outbox.messages] needs PostgreSQL 14 or newer (logical messages in pgoutput); this server is {0}")]
+    MessagesNeed14(String),
     /// The publication does not exist and may not be created.
     #[error("publication {0:?} does not exist: create it with CREATE PUBLICATION {0} FOR TABLE <outbox> WITH (publish = 'insert'), or set postgres.create_publication = true")]
     MissingPublication(String),
@@ -94,7 +112,7 @@ pub fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
-/// Checks server, table and publication; creates the publication when asked.
+/// Checks server, tables and publication; creates the publication when asked.
 pub async fn prepare(
     client: &Client,
     pg: &PostgresConfig,
@@ -113,79 +131,151 @@ pub async fn prepare(
     if wal_level != "logical" {
         return Err(CatalogError::WalLevel(wal_level));
     }
+    if outbox.messages.is_some() && num < 140_000 {
+        return Err(CatalogError::MessagesNeed14(version));
+    }
 
-    let table = format!("{}.{}", outbox.schema, outbox.table);
-    let rows = client
-        .query(
-            "SELECT a.attname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-             LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
-             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
-            &[&outbox.schema, &outbox.table],
-        )
-        .await?;
-    if rows.is_empty() {
-        return Err(CatalogError::MissingTable(table));
-    }
-    let columns: Vec<String> = rows.iter().filter_map(|r| r.get(0)).collect();
-    let has = |c: &str| columns.iter().any(|x| x == c);
-    let cols = &outbox.columns;
-    for (name, setting) in [
-        (&cols.id, "id"),
-        (&cols.aggregate_id, "aggregate_id"),
-        (&cols.payload, "payload"),
-    ] {
-        if !has(name) {
-            return Err(CatalogError::MissingColumn {
-                table,
-                column: name.clone(),
-                setting,
-            });
-        }
-    }
-    if !has(&cols.topic) && !has(&cols.aggregate_type) {
-        return Err(CatalogError::NoTopicColumn(table));
+    let mut tables = Vec::new();
+    for route in &outbox.tables {
+        let RouteSource::Table { schema, table } = &route.source else {
+            continue;
+        };
+        let partitioned = check_table(client, route, schema, table).await?;
+        tables.push((
+            route.name.to_string(),
+            format!("{}.{}", quote_ident(schema), quote_ident(table)),
+            schema,
+            table,
+            partitioned,
+        ));
     }
 
     let publication = client
         .query_opt(
-            "SELECT pubinsert FROM pg_publication WHERE pubname = $1",
+            "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
             &[&pg.publication],
         )
         .await?;
-    let qualified = format!(
-        "{}.{}",
-        quote_ident(&outbox.schema),
-        quote_ident(&outbox.table)
-    );
     match publication {
         None if pg.create_publication => {
-            let sql = format!(
-                "CREATE PUBLICATION {} FOR TABLE {qualified} WITH (publish = 'insert')",
-                quote_ident(&pg.publication)
-            );
+            let list: Vec<&str> = tables.iter().map(|t| t.1.as_str()).collect();
+            let via_root = if tables.iter().any(|t| t.4) {
+                ", publish_via_partition_root = true"
+            } else {
+                ""
+            };
+            let sql = if list.is_empty() {
+                format!(
+                    "CREATE PUBLICATION {} WITH (publish = 'insert')",
+                    quote_ident(&pg.publication)
+                )
+            } else {
+                format!(
+                    "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root})",
+                    quote_ident(&pg.publication),
+                    list.join(", ")
+                )
+            };
             client.batch_execute(&sql).await?;
-            tracing::info!(publication = %pg.publication, table = %table, "created publication");
+            tracing::info!(publication = %pg.publication, tables = ?tables.iter().map(|t| &t.0).collect::<Vec<_>>(), "created publication");
         }
         None => return Err(CatalogError::MissingPublication(pg.publication.clone())),
         Some(row) => {
             if !row.get::<_, bool>(0) {
                 return Err(CatalogError::InsertsNotPublished(pg.publication.clone()));
             }
-            let published = client
-                .query_opt(
-                    "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-                    &[&pg.publication, &outbox.schema, &outbox.table],
-                )
-                .await?;
-            if published.is_none() {
-                return Err(CatalogError::TableNotPublished {
-                    publication: pg.publication.clone(),
-                    table,
-                });
+            let via_root: bool = row.get(1);
+            for (name, _, schema, table, partitioned) in &tables {
+                if *partitioned && !via_root {
+                    return Err(CatalogError::PartitionsNotViaRoot {
+                        publication: pg.publication.clone(),
+                        table: name.clone(),
+                    });
+                }
+                let published = client
+                    .query_opt(
+                        "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                        &[&pg.publication, schema, table],
+                    )
+                    .await?;
+                if published.is_none() {
+                    return Err(CatalogError::TableNotPublished {
+                        publication: pg.publication.clone(),
+                        table: name.clone(),
+                    });
+                }
             }
         }
     }
     Ok(())
+}
+
+/// Checks that the table exists with the mapped columns; returns whether it is partitioned.
+async fn check_table(
+    client: &Client,
+    route: &Route,
+    schema: &str,
+    table: &str,
+) -> Result<bool, CatalogError> {
+    let name = route.name.to_string();
+    let rows = client
+        .query(
+            "SELECT c.relkind = 'p', a.attname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+            &[&schema, &table],
+        )
+        .await?;
+    let Some(first) = rows.first() else {
+        return Err(CatalogError::MissingTable(name));
+    };
+    let partitioned: bool = first.get(0);
+    let columns: Vec<String> = rows.iter().filter_map(|r| r.get(1)).collect();
+    let has = |c: &str| columns.iter().any(|x| x == c);
+    let c = &route.columns;
+    let mut required: Vec<(&str, String)> = vec![
+        (c.id.as_str(), "columns.id".into()),
+        (c.aggregate_id.as_str(), "columns.aggregate_id".into()),
+        (c.payload.as_str(), "columns.payload".into()),
+    ];
+    if let Some(t) = &c.timestamp {
+        required.push((t, "columns.timestamp".into()));
+    }
+    if let Some(p) = &c.partition {
+        required.push((p, "columns.partition".into()));
+    }
+    for (col, _) in &route.headers {
+        required.push((col, format!("headers.{col}")));
+    }
+    for (col, _) in &route.envelope {
+        required.push((col, format!("envelope.{col}")));
+    }
+    for (column, setting) in required {
+        if !has(column) {
+            return Err(CatalogError::MissingColumn {
+                table: name,
+                column: column.to_owned(),
+                setting,
+            });
+        }
+    }
+    // Routing: every variable the topic template uses needs its column, unless a topic column
+    // or a fallback topic covers rows without it.
+    if !has(&c.topic) && route.fallback_topic.is_none() {
+        for (var, col) in [
+            ("${aggregate_type}", &c.aggregate_type),
+            ("${event_type}", &c.event_type),
+        ] {
+            if route.topic.contains(var) && !has(col) {
+                return Err(CatalogError::NoTopicColumn {
+                    table: name,
+                    column: col.clone(),
+                    topic: route.topic.clone(),
+                });
+            }
+        }
+    }
+    Ok(partitioned)
 }
 
 /// Looks the slot up. `Ok(None)` when it does not exist.

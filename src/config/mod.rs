@@ -23,6 +23,11 @@ use serde::Deserialize;
 
 use crate::source::conninfo::ConnInfo;
 
+pub mod outbox;
+
+use outbox::RawOutbox;
+pub use outbox::{ColumnNames, OnChange, OnInvalid, OutboxConfig, Route, RouteSource, ValueFormat};
+
 /// Why a configuration could not be loaded; each message is one actionable line.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -157,37 +162,6 @@ impl fmt::Debug for RawPostgres {
     }
 }
 
-/// `[outbox]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawOutbox {
-    /// `schema.table` or `table` (schema `public`).
-    pub table: Option<String>,
-    /// Prefix of the topic derived from the aggregate type.
-    pub topic_prefix: Option<String>,
-    /// `[outbox.columns]`
-    #[serde(default)]
-    pub columns: RawColumns,
-}
-
-/// `[outbox.columns]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawColumns {
-    /// Event id column (header `id`).
-    pub id: Option<String>,
-    /// Kafka key column.
-    pub aggregate_id: Option<String>,
-    /// Aggregate type column (topic suffix).
-    pub aggregate_type: Option<String>,
-    /// Event type column (header `event_type`).
-    pub event_type: Option<String>,
-    /// Topic column.
-    pub topic: Option<String>,
-    /// Payload column (record value).
-    pub payload: Option<String>,
-}
-
 /// `[kafka]` as written.
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -197,6 +171,12 @@ pub struct RawKafka {
     /// librdkafka producer properties.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Create missing topics through the admin API.
+    pub create_topics: Option<bool>,
+    /// Partitions of created topics (-1: the broker's default).
+    pub topic_partitions: Option<i32>,
+    /// Replication factor of created topics (-1: the broker's default).
+    pub topic_replication_factor: Option<i32>,
 }
 
 impl fmt::Debug for RawKafka {
@@ -348,36 +328,6 @@ pub struct PostgresConfig {
     pub status_interval: Duration,
 }
 
-/// Validated `[outbox]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxConfig {
-    /// Schema of the outbox table.
-    pub schema: String,
-    /// Name of the outbox table.
-    pub table: String,
-    /// Topic prefix for `<prefix><aggregate_type>`.
-    pub topic_prefix: String,
-    /// Column mapping.
-    pub columns: ColumnNames,
-}
-
-/// Names of the mapped columns.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ColumnNames {
-    /// Event id.
-    pub id: String,
-    /// Kafka key.
-    pub aggregate_id: String,
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Event type.
-    pub event_type: String,
-    /// Topic.
-    pub topic: String,
-    /// Payload.
-    pub payload: String,
-}
-
 /// Validated `[kafka]`.
 #[derive(Clone)]
 pub struct KafkaConfig {
@@ -385,6 +335,8 @@ pub struct KafkaConfig {
     pub brokers: String,
     /// Producer properties given by the user (walbox's own defaults are applied by the sink).
     pub properties: BTreeMap<String, String>,
+    /// Create missing topics, with these partitions and replication factor.
+    pub create_topics: Option<(i32, i32)>,
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -492,13 +444,28 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["postgres"], "status_interval", Kind::Str),
     (&["outbox"], "table", Kind::Str),
     (&["outbox"], "topic_prefix", Kind::Str),
+    (&["outbox"], "topic", Kind::Str),
+    (&["outbox"], "fallback_topic", Kind::Str),
+    (&["outbox"], "format", Kind::Str),
+    (&["outbox"], "expand_json_payload", Kind::Bool),
+    (&["outbox"], "cloudevents", Kind::Bool),
+    (&["outbox"], "cloudevents_source", Kind::Str),
+    (&["outbox"], "tombstones", Kind::Bool),
+    (&["outbox"], "on_invalid", Kind::Str),
+    (&["outbox"], "dead_letter_topic", Kind::Str),
+    (&["outbox"], "on_change", Kind::Str),
     (&["outbox", "columns"], "id", Kind::Str),
     (&["outbox", "columns"], "aggregate_id", Kind::Str),
     (&["outbox", "columns"], "aggregate_type", Kind::Str),
     (&["outbox", "columns"], "event_type", Kind::Str),
     (&["outbox", "columns"], "topic", Kind::Str),
     (&["outbox", "columns"], "payload", Kind::Str),
+    (&["outbox", "columns"], "timestamp", Kind::Str),
+    (&["outbox", "columns"], "partition", Kind::Str),
     (&["kafka"], "brokers", Kind::Str),
+    (&["kafka"], "create_topics", Kind::Bool),
+    (&["kafka"], "topic_partitions", Kind::Int),
+    (&["kafka"], "topic_replication_factor", Kind::Int),
     (&["relay"], "max_in_flight", Kind::Int),
     (&["relay"], "shutdown_timeout", Kind::Str),
     (&["relay"], "backoff_initial", Kind::Str),
@@ -625,6 +592,7 @@ pub fn load_from(
         None => (toml::Table::new(), String::new()),
     };
     apply_env(&mut table, env)?;
+    outbox::normalize(&mut table)?;
     let raw = RawConfig::deserialize(table).map_err(|e| ConfigError::Parse {
         origin,
         message: one_line(&e.to_string()),
@@ -683,32 +651,7 @@ impl RawConfig {
             ));
         }
 
-        let table = self.outbox.table.unwrap_or_else(|| "public.outbox".into());
-        let (schema, table) = match table.split_once('.') {
-            Some((s, t)) => (s.to_owned(), t.to_owned()),
-            None => ("public".to_owned(), table),
-        };
-        valid_identifier("outbox.table schema", &schema)?;
-        valid_identifier("outbox.table", &table)?;
-        let c = self.outbox.columns;
-        let columns = ColumnNames {
-            id: c.id.unwrap_or_else(|| "id".into()),
-            aggregate_id: c.aggregate_id.unwrap_or_else(|| "aggregate_id".into()),
-            aggregate_type: c.aggregate_type.unwrap_or_else(|| "aggregate_type".into()),
-            event_type: c.event_type.unwrap_or_else(|| "event_type".into()),
-            topic: c.topic.unwrap_or_else(|| "topic".into()),
-            payload: c.payload.unwrap_or_else(|| "payload".into()),
-        };
-        for (what, name) in [
-            ("id", &columns.id),
-            ("aggregate_id", &columns.aggregate_id),
-            ("aggregate_type", &columns.aggregate_type),
-            ("event_type", &columns.event_type),
-            ("topic", &columns.topic),
-            ("payload", &columns.payload),
-        ] {
-            valid_identifier(&format!("outbox.columns.{what}"), name)?;
-        }
+        let outbox = self.outbox.validate()?;
 
         let brokers = self.kafka.brokers.ok_or_else(|| {
             ConfigError::Invalid(
@@ -842,18 +785,16 @@ impl RawConfig {
                 create_publication: self.postgres.create_publication.unwrap_or(false),
                 status_interval,
             },
-            outbox: OutboxConfig {
-                schema,
-                table,
-                topic_prefix: self
-                    .outbox
-                    .topic_prefix
-                    .unwrap_or_else(|| "outbox.event.".into()),
-                columns,
-            },
+            outbox,
             kafka: KafkaConfig {
                 brokers,
                 properties: self.kafka.properties,
+                create_topics: self.kafka.create_topics.unwrap_or(false).then(|| {
+                    (
+                        self.kafka.topic_partitions.unwrap_or(-1),
+                        self.kafka.topic_replication_factor.unwrap_or(-1),
+                    )
+                }),
             },
             relay: RelayConfig {
                 max_in_flight,
@@ -906,10 +847,12 @@ brokers = "k1:9092"
         let f = file(MINIMAL);
         let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
         assert_eq!(c.postgres.slot, "walbox");
-        assert_eq!(c.outbox.schema, "public");
-        assert_eq!(c.outbox.table, "outbox");
-        assert_eq!(c.outbox.columns.aggregate_id, "aggregate_id");
-        assert_eq!(c.outbox.topic_prefix, "outbox.event.");
+        let t = c.outbox.table("public", "outbox").expect("default table");
+        assert_eq!(t.columns.aggregate_id, "aggregate_id");
+        assert_eq!(t.topic, "outbox.event.${aggregate_type}");
+        assert_eq!(t.format, ValueFormat::Raw);
+        assert_eq!(t.on_invalid, OnInvalid::Fail);
+        assert!(c.outbox.messages.is_none());
         assert_eq!(c.relay.max_in_flight, 10_000);
         assert_eq!(c.postgres.status_interval, Duration::from_secs(1));
     }
@@ -933,11 +876,11 @@ brokers = "k1:9092"
         .unwrap();
         assert_eq!(c.kafka.brokers, "k9:9092");
         assert!(c.postgres.create_slot);
-        assert_eq!(
-            (c.outbox.schema.as_str(), c.outbox.table.as_str()),
-            ("events", "outbox_events")
-        );
-        assert_eq!(c.outbox.columns.payload, "body");
+        let t = c
+            .outbox
+            .table("events", "outbox_events")
+            .expect("table from env");
+        assert_eq!(t.columns.payload, "body");
         assert_eq!(c.relay.max_in_flight, 5);
         assert_eq!(
             c.kafka
@@ -1050,6 +993,73 @@ brokers = "k1:9092"
         )
         .unwrap_err();
         assert!(e.to_string().contains("warning_ratio"), "{e}");
+    }
+
+    #[test]
+    fn several_tables_and_messages() {
+        let f = file(&format!(
+            "{MINIMAL}
+[[outbox.tables]]
+table = \"outbox\"
+[[outbox.tables]]
+table = \"billing.outbox_events\"
+topic = \"billing.${{event_type}}\"
+fallback_topic = \"billing.unrouted\"
+format = \"json\"
+on_invalid = \"dead_letter\"
+[outbox.tables.columns]
+payload = \"body\"
+[outbox.tables.headers]
+tenant_id = \"tenant\"
+[outbox.messages]
+prefix = \"app.events\"
+format = \"protobuf\"
+"
+        ));
+        let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
+        assert_eq!(c.outbox.tables.len(), 2);
+        let b = c.outbox.table("billing", "outbox_events").unwrap();
+        assert_eq!(b.topic, "billing.${event_type}");
+        assert_eq!(b.format, ValueFormat::Json);
+        assert_eq!(
+            b.on_invalid,
+            OnInvalid::DeadLetter("walbox.dead_letter".into())
+        );
+        assert_eq!(b.headers, vec![("tenant_id".into(), "tenant".into())]);
+        assert_eq!(b.columns.payload, "body");
+        let m = c.outbox.messages.as_ref().unwrap();
+        assert_eq!(
+            m.source,
+            RouteSource::Messages {
+                prefix: "app.events".into()
+            }
+        );
+        assert_eq!(m.format, ValueFormat::Protobuf);
+    }
+
+    #[test]
+    fn bad_routes_are_one_line_errors() {
+        for (extra, needle) in [
+            ("[outbox]\ntopic = \"x.${{nope}}\"", "unknown variable"),
+            ("[outbox]\nformat = \"avro\"", "format"),
+            ("[outbox]\non_invalid = \"skip\"", "on_invalid"),
+            (
+                "[outbox]\ntable = \"a\"\n[[outbox.tables]]\ntable = \"b\"",
+                "either",
+            ),
+            (
+                "[[outbox.tables]]\ntable = \"a\"\n[[outbox.tables]]\ntable = \"a\"",
+                "twice",
+            ),
+            ("[outbox]\nenvelope = {{ x = \"y\" }}", "envelope"),
+            ("[outbox.messages]\ntable = \"x\"", "prefix"),
+        ] {
+            let f = file(&format!("{MINIMAL}\n{extra}\n"));
+            let e = load_from(Some(f.path()), &mut std::iter::empty())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle) && !e.contains('\n'), "{extra}: {e}");
+        }
     }
 
     #[test]

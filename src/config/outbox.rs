@@ -1,0 +1,452 @@
+//! `[outbox]`: which tables (and logical messages) become events, and how each is routed and
+//! encoded.
+//!
+//! Two forms are accepted. The shorthand describes one table directly in `[outbox]`:
+//! `table`, `topic`, `format`, `[outbox.columns]`, and so on. The general form lists tables as
+//! `[[outbox.tables]]` with the same keys. The two forms cannot be mixed. `[outbox.messages]`
+//! also takes the same keys, with `prefix` instead of `table`, and maps the JSON content of
+//! `pg_logical_emit_message` the way columns are mapped.
+//!
+//! Defaults follow the seeds' schemas:
+//! - key `aggregate_id`;
+//! - topic from the `topic` column when the table has one and it is not NULL, else
+//!   `outbox.event.${aggregate_type}`;
+//! - value `payload` as stored.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// One table (or the message source) as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// `schema.table` or `table` (schema `public`); tables only.
+    pub table: Option<String>,
+    /// Logical message prefix; `[outbox.messages]` only.
+    pub prefix: Option<String>,
+    /// Topic template with `${aggregate_type}`, `${event_type}`, `${table}`, `${schema}`.
+    pub topic: Option<String>,
+    /// Shorthand for `topic = "<prefix>${aggregate_type}"`.
+    pub topic_prefix: Option<String>,
+    /// Topic when a routing value is NULL.
+    pub fallback_topic: Option<String>,
+    /// `raw`, `json` (envelope) or `protobuf` (envelope).
+    pub format: Option<String>,
+    /// Embed a text payload holding JSON as JSON in envelopes.
+    pub expand_json_payload: Option<bool>,
+    /// Add CloudEvents binary-mode headers.
+    pub cloudevents: Option<bool>,
+    /// `ce_source`; default `/walbox/<schema>.<table>`.
+    pub cloudevents_source: Option<String>,
+    /// Send a NULL payload as a tombstone (NULL value) instead of rejecting it.
+    pub tombstones: Option<bool>,
+    /// `fail` or `dead_letter`.
+    pub on_invalid: Option<String>,
+    /// Dead-letter topic.
+    pub dead_letter_topic: Option<String>,
+    /// What an UPDATE/DELETE/TRUNCATE of the table does: `warn` or `fail`.
+    pub on_change: Option<String>,
+    /// `[.columns]`.
+    #[serde(default)]
+    pub columns: RawColumns,
+    /// `[.headers]`: column → header name.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// `[.envelope]`: column → envelope field name.
+    #[serde(default)]
+    pub envelope: BTreeMap<String, String>,
+}
+
+/// `[outbox.columns]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawColumns {
+    /// Event id (header `id`).
+    pub id: Option<String>,
+    /// Record key.
+    pub aggregate_id: Option<String>,
+    /// Aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Event type (header `event_type`).
+    pub event_type: Option<String>,
+    /// Topic column (overrides the template when not NULL).
+    pub topic: Option<String>,
+    /// Payload (record value).
+    pub payload: Option<String>,
+    /// Event timestamp (record timestamp, `ce_time`); default: the commit time.
+    pub timestamp: Option<String>,
+    /// Explicit partition number.
+    pub partition: Option<String>,
+}
+
+/// `[outbox]` as written, after the shorthand was normalised into `tables`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOutbox {
+    /// `[[outbox.tables]]`.
+    #[serde(default)]
+    pub tables: Vec<RawRoute>,
+    /// `[outbox.messages]`.
+    pub messages: Option<RawRoute>,
+}
+
+/// Keys of a route: what the shorthand form may put directly in `[outbox]`.
+const ROUTE_KEYS: &[&str] = &[
+    "table",
+    "topic",
+    "topic_prefix",
+    "fallback_topic",
+    "format",
+    "expand_json_payload",
+    "cloudevents",
+    "cloudevents_source",
+    "tombstones",
+    "on_invalid",
+    "dead_letter_topic",
+    "on_change",
+    "columns",
+    "headers",
+    "envelope",
+];
+
+/// Rewrites the shorthand `[outbox] table = …` into `[[outbox.tables]]`, and adds the default
+/// table when neither form names one.
+pub fn normalize(root: &mut toml::Table) -> Result<(), ConfigError> {
+    let outbox = root
+        .entry("outbox")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let Some(outbox) = outbox.as_table_mut() else {
+        return Err(ConfigError::Invalid("`outbox` must be a table".into()));
+    };
+    let mut short = toml::Table::new();
+    for key in ROUTE_KEYS {
+        if let Some(v) = outbox.remove(*key) {
+            short.insert((*key).to_owned(), v);
+        }
+    }
+    match outbox.get("tables") {
+        Some(_) if !short.is_empty() => Err(ConfigError::Invalid(
+            "use either [outbox] table = … or [[outbox.tables]], not both".into(),
+        )),
+        Some(_) => Ok(()),
+        None if short.is_empty() && outbox.contains_key("messages") => Ok(()),
+        None => {
+            outbox.insert(
+                "tables".into(),
+                toml::Value::Array(vec![toml::Value::Table(short)]),
+            );
+            Ok(())
+        }
+    }
+}
+
+/// How the record value is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueFormat {
+    /// The payload bytes as stored.
+    Raw,
+    /// A JSON envelope: id, type, aggregate, payload, commit LSN, commit time, extra fields.
+    Json,
+    /// The protobuf envelope `walbox.v1.Envelope` (`proto/walbox/v1/envelope.proto`).
+    Protobuf,
+}
+
+/// What happens to a row that cannot be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnInvalid {
+    /// Stop (exit 8), confirming nothing past it.
+    Fail,
+    /// Produce the original payload to this topic with headers naming the error, and continue.
+    DeadLetter(String),
+}
+
+/// What an UPDATE, DELETE or TRUNCATE of an outbox table does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnChange {
+    /// Log a warning (once a minute per table) and ignore it.
+    Warn,
+    /// Stop: the publication publishes changes an outbox must not.
+    Fail,
+}
+
+/// Names of the mapped columns (or JSON keys, for messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnNames {
+    /// Event id.
+    pub id: String,
+    /// Record key.
+    pub aggregate_id: String,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Event type.
+    pub event_type: String,
+    /// Topic.
+    pub topic: String,
+    /// Payload.
+    pub payload: String,
+    /// Event timestamp, if configured.
+    pub timestamp: Option<String>,
+    /// Explicit partition, if configured.
+    pub partition: Option<String>,
+}
+
+/// Where rows come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteSource {
+    /// An outbox table.
+    Table {
+        /// Schema.
+        schema: String,
+        /// Table.
+        table: String,
+    },
+    /// Logical messages with this prefix.
+    Messages {
+        /// The prefix.
+        prefix: String,
+    },
+}
+
+/// One validated route: a source and how its rows become records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Where rows come from.
+    pub source: RouteSource,
+    /// `schema.table` or `message:<prefix>`, for messages and headers.
+    pub name: Arc<str>,
+    /// Column mapping.
+    pub columns: ColumnNames,
+    /// Topic template.
+    pub topic: String,
+    /// Topic for NULL routing values.
+    pub fallback_topic: Option<String>,
+    /// Value encoding.
+    pub format: ValueFormat,
+    /// Embed JSON text payloads as JSON in envelopes.
+    pub expand_json_payload: bool,
+    /// CloudEvents headers, with this `ce_source`.
+    pub cloudevents_source: Option<String>,
+    /// NULL payload → tombstone.
+    pub tombstones: bool,
+    /// Invalid rows.
+    pub on_invalid: OnInvalid,
+    /// Non-insert changes.
+    pub on_change: OnChange,
+    /// Extra columns → header names.
+    pub headers: Vec<(String, String)>,
+    /// Extra columns → envelope field names.
+    pub envelope: Vec<(String, String)>,
+}
+
+/// Validated `[outbox]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxConfig {
+    /// Table routes, in configuration order.
+    pub tables: Vec<Route>,
+    /// The logical-message route, if enabled.
+    pub messages: Option<Route>,
+}
+
+impl OutboxConfig {
+    /// The route of table `schema.table`.
+    pub fn table(&self, schema: &str, table: &str) -> Option<&Route> {
+        self.tables.iter().find(|r| {
+            matches!(&r.source, RouteSource::Table { schema: s, table: t } if s == schema && t == table)
+        })
+    }
+}
+
+fn invalid(msg: String) -> ConfigError {
+    ConfigError::Invalid(msg)
+}
+
+fn check_name(what: &str, s: &str) -> Result<(), ConfigError> {
+    if s.is_empty() || s.len() > 63 {
+        return Err(invalid(format!("{what} {s:?} must be 1 to 63 characters")));
+    }
+    Ok(())
+}
+
+fn check_topic_template(what: &str, t: &str) -> Result<(), ConfigError> {
+    let mut rest = t;
+    while let Some(i) = rest.find("${") {
+        let after = &rest[i + 2..];
+        let Some(end) = after.find('}') else {
+            return Err(invalid(format!("{what} {t:?}: unclosed ${{")));
+        };
+        let var = &after[..end];
+        if !["aggregate_type", "event_type", "table", "schema"].contains(&var) {
+            return Err(invalid(format!(
+                "{what} {t:?}: unknown variable ${{{var}}} (use aggregate_type, event_type, table, schema)"
+            )));
+        }
+        rest = &after[end + 1..];
+    }
+    if t.is_empty() {
+        return Err(invalid(format!("{what} must not be empty")));
+    }
+    Ok(())
+}
+
+impl RawRoute {
+    fn validate(self, what: &str, is_messages: bool) -> Result<Route, ConfigError> {
+        let source = if is_messages {
+            if self.table.is_some() {
+                return Err(invalid(format!(
+                    "{what}.table: messages have no table; set prefix"
+                )));
+            }
+            if self.on_change.is_some() {
+                return Err(invalid(format!("{what}.on_change applies to tables only")));
+            }
+            let prefix = self.prefix.unwrap_or_else(|| "walbox.outbox".into());
+            if prefix.is_empty() {
+                return Err(invalid(format!("{what}.prefix must not be empty")));
+            }
+            RouteSource::Messages { prefix }
+        } else {
+            if self.prefix.is_some() {
+                return Err(invalid(format!(
+                    "{what}.prefix applies to [outbox.messages] only"
+                )));
+            }
+            let t = self.table.unwrap_or_else(|| "public.outbox".into());
+            let (schema, table) = match t.split_once('.') {
+                Some((s, t)) => (s.to_owned(), t.to_owned()),
+                None => ("public".to_owned(), t),
+            };
+            check_name(&format!("{what}.table schema"), &schema)?;
+            check_name(&format!("{what}.table"), &table)?;
+            RouteSource::Table { schema, table }
+        };
+        let name: Arc<str> = match &source {
+            RouteSource::Table { schema, table } => format!("{schema}.{table}").into(),
+            RouteSource::Messages { prefix } => format!("message:{prefix}").into(),
+        };
+        let c = self.columns;
+        let columns = ColumnNames {
+            id: c.id.unwrap_or_else(|| "id".into()),
+            aggregate_id: c.aggregate_id.unwrap_or_else(|| "aggregate_id".into()),
+            aggregate_type: c.aggregate_type.unwrap_or_else(|| "aggregate_type".into()),
+            event_type: c.event_type.unwrap_or_else(|| "event_type".into()),
+            topic: c.topic.unwrap_or_else(|| "topic".into()),
+            payload: c.payload.unwrap_or_else(|| "payload".into()),
+            timestamp: c.timestamp,
+            partition: c.partition,
+        };
+        let topic = match (self.topic, self.topic_prefix) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(format!(
+                    "{what}: set topic or topic_prefix, not both"
+                )))
+            }
+            (Some(t), None) => t,
+            (None, Some(p)) => format!("{p}${{aggregate_type}}"),
+            (None, None) => "outbox.event.${aggregate_type}".into(),
+        };
+        check_topic_template(&format!("{what}.topic"), &topic)?;
+        if let Some(f) = &self.fallback_topic {
+            check_topic_template(&format!("{what}.fallback_topic"), f)?;
+        }
+        let format = match self.format.as_deref().unwrap_or("raw") {
+            "raw" => ValueFormat::Raw,
+            "json" => ValueFormat::Json,
+            "protobuf" => ValueFormat::Protobuf,
+            other => {
+                return Err(invalid(format!(
+                    "{what}.format {other:?} must be \"raw\", \"json\" or \"protobuf\""
+                )))
+            }
+        };
+        let on_invalid = match self.on_invalid.as_deref().unwrap_or("fail") {
+            "fail" => {
+                if self.dead_letter_topic.is_some() {
+                    return Err(invalid(format!(
+                        "{what}.dead_letter_topic needs on_invalid = \"dead_letter\""
+                    )));
+                }
+                OnInvalid::Fail
+            }
+            "dead_letter" => OnInvalid::DeadLetter(
+                self.dead_letter_topic
+                    .unwrap_or_else(|| "walbox.dead_letter".into()),
+            ),
+            other => {
+                return Err(invalid(format!(
+                    "{what}.on_invalid {other:?} must be \"fail\" or \"dead_letter\""
+                )))
+            }
+        };
+        let on_change = match self.on_change.as_deref().unwrap_or("warn") {
+            "warn" => OnChange::Warn,
+            "fail" => OnChange::Fail,
+            other => {
+                return Err(invalid(format!(
+                    "{what}.on_change {other:?} must be \"warn\" or \"fail\""
+                )))
+            }
+        };
+        let cloudevents_source = match (self.cloudevents.unwrap_or(false), self.cloudevents_source)
+        {
+            (true, Some(s)) => Some(s),
+            (true, None) => Some(format!("/walbox/{name}")),
+            (false, Some(_)) => {
+                return Err(invalid(format!(
+                    "{what}.cloudevents_source needs cloudevents = true"
+                )))
+            }
+            (false, None) => None,
+        };
+        if !self.envelope.is_empty() && format == ValueFormat::Raw {
+            return Err(invalid(format!(
+                "{what}.envelope needs format = \"json\" or \"protobuf\""
+            )));
+        }
+        Ok(Route {
+            source,
+            name,
+            columns,
+            topic,
+            fallback_topic: self.fallback_topic,
+            format,
+            expand_json_payload: self.expand_json_payload.unwrap_or(false),
+            cloudevents_source,
+            tombstones: self.tombstones.unwrap_or(false),
+            on_invalid,
+            on_change,
+            headers: self.headers.into_iter().collect(),
+            envelope: self.envelope.into_iter().collect(),
+        })
+    }
+}
+
+impl RawOutbox {
+    /// Validates every route.
+    pub fn validate(self) -> Result<OutboxConfig, ConfigError> {
+        let mut tables = Vec::with_capacity(self.tables.len());
+        for (i, t) in self.tables.into_iter().enumerate() {
+            let what = if i == 0 {
+                "outbox".to_owned()
+            } else {
+                format!("outbox.tables[{i}]")
+            };
+            let route = t.validate(&what, false)?;
+            if tables.iter().any(|r: &Route| r.source == route.source) {
+                return Err(invalid(format!(
+                    "{what}: table {} is listed twice",
+                    route.name
+                )));
+            }
+            tables.push(route);
+        }
+        let messages = self
+            .messages
+            .map(|m| m.validate("outbox.messages", true))
+            .transpose()?;
+        Ok(OutboxConfig { tables, messages })
+    }
+}
