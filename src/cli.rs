@@ -22,6 +22,13 @@ pub enum Command {
         #[arg(long, short, env = "WALBOX_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Consume topics into PostgreSQL effectively once: inbox row + effect in one transaction,
+    /// then the offset commit (the consumer half).
+    Inbox {
+        /// inbox.toml; every setting can also come from WALBOX_INBOX_* variables.
+        #[arg(long, short, env = "WALBOX_INBOX_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Run walbox end to end on a throwaway PostgreSQL cluster and an embedded Kafka-protocol
     /// broker, and print what a consumer reads back.
     Demo {

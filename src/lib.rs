@@ -25,6 +25,8 @@
 //! failure.rs           fatal failures and exit statuses
 //! sandbox/             throwaway PostgreSQL + Kafka-protocol broker (demo, tests, benches)
 //! demo.rs              `walbox demo`
+//! inbox/               `walbox inbox`: Kafka → one PostgreSQL transaction per record (inbox row
+//!                      + effect) → offset commit; retention guard (the consumer half)
 //! ```
 
 pub mod app;
@@ -33,6 +35,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod failure;
+pub mod inbox;
 pub mod metrics;
 pub mod outbox;
 pub mod relay;

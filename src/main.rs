@@ -72,6 +72,20 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Inbox { config } => {
+            let config = match walbox::inbox::load(config.as_deref()) {
+                Ok(c) => c,
+                Err(e) => return fail(Failure::Config, e),
+            };
+            init_logging(config.log.format, &config.log.level);
+            match runtime.block_on(walbox::inbox::run(config, shutdown_signal())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, exit_status = e.failure.exit_code(), "walbox inbox stopped");
+                    fail(e.failure, e)
+                }
+            }
+        }
         Command::Demo { aggregates, events } => {
             init_logging(LogFormat::Text, "warn");
             match runtime.block_on(walbox::demo::run(aggregates, events)) {
