@@ -118,10 +118,17 @@ fn metric(port: u16, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-fn wait_metric(port: u16, name: &str, want: f64) {
-    wait_until(WAIT, &format!("{name} = {want}"), || {
-        metric(port, name) == Some(want)
-    });
+fn wait_metric(port: u16, name: &str, want: f64, w: &Walbox) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while metric(port, name) != Some(want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {name} = {want} (now {:?}); walbox log:\n{}",
+            metric(port, name),
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// One record to produce.
@@ -236,7 +243,7 @@ fn records_produced_twice_and_replayed_from_the_beginning_apply_once() {
         "inbox",
         &inbox_env(&db, &brokers, &format!("g1_{}", db.name), &topic, port, &[]),
     );
-    wait_metric(port, "walbox_inbox_records_consumed_total", 120.0);
+    wait_metric(port, "walbox_inbox_records_consumed_total", 120.0, &w);
     assert_eq!(metric(port, "walbox_inbox_duplicates_total"), Some(60.0));
     assert_eq!(
         metric(port, "walbox_inbox_effects_applied_total"),
@@ -253,7 +260,7 @@ fn records_produced_twice_and_replayed_from_the_beginning_apply_once() {
         "inbox",
         &inbox_env(&db, &brokers, &format!("g2_{}", db.name), &topic, port, &[]),
     );
-    wait_metric(port, "walbox_inbox_records_consumed_total", 120.0);
+    wait_metric(port, "walbox_inbox_records_consumed_total", 120.0, &w);
     assert_eq!(metric(port, "walbox_inbox_duplicates_total"), Some(120.0));
     assert_eq!(
         metric(port, "walbox_inbox_effects_applied_total"),
@@ -303,7 +310,7 @@ fn killed_between_the_database_commit_and_the_offset_commit() {
         "inbox",
         &inbox_env(&db, &brokers, &group, &topic, port, &[]),
     );
-    wait_metric(port, "walbox_inbox_records_consumed_total", 40.0);
+    wait_metric(port, "walbox_inbox_records_consumed_total", 40.0, &w);
     assert_eq!(metric(port, "walbox_inbox_duplicates_total"), Some(40.0));
     w.terminate();
     assert!(w.wait_exit(WAIT).success(), "{}", w.log());
@@ -389,7 +396,7 @@ fn an_effect_error_rolls_back_the_inbox_row_then_fails_or_dead_letters() {
             ],
         ),
     );
-    wait_metric(port, "walbox_inbox_records_consumed_total", 4.0);
+    wait_metric(port, "walbox_inbox_records_consumed_total", 4.0, &w);
     assert_eq!(metric(port, "walbox_inbox_dead_lettered_total"), Some(2.0));
     // poison: 3 attempts; flaky: 2 failures before it succeeds.
     assert_eq!(metric(port, "walbox_inbox_effect_errors_total"), Some(5.0));
