@@ -752,6 +752,13 @@ sql = "SELECT billing.apply_payment($payload)"
     }
 
     #[test]
+    fn the_shipped_example_is_valid() {
+        let c = load_text(include_str!("../../examples/inbox.toml"), &[]).unwrap();
+        assert_eq!(c.effect.on_error, Policy::DeadLetter);
+        assert!(c.retention.cleanup);
+    }
+
+    #[test]
     fn unknown_keys_are_rejected() {
         let e = load_text(&format!("{MINIMAL}\n[retention]\nkeeep = \"1d\"\n"), &[]).unwrap_err();
         assert!(e.to_string().contains("keeep"), "{e}");
