@@ -41,6 +41,13 @@ pub enum Command {
         #[arg(long)]
         confirm_data_loss: bool,
     },
+    /// Consume topics into PostgreSQL effectively once: inbox row + effect in one transaction,
+    /// then the offset commit (the consumer half).
+    Inbox {
+        /// inbox.toml; every setting can also come from WALBOX_INBOX_* variables.
+        #[arg(long, short, env = "WALBOX_INBOX_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Run walbox end to end on a throwaway PostgreSQL cluster and an embedded Kafka-protocol
     /// broker, and print what a consumer reads back.
     Demo {

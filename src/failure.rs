@@ -18,6 +18,8 @@
 //! | 7 | [`Failure::SlotLost`] | the slot was invalidated; WAL it needed is gone |
 //! | 8 | [`Failure::EventRejected`] | an event cannot be published (too large, NULL key, …) |
 //! | 9 | [`Failure::Kafka`] | the producer cannot continue (authorization, fatal producer error) |
+//! | 10 | [`Failure::InboxRecord`] | `walbox inbox`: a record kept failing (or has no message id) under `fail` |
+//! | 11 | [`Failure::Retention`] | `walbox inbox`: the inbox keeps rows for less than a topic's replay window |
 
 use std::fmt;
 
@@ -40,6 +42,10 @@ pub enum Failure {
     EventRejected,
     /// The Kafka producer cannot continue.
     Kafka,
+    /// `walbox inbox`: a record cannot be processed and its policy is `fail`.
+    InboxRecord,
+    /// `walbox inbox`: the retention guard refused to start.
+    Retention,
 }
 
 impl Failure {
@@ -54,6 +60,8 @@ impl Failure {
             Failure::SlotLost => 7,
             Failure::EventRejected => 8,
             Failure::Kafka => 9,
+            Failure::InboxRecord => 10,
+            Failure::Retention => 11,
         }
     }
 
@@ -106,6 +114,8 @@ mod tests {
             Failure::SlotLost,
             Failure::EventRejected,
             Failure::Kafka,
+            Failure::InboxRecord,
+            Failure::Retention,
         ];
         let mut codes: Vec<u8> = all.iter().map(|f| f.exit_code()).collect();
         codes.sort();

@@ -31,6 +31,8 @@
 //! failure.rs           fatal failures and exit statuses
 //! sandbox/             throwaway PostgreSQL + Kafka-protocol broker (demo, tests, benches)
 //! demo.rs              `walbox demo`
+//! inbox/               `walbox inbox`: Kafka → one PostgreSQL transaction per record (inbox row
+//!                      + effect) → offset commit; retention guard (the consumer half)
 //! ```
 
 pub mod alert;
@@ -41,6 +43,7 @@ pub mod config;
 pub mod demo;
 pub mod envelope;
 pub mod failure;
+pub mod inbox;
 pub mod metrics;
 pub mod monitor;
 pub mod outbox;

@@ -8,7 +8,7 @@ use tracing_subscriber::EnvFilter;
 
 use walbox::cli::{Cli, Command};
 use walbox::config::{self, LogFormat};
-use walbox::failure::Failure;
+use walbox::failure::{Failure, FatalError};
 
 fn init_logging(format: LogFormat, level: &str) {
     let filter = EnvFilter::try_from_env("WALBOX_LOG")
@@ -47,6 +47,17 @@ fn fail(failure: Failure, message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(failure.exit_code())
 }
 
+/// The exit status of a finished command; a fatal error is also logged for log collectors.
+fn finish(what: &str, result: Result<(), FatalError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, exit_status = e.failure.exit_code(), "{what} stopped");
+            fail(e.failure, e)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -57,52 +68,40 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(Failure::Internal, format!("cannot start runtime: {e}")),
     };
+    let load = |path: Option<std::path::PathBuf>| config::load(path.as_deref());
     match cli.command {
-        Command::Run { config } => {
-            let config = match config::load(config.as_deref()) {
-                Ok(c) => c,
-                Err(e) => return fail(Failure::Config, e),
-            };
-            init_logging(config.log.format, &config.log.level);
-            match runtime.block_on(walbox::app::run(config, shutdown_signal())) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!(error = %e, exit_status = e.failure.exit_code(), "walbox stopped");
-                    fail(e.failure, e)
-                }
+        Command::Run { config } => match load(config) {
+            Err(e) => fail(Failure::Config, e),
+            Ok(config) => {
+                init_logging(config.log.format, &config.log.level);
+                finish("walbox", runtime.block_on(walbox::app::run(config, shutdown_signal())))
             }
-        }
-        Command::Status { config, json } => {
-            let config = match config::load(config.as_deref()) {
-                Ok(c) => c,
-                Err(e) => return fail(Failure::Config, e),
-            };
-            init_logging(config.log.format, "warn");
-            match runtime.block_on(walbox::status::status(&config, json)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(e.failure, e),
+        },
+        Command::Status { config, json } => match load(config) {
+            Err(e) => fail(Failure::Config, e),
+            Ok(config) => {
+                init_logging(config.log.format, "warn");
+                finish("status", runtime.block_on(walbox::status::status(&config, json)))
             }
-        }
-        Command::RecreateSlot {
-            config,
-            confirm_data_loss,
-        } => {
-            if !confirm_data_loss {
-                return fail(
-                    Failure::Config,
-                    "recreate-slot skips every event committed while the slot was lost; pass --confirm-data-loss to proceed",
-                );
+        },
+        Command::RecreateSlot { config, confirm_data_loss } => match load(config) {
+            _ if !confirm_data_loss => fail(
+                Failure::Config,
+                "recreate-slot skips every event committed while the slot was lost; pass --confirm-data-loss to proceed",
+            ),
+            Err(e) => fail(Failure::Config, e),
+            Ok(config) => {
+                init_logging(config.log.format, "warn");
+                finish("recreate-slot", runtime.block_on(walbox::status::recreate_slot(&config)))
             }
-            let config = match config::load(config.as_deref()) {
-                Ok(c) => c,
-                Err(e) => return fail(Failure::Config, e),
-            };
-            init_logging(config.log.format, "warn");
-            match runtime.block_on(walbox::status::recreate_slot(&config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(e.failure, e),
+        },
+        Command::Inbox { config } => match walbox::inbox::load(config.as_deref()) {
+            Err(e) => fail(Failure::Config, e),
+            Ok(config) => {
+                init_logging(config.log.format, &config.log.level);
+                finish("walbox inbox", runtime.block_on(walbox::inbox::run(config, shutdown_signal())))
             }
-        }
+        },
         Command::Demo { aggregates, events } => {
             init_logging(LogFormat::Text, "warn");
             match runtime.block_on(walbox::demo::run(aggregates, events)) {

@@ -6,5 +6,6 @@ mod support;
 mod connection;
 mod failures;
 mod http;
+mod inbox;
 mod relay;
 mod slot;

@@ -61,7 +61,7 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// Duration written as `"500ms"`, `"10s"`, `"5m"`, `"1h"` or a number of seconds.
+/// Duration written as `"500ms"`, `"10s"`, `"5m"`, `"1h"`, `"14d"` or a number of seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);
 
@@ -82,7 +82,7 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
-/// Parses `"500ms"`, `"10s"`, `"5m"`, `"1h"` or plain seconds.
+/// Parses `"500ms"`, `"10s"`, `"5m"`, `"1h"`, `"14d"` or plain seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -95,6 +95,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => Duration::from_millis(n),
         "m" => Duration::from_secs(n.saturating_mul(60)),
         "h" => Duration::from_secs(n.saturating_mul(3600)),
+        "d" => Duration::from_secs(n.saturating_mul(86_400)),
         _ => {
             return Err(format!(
                 "invalid duration {text:?}: expected e.g. 500ms, 10s, 5m, 1h"
@@ -600,7 +601,8 @@ pub fn load_from(
     raw.validate()
 }
 
-fn one_line(s: &str) -> String {
+/// Joins a multi-line (toml/serde) error message into one line.
+pub(crate) fn one_line(s: &str) -> String {
     s.split('\n')
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '|' || c == '^' || c == ' '))
@@ -1076,6 +1078,7 @@ format = \"protobuf\"
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_duration("14d"), Ok(Duration::from_secs(14 * 86_400)));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("").is_err());
     }

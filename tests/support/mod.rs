@@ -194,11 +194,16 @@ pub fn walbox_env(db: &TestDb, slot: &str, brokers: &str) -> Vec<(String, String
 impl Walbox {
     /// Starts `walbox run` with exactly `env` (plus PATH) as its environment.
     pub fn spawn(env: &[(String, String)]) -> Walbox {
+        Self::spawn_subcommand("run", env)
+    }
+
+    /// Starts `walbox <subcommand>` with exactly `env` (plus PATH) as its environment.
+    pub fn spawn_subcommand(subcommand: &str, env: &[(String, String)]) -> Walbox {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("walbox.log");
         let out = File::create(&log).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_walbox"))
-            .arg("run")
+            .arg(subcommand)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs(env.iter().map(|(k, v)| (k, v)))

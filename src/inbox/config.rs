@@ -1,0 +1,777 @@
+//! `inbox.toml` and `WALBOX_INBOX_*` environment variables, validated into [`InboxConfig`].
+//!
+//! Same two steps as the relay's [`crate::config`]: the file (if any) is read into a TOML table,
+//! environment variables are written over it (the environment wins), the result is deserialized
+//! into [`RawInboxConfig`] with unknown keys rejected, and [`RawInboxConfig::validate`] checks
+//! values and produces [`InboxConfig`].
+//!
+//! Every scalar setting `[section] key` can be set as `WALBOX_INBOX_<SECTION>_<KEY>`, e.g.
+//! `WALBOX_INBOX_POSTGRES_URL`, `WALBOX_INBOX_EFFECT_SQL`; `kafka.topics` takes a comma-separated
+//! list (`WALBOX_INBOX_KAFKA_TOPICS=a,b`). Consumer properties are set as
+//! `WALBOX_INBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`.
+//!
+//! Secrets (the PostgreSQL password, `sasl.password`, …) never appear in `Debug` output.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::{one_line, ConfigError, HumanDuration, LogConfig, LogFormat};
+use crate::source::conninfo::ConnInfo;
+
+use super::effect::EffectSql;
+
+/// The configuration as written: every field optional, unknown keys rejected.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInboxConfig {
+    /// `[postgres]`
+    #[serde(default)]
+    pub postgres: RawPostgres,
+    /// `[kafka]`
+    #[serde(default)]
+    pub kafka: RawKafka,
+    /// `[effect]`
+    #[serde(default)]
+    pub effect: RawEffect,
+    /// `[retention]`
+    #[serde(default)]
+    pub retention: RawRetention,
+    /// `[http]`
+    #[serde(default)]
+    pub http: RawHttp,
+    /// `[log]`
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+/// `[postgres]` as written.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPostgres {
+    /// Connection URL or libpq key=value string of the consumer's database.
+    pub url: Option<String>,
+    /// `schema.table` or `table` of the inbox.
+    pub table: Option<String>,
+    /// Value of the inbox's `consumer` column.
+    pub consumer: Option<String>,
+}
+
+impl fmt::Debug for RawPostgres {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawPostgres")
+            .field("url", &self.url.as_ref().map(|_| "<redacted>"))
+            .field("table", &self.table)
+            .field("consumer", &self.consumer)
+            .finish()
+    }
+}
+
+/// `[kafka]` as written.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKafka {
+    /// `bootstrap.servers`.
+    pub brokers: Option<String>,
+    /// Consumer group.
+    pub group_id: Option<String>,
+    /// Topics to consume.
+    pub topics: Option<Vec<String>>,
+    /// Header holding the producer's event id.
+    pub message_id_header: Option<String>,
+    /// Topic receiving dead-lettered records.
+    pub dead_letter_topic: Option<String>,
+    /// How often processed offsets are committed.
+    pub commit_interval: Option<HumanDuration>,
+    /// librdkafka consumer properties.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for RawKafka {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawKafka")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("topics", &self.topics)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `[effect]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEffect {
+    /// The effect: one SQL statement with named placeholders.
+    pub sql: Option<String>,
+    /// Store the record in the inbox row (the transactional-inbox form).
+    pub store_record: Option<bool>,
+    /// `fail` or `dead_letter` after the retries.
+    pub on_error: Option<String>,
+    /// `fail` or `dead_letter` for a record without a usable message id.
+    pub on_invalid: Option<String>,
+    /// Attempts after the first failure.
+    pub retries: Option<u32>,
+    /// First retry delay.
+    pub backoff_initial: Option<HumanDuration>,
+    /// Longest retry delay.
+    pub backoff_max: Option<HumanDuration>,
+    /// Partitions processed at the same time (= PostgreSQL connections).
+    pub max_parallel: Option<usize>,
+}
+
+/// `[retention]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetention {
+    /// How long inbox rows are kept; absent = forever.
+    pub keep: Option<HumanDuration>,
+    /// `refuse`, `warn` or `off`.
+    pub guard: Option<String>,
+    /// Run the clean-up job.
+    pub cleanup: Option<bool>,
+    /// Time between clean-up runs.
+    pub cleanup_interval: Option<HumanDuration>,
+    /// Rows deleted per statement.
+    pub cleanup_batch: Option<i64>,
+}
+
+/// `[http]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttp {
+    /// Listen address of `/metrics`, `/healthz`, `/readyz`; `"off"` disables it.
+    pub listen: Option<String>,
+}
+
+/// `[log]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    /// `text` or `json`.
+    pub format: Option<String>,
+    /// A `tracing` filter.
+    pub level: Option<String>,
+}
+
+/// What to do with a record that cannot be processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Stop walbox; the record's offset is not committed.
+    Fail,
+    /// Produce the record to the dead-letter topic, then go on.
+    DeadLetter,
+}
+
+/// What the retention guard does when the inbox keeps rows for less than a topic's replay
+/// window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// Refuse to start.
+    Refuse,
+    /// Log a warning and start.
+    Warn,
+    /// Do not check.
+    Off,
+}
+
+/// The validated configuration of `walbox inbox`.
+#[derive(Debug, Clone)]
+pub struct InboxConfig {
+    /// Consumer's database.
+    pub conn: ConnInfo,
+    /// Inbox schema.
+    pub schema: String,
+    /// Inbox table.
+    pub table: String,
+    /// Value of the `consumer` column.
+    pub consumer: String,
+    /// Kafka side.
+    pub kafka: InboxKafka,
+    /// The effect and error handling.
+    pub effect: EffectConfig,
+    /// Inbox retention.
+    pub retention: RetentionConfig,
+    /// HTTP endpoints; `None` disables them.
+    pub http_listen: Option<SocketAddr>,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// Validated `[kafka]`.
+#[derive(Clone)]
+pub struct InboxKafka {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// Consumer group.
+    pub group_id: String,
+    /// Topics.
+    pub topics: Vec<String>,
+    /// Header with the message id.
+    pub message_id_header: String,
+    /// Dead-letter topic, if any.
+    pub dead_letter_topic: Option<String>,
+    /// Offset commit interval.
+    pub commit_interval: Duration,
+    /// User consumer properties.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for InboxKafka {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InboxKafka")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("topics", &self.topics)
+            .field("message_id_header", &self.message_id_header)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Validated `[effect]`.
+#[derive(Debug, Clone)]
+pub struct EffectConfig {
+    /// The parsed effect statement, if any.
+    pub sql: Option<EffectSql>,
+    /// Store the record's topic, partition, offset, key, headers and payload in the inbox row.
+    pub store_record: bool,
+    /// After the retries.
+    pub on_error: Policy,
+    /// For records without a usable message id.
+    pub on_invalid: Policy,
+    /// Retries after the first failure.
+    pub retries: u32,
+    /// First retry delay.
+    pub backoff_initial: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Partitions processed at once.
+    pub max_parallel: usize,
+}
+
+/// Validated `[retention]`.
+#[derive(Debug, Clone)]
+pub struct RetentionConfig {
+    /// How long inbox rows are kept; `None` = forever.
+    pub keep: Option<Duration>,
+    /// Guard policy.
+    pub guard: Guard,
+    /// Run the clean-up job (requires `keep`).
+    pub cleanup: bool,
+    /// Time between clean-up runs.
+    pub cleanup_interval: Duration,
+    /// Rows per DELETE.
+    pub cleanup_batch: i64,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Str,
+    Bool,
+    Int,
+    List,
+}
+
+/// `(section, key, kind)` of every scalar setting; `WALBOX_INBOX_<SECTION>_<KEY>` sets it.
+const SCALARS: &[(&str, &str, Kind)] = &[
+    ("postgres", "url", Kind::Str),
+    ("postgres", "table", Kind::Str),
+    ("postgres", "consumer", Kind::Str),
+    ("kafka", "brokers", Kind::Str),
+    ("kafka", "group_id", Kind::Str),
+    ("kafka", "topics", Kind::List),
+    ("kafka", "message_id_header", Kind::Str),
+    ("kafka", "dead_letter_topic", Kind::Str),
+    ("kafka", "commit_interval", Kind::Str),
+    ("effect", "sql", Kind::Str),
+    ("effect", "store_record", Kind::Bool),
+    ("effect", "on_error", Kind::Str),
+    ("effect", "on_invalid", Kind::Str),
+    ("effect", "retries", Kind::Int),
+    ("effect", "backoff_initial", Kind::Str),
+    ("effect", "backoff_max", Kind::Str),
+    ("effect", "max_parallel", Kind::Int),
+    ("retention", "keep", Kind::Str),
+    ("retention", "guard", Kind::Str),
+    ("retention", "cleanup", Kind::Bool),
+    ("retention", "cleanup_interval", Kind::Str),
+    ("retention", "cleanup_batch", Kind::Int),
+    ("http", "listen", Kind::Str),
+    ("log", "format", Kind::Str),
+    ("log", "level", Kind::Str),
+];
+
+const PREFIX: &str = "WALBOX_INBOX_";
+const PROPERTY_PREFIX: &str = "WALBOX_INBOX_KAFKA_PROPERTY_";
+
+fn section<'a>(root: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Table, String> {
+    root.entry(name.to_owned())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .ok_or_else(|| format!("`{name}` must be a table"))
+}
+
+fn apply_env(
+    root: &mut toml::Table,
+    env: &mut dyn Iterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    for (var, value) in env {
+        if let Some(name) = var.strip_prefix(PROPERTY_PREFIX) {
+            let key = name.to_ascii_lowercase().replace('_', ".");
+            let kafka = section(root, "kafka").map_err(|message| ConfigError::Env {
+                var: var.clone(),
+                message,
+            })?;
+            section(kafka, "properties")
+                .map_err(|message| ConfigError::Env {
+                    var: var.clone(),
+                    message,
+                })?
+                .insert(key, toml::Value::String(value));
+            continue;
+        }
+        let Some(rest) = var.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let Some((sec, key, kind)) = SCALARS.iter().find(|(sec, key, _)| {
+            rest.len() == sec.len() + 1 + key.len()
+                && rest[..sec.len()].eq_ignore_ascii_case(sec)
+                && rest.as_bytes()[sec.len()] == b'_'
+                && rest[sec.len() + 1..] == key.to_ascii_uppercase()
+        }) else {
+            continue;
+        };
+        let v = match kind {
+            Kind::Str => toml::Value::String(value),
+            Kind::List => toml::Value::Array(
+                value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| toml::Value::String(s.to_owned()))
+                    .collect(),
+            ),
+            Kind::Bool => match value.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => toml::Value::Boolean(true),
+                "false" | "0" | "no" | "off" => toml::Value::Boolean(false),
+                _ => {
+                    return Err(ConfigError::Env {
+                        var,
+                        message: format!("expected true or false, got {value:?}"),
+                    })
+                }
+            },
+            Kind::Int => match value.parse::<i64>() {
+                Ok(n) => toml::Value::Integer(n),
+                Err(_) => {
+                    return Err(ConfigError::Env {
+                        var,
+                        message: format!("expected an integer, got {value:?}"),
+                    })
+                }
+            },
+        };
+        section(root, sec)
+            .map_err(|message| ConfigError::Env { var, message })?
+            .insert((*key).to_owned(), v);
+    }
+    Ok(())
+}
+
+/// Loads the inbox configuration from an optional file and the process environment.
+pub fn load(path: Option<&Path>) -> Result<InboxConfig, ConfigError> {
+    load_from(path, &mut std::env::vars())
+}
+
+/// Loads the inbox configuration from an optional file and the given environment (testable).
+pub fn load_from(
+    path: Option<&Path>,
+    env: &mut dyn Iterator<Item = (String, String)>,
+) -> Result<InboxConfig, ConfigError> {
+    let (mut table, origin) = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                path: p.to_owned(),
+                source,
+            })?;
+            let origin = format!(" in {}", p.display());
+            let table = text
+                .parse::<toml::Table>()
+                .map_err(|e| ConfigError::Parse {
+                    origin: origin.clone(),
+                    message: one_line(&e.to_string()),
+                })?;
+            (table, origin)
+        }
+        None => (toml::Table::new(), String::new()),
+    };
+    apply_env(&mut table, env)?;
+    let raw = RawInboxConfig::deserialize(table).map_err(|e| ConfigError::Parse {
+        origin,
+        message: one_line(&e.to_string()),
+    })?;
+    raw.validate()
+}
+
+fn invalid(message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid(message.into())
+}
+
+fn policy(what: &str, value: Option<String>) -> Result<Policy, ConfigError> {
+    match value.as_deref().unwrap_or("fail") {
+        "fail" => Ok(Policy::Fail),
+        "dead_letter" => Ok(Policy::DeadLetter),
+        other => Err(invalid(format!(
+            "{what} {other:?} must be \"fail\" or \"dead_letter\""
+        ))),
+    }
+}
+
+fn identifier(what: &str, s: &str) -> Result<(), ConfigError> {
+    if s.is_empty() || s.len() > 63 {
+        return Err(invalid(format!("{what} {s:?} must be 1 to 63 characters")));
+    }
+    Ok(())
+}
+
+impl RawInboxConfig {
+    /// Checks values and fills in defaults.
+    pub fn validate(self) -> Result<InboxConfig, ConfigError> {
+        let url = self.postgres.url.ok_or_else(|| {
+            invalid("postgres.url is required (set it in the file or WALBOX_INBOX_POSTGRES_URL)")
+        })?;
+        let conn: ConnInfo = url
+            .parse()
+            .map_err(|e| invalid(format!("postgres.url: {e}")))?;
+        let table = self.postgres.table.unwrap_or_else(|| "public.inbox".into());
+        let (schema, table) = match table.split_once('.') {
+            Some((s, t)) => (s.to_owned(), t.to_owned()),
+            None => ("public".to_owned(), table),
+        };
+        identifier("postgres.table schema", &schema)?;
+        identifier("postgres.table", &table)?;
+
+        let k = self.kafka;
+        let brokers = k.brokers.ok_or_else(|| {
+            invalid("kafka.brokers is required (set it in the file or WALBOX_INBOX_KAFKA_BROKERS)")
+        })?;
+        let group_id = k.group_id.ok_or_else(|| {
+            invalid(
+                "kafka.group_id is required (set it in the file or WALBOX_INBOX_KAFKA_GROUP_ID)",
+            )
+        })?;
+        let topics = k.topics.unwrap_or_default();
+        if topics.is_empty() || topics.iter().any(|t| t.trim().is_empty()) {
+            return Err(invalid(
+                "kafka.topics must list at least one topic (WALBOX_INBOX_KAFKA_TOPICS=a,b)",
+            ));
+        }
+        for (key, v) in &k.properties {
+            let refused = match key.as_str() {
+                "enable.auto.commit" | "enable.auto.offset.store" => v != "false",
+                "bootstrap.servers" | "metadata.broker.list" | "group.id" => true,
+                "isolation.level" => v != "read_committed",
+                _ => false,
+            };
+            if refused {
+                return Err(invalid(format!(
+                    "kafka.properties.{key} = {v:?} is managed by walbox (offsets are committed only after the PostgreSQL transaction; set kafka.brokers and kafka.group_id instead of their properties)"
+                )));
+            }
+        }
+        let consumer = self.postgres.consumer.unwrap_or_else(|| group_id.clone());
+        if consumer.is_empty() {
+            return Err(invalid("postgres.consumer must not be empty"));
+        }
+        let message_id_header = k.message_id_header.unwrap_or_else(|| "id".into());
+        if message_id_header.is_empty() {
+            return Err(invalid("kafka.message_id_header must not be empty"));
+        }
+        let commit_interval = k
+            .commit_interval
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(1));
+        if commit_interval.is_zero() {
+            return Err(invalid("kafka.commit_interval must be > 0"));
+        }
+
+        let e = self.effect;
+        let sql = match e.sql {
+            Some(text) => {
+                Some(EffectSql::parse(&text).map_err(|m| invalid(format!("effect.sql: {m}")))?)
+            }
+            None => None,
+        };
+        let store_record = e.store_record.unwrap_or(sql.is_none());
+        if sql.is_none() && !store_record {
+            return Err(invalid(
+                "effect.sql is not set and effect.store_record = false: nothing would happen to the records",
+            ));
+        }
+        let on_error = policy("effect.on_error", e.on_error)?;
+        let on_invalid = policy("effect.on_invalid", e.on_invalid)?;
+        let dead_letter_topic = k.dead_letter_topic.filter(|t| !t.is_empty());
+        if (on_error == Policy::DeadLetter || on_invalid == Policy::DeadLetter)
+            && dead_letter_topic.is_none()
+        {
+            return Err(invalid(
+                "a dead_letter policy needs kafka.dead_letter_topic",
+            ));
+        }
+        if let Some(dlq) = &dead_letter_topic {
+            if topics.contains(dlq) {
+                return Err(invalid(
+                    "kafka.dead_letter_topic must not be one of kafka.topics",
+                ));
+            }
+        }
+        let backoff_initial = e
+            .backoff_initial
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_millis(100));
+        let backoff_max = e
+            .backoff_max
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(10));
+        if backoff_initial.is_zero() || backoff_max < backoff_initial {
+            return Err(invalid(
+                "effect.backoff_initial must be > 0 and <= effect.backoff_max",
+            ));
+        }
+        let max_parallel = e.max_parallel.unwrap_or(4);
+        if !(1..=256).contains(&max_parallel) {
+            return Err(invalid("effect.max_parallel must be between 1 and 256"));
+        }
+        let retries = e.retries.unwrap_or(5);
+        if retries > 1000 {
+            return Err(invalid("effect.retries must be at most 1000"));
+        }
+
+        let r = self.retention;
+        let keep = r.keep.map(|d| d.0);
+        if keep.is_some_and(|d| d.is_zero()) {
+            return Err(invalid(
+                "retention.keep must be > 0 (omit it to keep rows forever)",
+            ));
+        }
+        let guard = match r.guard.as_deref().unwrap_or("refuse") {
+            "refuse" => Guard::Refuse,
+            "warn" => Guard::Warn,
+            "off" => Guard::Off,
+            other => {
+                return Err(invalid(format!(
+                    "retention.guard {other:?} must be \"refuse\", \"warn\" or \"off\""
+                )))
+            }
+        };
+        let cleanup = r.cleanup.unwrap_or(false);
+        if cleanup && keep.is_none() {
+            return Err(invalid("retention.cleanup = true needs retention.keep"));
+        }
+        let cleanup_interval = r
+            .cleanup_interval
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(600));
+        if cleanup_interval.is_zero() {
+            return Err(invalid("retention.cleanup_interval must be > 0"));
+        }
+        let cleanup_batch = r.cleanup_batch.unwrap_or(1000);
+        if !(1..=100_000).contains(&cleanup_batch) {
+            return Err(invalid(
+                "retention.cleanup_batch must be between 1 and 100000",
+            ));
+        }
+
+        let listen = self.http.listen.unwrap_or_else(|| "0.0.0.0:9188".into());
+        let http_listen = if listen == "off" {
+            None
+        } else {
+            Some(listen.parse::<SocketAddr>().map_err(|_| {
+                invalid(format!(
+                    "http.listen {listen:?} is not an address like 0.0.0.0:9188 (or \"off\")"
+                ))
+            })?)
+        };
+        let format = match self.log.format.as_deref().unwrap_or("text") {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(invalid(format!(
+                    "log.format {other:?} must be \"text\" or \"json\""
+                )))
+            }
+        };
+
+        Ok(InboxConfig {
+            conn,
+            schema,
+            table,
+            consumer,
+            kafka: InboxKafka {
+                brokers,
+                group_id,
+                topics,
+                message_id_header,
+                dead_letter_topic,
+                commit_interval,
+                properties: k.properties,
+            },
+            effect: EffectConfig {
+                sql,
+                store_record,
+                on_error,
+                on_invalid,
+                retries,
+                backoff_initial,
+                backoff_max,
+                max_parallel,
+            },
+            retention: RetentionConfig {
+                keep,
+                guard,
+                cleanup,
+                cleanup_interval,
+                cleanup_batch,
+            },
+            http_listen,
+            log: LogConfig {
+                format,
+                level: self.log.level.unwrap_or_else(|| "info".into()),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    const MINIMAL: &str = r#"
+[postgres]
+url = "postgres://billing:secret@db:5432/billing"
+[kafka]
+brokers = "k1:9092"
+group_id = "billing"
+topics = ["outbox.event.payment"]
+[effect]
+sql = "SELECT billing.apply_payment($payload)"
+"#;
+
+    fn load_text(text: &str, vars: &[(&str, &str)]) -> Result<InboxConfig, ConfigError> {
+        let f = file(text);
+        load_from(Some(f.path()), &mut env(vars).into_iter())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = load_text(MINIMAL, &[]).unwrap();
+        assert_eq!((c.schema.as_str(), c.table.as_str()), ("public", "inbox"));
+        assert_eq!(c.consumer, "billing");
+        assert_eq!(c.kafka.message_id_header, "id");
+        assert!(!c.effect.store_record);
+        assert_eq!(c.effect.on_error, Policy::Fail);
+        assert_eq!(c.retention.guard, Guard::Refuse);
+        assert_eq!(c.retention.keep, None);
+    }
+
+    #[test]
+    fn environment_wins() {
+        let c = load_text(
+            MINIMAL,
+            &[
+                ("WALBOX_INBOX_KAFKA_TOPICS", "a, b"),
+                ("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "2"),
+                ("WALBOX_INBOX_RETENTION_KEEP", "14d"),
+                ("WALBOX_INBOX_POSTGRES_TABLE", "app.inbox_events"),
+                ("WALBOX_INBOX_KAFKA_PROPERTY_SESSION_TIMEOUT_MS", "6000"),
+                ("WALBOX_KAFKA_BROKERS", "not-mine:9092"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.topics, ["a", "b"]);
+        assert_eq!(c.kafka.brokers, "k1:9092");
+        assert_eq!(c.effect.max_parallel, 2);
+        assert_eq!(c.retention.keep, Some(Duration::from_secs(14 * 86_400)));
+        assert_eq!(c.schema, "app");
+        assert_eq!(
+            c.kafka
+                .properties
+                .get("session.timeout.ms")
+                .map(String::as_str),
+            Some("6000")
+        );
+    }
+
+    #[test]
+    fn no_effect_means_the_stored_inbox_form() {
+        let text = MINIMAL.replace("sql = \"SELECT billing.apply_payment($payload)\"", "");
+        assert!(load_text(&text, &[]).unwrap().effect.store_record);
+        let e = load_text(&text, &[("WALBOX_INBOX_EFFECT_STORE_RECORD", "false")]).unwrap_err();
+        assert!(e.to_string().contains("nothing would happen"), "{e}");
+    }
+
+    #[test]
+    fn refusals_are_one_line() {
+        for (var, val) in [
+            ("WALBOX_INBOX_KAFKA_PROPERTY_ENABLE_AUTO_COMMIT", "true"),
+            ("WALBOX_INBOX_EFFECT_ON_ERROR", "dead_letter"),
+            ("WALBOX_INBOX_EFFECT_ON_ERROR", "ignore"),
+            ("WALBOX_INBOX_RETENTION_GUARD", "maybe"),
+            ("WALBOX_INBOX_RETENTION_CLEANUP", "true"),
+            ("WALBOX_INBOX_EFFECT_SQL", "SELECT f($1)"),
+            ("WALBOX_INBOX_EFFECT_SQL", "SELECT f($payloadd)"),
+            ("WALBOX_INBOX_KAFKA_TOPICS", ""),
+            ("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "0"),
+        ] {
+            let e = load_text(MINIMAL, &[(var, val)]).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                !msg.contains('\n') && !msg.contains("secret"),
+                "{var}: {msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_shipped_example_is_valid() {
+        let c = load_text(include_str!("../../examples/inbox.toml"), &[]).unwrap();
+        assert_eq!(c.effect.on_error, Policy::DeadLetter);
+        assert!(c.retention.cleanup);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let e = load_text(&format!("{MINIMAL}\n[retention]\nkeeep = \"1d\"\n"), &[]).unwrap_err();
+        assert!(e.to_string().contains("keeep"), "{e}");
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let c = load_text(
+            &format!("{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n"),
+            &[],
+        )
+        .unwrap();
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("hunter2") && !dbg.contains("secret"), "{dbg}");
+    }
+}
