@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde_json::value::RawValue;
 
 use crate::config::{OutboxConfig, Route, RouteSource};
 use crate::envelope::{self, Payload, PayloadKind};
@@ -422,38 +423,40 @@ impl OutboxMapper {
         {
             return Ok(None);
         }
-        let json: serde_json::Map<String, serde_json::Value> =
-            match serde_json::from_slice(&msg.content) {
-                Ok(serde_json::Value::Object(o)) => o,
-                _ => {
-                    return Err(self.invalid(
-                        route,
-                        None,
-                        None,
-                        Some(msg.content.clone()),
-                        position,
-                        "message content is not a JSON object".into(),
-                    ))
-                }
-            };
-        let c = &self.routes[route].columns;
-        let text = |k: &str| -> Option<Bytes> {
-            match json.get(k)? {
-                serde_json::Value::Null => None,
-                serde_json::Value::String(s) => Some(Bytes::copy_from_slice(s.as_bytes())),
-                other => Some(Bytes::from(other.to_string())),
+        let fields: HashMap<String, &RawValue> = match serde_json::from_slice(&msg.content) {
+            Ok(f) => f,
+            Err(_) => {
+                return Err(self.invalid(
+                    route,
+                    None,
+                    None,
+                    Some(msg.content.clone()),
+                    position,
+                    "message content is not a JSON object".into(),
+                ))
             }
         };
-        let payload = json.get(&c.payload).and_then(|v| match v {
-            serde_json::Value::Null => None,
-            serde_json::Value::String(s) => Some(Payload {
-                bytes: Bytes::copy_from_slice(s.as_bytes()),
-                kind: PayloadKind::Text,
-            }),
-            other => Some(Payload {
-                bytes: Bytes::from(other.to_string()),
-                kind: PayloadKind::Json,
-            }),
+        let c = &self.routes[route].columns;
+        // A JSON string field is its text; any other value is its JSON text, exactly as sent.
+        let field = |k: &str| -> Option<(Bytes, bool)> {
+            let raw = fields.get(k)?.get();
+            if raw == "null" {
+                None
+            } else if raw.starts_with('"') {
+                let s: String = serde_json::from_str(raw).ok()?;
+                Some((Bytes::from(s), false))
+            } else {
+                Some((msg.content.slice_ref(raw.as_bytes()), true))
+            }
+        };
+        let text = |k: &str| field(k).map(|(b, _)| b);
+        let payload = field(&c.payload).map(|(bytes, is_json)| Payload {
+            bytes,
+            kind: if is_json {
+                PayloadKind::Json
+            } else {
+                PayloadKind::Text
+            },
         });
         let aggregate_type = text(&c.aggregate_type);
         let topic = text(&c.topic);

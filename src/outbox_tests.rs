@@ -324,7 +324,11 @@ fn logical_messages_map_like_rows() {
     let e = m.map_message(&msg, POS).unwrap().unwrap();
     assert_eq!(e.topic, "outbox.event.order");
     assert_eq!(e.key.as_deref(), Some(&b"o-9"[..]));
-    assert_eq!(e.value.as_deref(), Some(&br#"{"n":1}"#[..]));
+    assert_eq!(
+        e.value.as_deref(),
+        Some(&br#"{"n": 1}"#[..]),
+        "the payload exactly as sent"
+    );
     assert_eq!(header(&e, "id"), Some(&b"e-1"[..]));
     let other = Message {
         prefix: "something.else".into(),

@@ -8,4 +8,5 @@ mod failures;
 mod http;
 mod inbox;
 mod relay;
+mod routing;
 mod slot;

@@ -74,6 +74,7 @@ impl Topics {
         }
         let probe = sink.clone();
         let name = topic.to_owned();
+        tracing::debug!(topic, "looking the topic up");
         let exists = tokio::task::spawn_blocking(move || probe.topic_exists(&name, LOOKUP_TIMEOUT))
             .await
             .unwrap_or(Ok(false));
@@ -90,8 +91,12 @@ impl Topics {
                 (Some(admin), Some((partitions, replication))) => {
                     let spec =
                         NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+                    let options = AdminOptions::new()
+                        .request_timeout(Some(LOOKUP_TIMEOUT))
+                        .operation_timeout(Some(LOOKUP_TIMEOUT));
+                    tracing::debug!(topic, "creating topic");
                     let results = admin
-                        .create_topics([&spec], &AdminOptions::new())
+                        .create_topics([&spec], &options)
                         .await
                         .map_err(|e| TopicError::Create(topic.to_owned(), e.to_string()))?;
                     for r in results {
