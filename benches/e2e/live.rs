@@ -93,6 +93,8 @@ impl Receiver {
             .set("enable.auto.commit", "false")
             .set("fetch.wait.max.ms", "1")
             .set("fetch.min.bytes", "1")
+            .set("fetch.error.backoff.ms", "10")
+            .set("fetch.queue.backoff.ms", "1")
             .create()?;
         let mut tpl = TopicPartitionList::new();
         for p in 0..partitions {

@@ -370,23 +370,28 @@ impl Bench {
                 .await?;
         }
         let t = Instant::now();
+        // One statement per message: a multi-statement query is one implicit transaction, in
+        // which the procedure could not COMMIT.
         self.admin
-            .batch_execute(&format!(
-                "SET synchronous_commit = off; CALL bench_load({rows}, {per_tx}); RESET synchronous_commit"
-            ))
+            .batch_execute("SET synchronous_commit = off")
             .await?;
+        self.admin
+            .batch_execute(&format!("CALL bench_load({rows}, {per_tx})"))
+            .await?;
+        self.admin.batch_execute("RESET synchronous_commit").await?;
         let end = self.wal_lsn().await?;
         eprintln!(
             "loaded {} rows in {per_tx}-row transactions in {:.1} s",
             fmt_n(rows),
             t.elapsed().as_secs_f64()
         );
-        self.admin
-            .batch_execute(
-                "VACUUM ANALYZE outbox; CHECKPOINT; \
-                 SELECT pg_logical_emit_message(false, 'walbox-bench', 'end')",
-            )
-            .await?;
+        for sql in [
+            "VACUUM ANALYZE outbox",
+            "CHECKPOINT",
+            "SELECT pg_logical_emit_message(false, 'walbox-bench', 'end')",
+        ] {
+            self.admin.batch_execute(sql).await?;
+        }
         // Let the stats of the load settle so the drain's dead-tuple delta is its own.
         tokio::time::sleep(Duration::from_millis(1200)).await;
         Ok(end)
@@ -598,6 +603,9 @@ impl Bench {
             }
             None => None,
         };
+        // Let the consumer finish its start-up (metadata, offset look-ups, first fetch) so its
+        // warm-up is not counted as latency.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         let duration = self.settings.live;
         let commits = live::insert_at_rate(&self.url, topic, rate, duration).await?;
         let received = receiver
