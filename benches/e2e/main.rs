@@ -529,7 +529,7 @@ impl Bench {
             wal_bytes,
             dead_tuples: self.dead_tuples().await? - dead0,
         };
-        eprintln!("walbox {slot}: {:.0} events/s {d:?}", d.rate());
+        eprintln!("walbox {slot} (pid {pid}): {:.0} events/s {d:?}", d.rate());
         Ok(d)
     }
 
