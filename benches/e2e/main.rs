@@ -244,7 +244,10 @@ async fn run() -> anyhow::Result<()> {
     let big = bench.settings.big_rows;
     let end = bench.backlog(&["walbox_big"], big, 100).await?;
     let wb_big = bench.drain_walbox("walbox_big", end, big).await?;
-    report.memory(&format!("{} -row backlog (100-row tx)", fmt_n(big)), &wb_big);
+    report.memory(
+        &format!("{} -row backlog (100-row tx)", fmt_n(big)),
+        &wb_big,
+    );
     bench.drop_slots().await?;
     let end = bench.backlog(&["walbox_one"], n, n).await?;
     let wb_one = bench.drain_walbox("walbox_one", end, n).await?;
@@ -256,11 +259,14 @@ async fn run() -> anyhow::Result<()> {
     let rates = bench.settings.rates.clone();
     {
         let brokers = bench.broker.bootstrap();
-        let mut walbox = WalboxChild::start(&bench.url, "walbox_live", PUBLICATION, &brokers, true)?;
+        let mut walbox =
+            WalboxChild::start(&bench.url, "walbox_live", PUBLICATION, &brokers, true)?;
         bench.wait_slot("walbox_live", &mut walbox).await?;
         for &rate in &rates {
             let before = walbox.metrics().unwrap_or_default();
-            let lat = bench.live(&format!("live-walbox-{rate}"), rate, None).await?;
+            let lat = bench
+                .live(&format!("live-walbox-{rate}"), rate, None)
+                .await?;
             let after = walbox.metrics().unwrap_or_default();
             report.live("walbox", rate, &lat, Some(histogram_p99(&before, &after)));
         }
@@ -289,7 +295,10 @@ async fn run() -> anyhow::Result<()> {
     }
     std::fs::write(&bench.settings.output, &table)
         .with_context(|| format!("writing {}", bench.settings.output.display()))?;
-    eprintln!("e2e bench: table written to {}", bench.settings.output.display());
+    eprintln!(
+        "e2e bench: table written to {}",
+        bench.settings.output.display()
+    );
     drop(bench);
     Ok(())
 }

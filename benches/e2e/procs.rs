@@ -151,7 +151,8 @@ impl WalboxChild {
         for line in text.lines() {
             if let Some(v) = line.strip_prefix("walbox_events_published_total ") {
                 m.published = v.trim().parse().ok()?;
-            } else if let Some(rest) = line.strip_prefix("walbox_commit_to_ack_seconds_bucket{le=\"")
+            } else if let Some(rest) =
+                line.strip_prefix("walbox_commit_to_ack_seconds_bucket{le=\"")
             {
                 let (le, count) = rest.split_once("\"} ")?;
                 let le = if le == "+Inf" {

@@ -127,7 +127,7 @@ impl Report {
             target: "≥ 0.90×".into(),
         });
         self.rows.push(Row {
-            measurement: format!("… same, events/s until every event acked"),
+            measurement: "… same, events/s until every event acked".into(),
             walbox: k(wb.events as f64 / wb.acked.as_secs_f64()),
             comparison: format!(
                 "postgres-limits.md: {} (fast) / {} (slow host)",
@@ -141,7 +141,7 @@ impl Report {
             target: "–".into(),
         });
         self.rows.push(Row {
-            measurement: format!("… same, CPU s per 100k events: PostgreSQL / relay process"),
+            measurement: "… same, CPU s per 100k events: PostgreSQL / relay process".into(),
             walbox: format!(
                 "{:.2} / {:.2}",
                 per_100k(wb.pg_cpu, wb.events),
@@ -232,14 +232,7 @@ impl Report {
                 r.measurement, r.walbox, r.comparison, r.ratio, r.target
             );
         }
-        let fmt = |l: &Latency| {
-            format!(
-                "{} / {} / {} ms",
-                ms(l.p50),
-                ms(l.p99),
-                ms(l.max),
-            )
-        };
+        let fmt = |l: &Latency| format!("{} / {} / {} ms", ms(l.p50), ms(l.p99), ms(l.max),);
         let rates: Vec<u64> = {
             let mut r: Vec<u64> = self.live.iter().map(|x| x.1).collect();
             r.dedup();
@@ -248,10 +241,7 @@ impl Report {
             r
         };
         for rate in rates {
-            let Some((_, _, w, hist)) = self
-                .live
-                .iter()
-                .find(|x| x.0 == "walbox" && x.1 == rate)
+            let Some((_, _, w, hist)) = self.live.iter().find(|x| x.0 == "walbox" && x.1 == rate)
             else {
                 continue;
             };
