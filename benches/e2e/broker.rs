@@ -1,0 +1,145 @@
+//! The Kafka side of the benchmark: librdkafka's mock cluster hosted in a child process (so its
+//! CPU is not counted as walbox's, and it does not share the bench's threads), or an external
+//! cluster named by `WALBOX_BENCH_KAFKA_BROKERS`.
+//!
+//! The child is this same executable started with [`HOST_ARG`]. It prints the bootstrap servers
+//! on its first stdout line, then serves one command per stdin line — `topic <name> <partitions>`
+//! answered by `ok` or `error <message>` — and exits when stdin closes.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use anyhow::{bail, Context};
+use walbox::sandbox::broker::Broker;
+
+/// The argument that turns the bench executable into the broker host.
+pub const HOST_ARG: &str = "__walbox_bench_mock_broker";
+
+/// Entry point of the broker host child: never returns normally.
+pub fn host_main() -> ! {
+    let code = match host() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("mock broker host: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+/// Runs the mock cluster until stdin closes.
+fn host() -> anyhow::Result<()> {
+    let broker = Broker::mock(1).context("starting the mock cluster")?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", broker.bootstrap_servers())?;
+    out.flush()?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let reply = match parts[..] {
+            ["topic", name, partitions] => match partitions.parse() {
+                Ok(p) => match broker.create_topic(name, p) {
+                    Ok(()) => "ok".to_owned(),
+                    Err(e) => format!("error {e}"),
+                },
+                Err(e) => format!("error {e}"),
+            },
+            _ => format!("error unknown command {line:?}"),
+        };
+        writeln!(out, "{reply}")?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// The broker the bench produces to.
+pub enum BenchBroker {
+    /// The mock cluster in a child process.
+    Child {
+        /// The host process.
+        child: Child,
+        /// Its command pipe (dropped to stop it).
+        stdin: Option<ChildStdin>,
+        /// Its reply pipe.
+        stdout: BufReader<ChildStdout>,
+        /// Bootstrap servers.
+        bootstrap: String,
+    },
+    /// An external cluster.
+    External(Broker),
+}
+
+impl BenchBroker {
+    /// The external cluster of `WALBOX_BENCH_KAFKA_BROKERS`, else a mock cluster in a child.
+    pub fn start() -> anyhow::Result<Self> {
+        if let Ok(b) = std::env::var("WALBOX_BENCH_KAFKA_BROKERS") {
+            if !b.trim().is_empty() {
+                return Ok(BenchBroker::External(Broker::External(b)));
+            }
+        }
+        let exe = std::env::current_exe().context("locating the bench executable")?;
+        let mut child = Command::new(exe)
+            .arg(HOST_ARG)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the mock broker host")?;
+        let stdin = child.stdin.take();
+        let mut stdout = BufReader::new(child.stdout.take().context("broker stdout")?);
+        let mut bootstrap = String::new();
+        stdout.read_line(&mut bootstrap)?;
+        let bootstrap = bootstrap.trim().to_owned();
+        if bootstrap.is_empty() {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the mock broker host printed no bootstrap servers");
+        }
+        Ok(BenchBroker::Child {
+            child,
+            stdin,
+            stdout,
+            bootstrap,
+        })
+    }
+
+    /// `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        match self {
+            BenchBroker::Child { bootstrap, .. } => bootstrap.clone(),
+            BenchBroker::External(b) => b.bootstrap_servers(),
+        }
+    }
+
+    /// Whether this is the mock cluster.
+    pub fn is_mock(&self) -> bool {
+        matches!(self, BenchBroker::Child { .. })
+    }
+
+    /// Creates a topic (an existing one is fine).
+    pub fn create_topic(&mut self, name: &str, partitions: i32) -> anyhow::Result<()> {
+        match self {
+            BenchBroker::External(b) => Ok(b.create_topic(name, partitions)?),
+            BenchBroker::Child { stdin, stdout, .. } => {
+                let stdin = stdin.as_mut().context("broker host stopped")?;
+                writeln!(stdin, "topic {name} {partitions}")?;
+                stdin.flush()?;
+                let mut reply = String::new();
+                stdout.read_line(&mut reply)?;
+                match reply.trim() {
+                    "ok" => Ok(()),
+                    other => bail!("creating topic {name}: {other}"),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for BenchBroker {
+    /// Closes the host's stdin (it exits) and reaps it.
+    fn drop(&mut self) {
+        if let BenchBroker::Child { child, stdin, .. } = self {
+            drop(stdin.take());
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,637 @@
+//! End-to-end benchmark: walbox against PostgreSQL's own limit (`pg_recvlogical`) and against the
+//! seeds' polling relay, in one run, on a throwaway cluster and broker (issue 5).
+//!
+//! `cargo bench --bench e2e` builds the `walbox` binary and this bench, then:
+//! 1. starts a private PostgreSQL cluster (`wal_level=logical`, `shared_buffers=1GB`, and the
+//!    sandbox's `fsync=off`) with the seeds' outbox table, partial index and a publication, and
+//!    librdkafka's mock Kafka cluster in a child process (or `WALBOX_BENCH_KAFKA_BROKERS`);
+//! 2. backlog drain, 100-row and 1-row transactions: N rows loaded behind two slots created at
+//!    the same LSN; `pg_recvlogical` drains one to `/dev/null`, the walbox binary (a child
+//!    process) the other, until every event is acked and `confirmed_flush_lsn` passed the end;
+//! 3. the seeds' polling relay drains the same N rows to the same broker;
+//! 4. walbox's peak RSS on a 5×N-row backlog and on one N-row transaction;
+//! 5. live latency at fixed insert rates for walbox and the polling relay (100 ms and 1 s);
+//!
+//! and prints one markdown table (also written to `benches/results.md` or
+//! `WALBOX_BENCH_OUTPUT`). Nothing is asserted: targets are reported, never enforced.
+//!
+//! Environment: `WALBOX_BENCH_ROWS` (N, default 1,000,000), `WALBOX_BENCH_QUICK=1` (N = 20,000,
+//! 5 s live runs), `WALBOX_BENCH_LIVE_SECS` (default 30), `WALBOX_BENCH_RATES` (default
+//! `1000,5000,20000`), `WALBOX_BENCH_BIG_ROWS` (default 5×N), `WALBOX_BENCH_OUTPUT`,
+//! `WALBOX_BENCH_KAFKA_BROKERS`, `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn).
+
+mod broker;
+mod live;
+mod poller;
+mod procs;
+mod report;
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio::sync::watch;
+use tokio_postgres::{Client, NoTls};
+
+use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+use walbox::source::lsn::Lsn;
+
+use broker::BenchBroker;
+use procs::WalboxChild;
+use report::Report;
+
+/// Partitions of every topic.
+const PARTITIONS: i32 = 4;
+/// The publication walbox and pg_recvlogical read.
+const PUBLICATION: &str = "walbox_bench";
+
+/// The seeds' outbox table (seed 000), its partial index, and a loader procedure.
+const SCHEMA: &str = r#"
+CREATE TABLE outbox (
+    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    aggregate_id  text        NOT NULL,
+    topic         text        NOT NULL,
+    event_type    text        NOT NULL,
+    payload       jsonb       NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    published_at  timestamptz,
+    retry_count   int         NOT NULL DEFAULT 0
+) WITH (autovacuum_enabled = false);
+CREATE INDEX outbox_unpublished_idx ON outbox (id) WHERE published_at IS NULL;
+CREATE PUBLICATION walbox_bench FOR TABLE outbox WITH (publish = 'insert');
+CREATE PROCEDURE bench_load(total bigint, per_tx bigint) LANGUAGE plpgsql AS $$
+DECLARE done bigint := 0; k bigint;
+BEGIN
+  WHILE done < total LOOP
+    k := least(per_tx, total - done);
+    INSERT INTO outbox (aggregate_id, topic, event_type, payload)
+    SELECT 'order-' || n, 'orders', 'OrderCreated',
+           format('{"order_id": %s, "customer_id": "cust-%s", "amount": 129.99, "status": "CREATED", "items": [{"sku": "SKU-000123", "qty": 2, "price": 49.99}, {"sku": "SKU-000456", "qty": 1, "price": 30.01}]}', n, n % 100000)::jsonb
+    FROM generate_series(done + 1, done + k) n;
+    done := done + k;
+    COMMIT;
+  END LOOP;
+END $$;
+"#;
+
+/// What to run, from the environment.
+#[derive(Debug, Clone)]
+struct Settings {
+    rows: u64,
+    big_rows: u64,
+    live: Duration,
+    rates: Vec<u64>,
+    quick: bool,
+    output: PathBuf,
+}
+
+impl Settings {
+    /// Reads the `WALBOX_BENCH_*` variables.
+    fn from_env() -> anyhow::Result<Self> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let quick = var("WALBOX_BENCH_QUICK").is_some_and(|v| v != "0");
+        let num = |k: &str, default: u64| -> anyhow::Result<u64> {
+            var(k).map_or(Ok(default), |v| {
+                v.replace(['_', ','], "")
+                    .parse()
+                    .with_context(|| format!("{k}={v}: not a number"))
+            })
+        };
+        let rows = num("WALBOX_BENCH_ROWS", if quick { 20_000 } else { 1_000_000 })?;
+        let rates = match var("WALBOX_BENCH_RATES") {
+            Some(v) => v
+                .split(',')
+                .map(|r| r.trim().parse().context("WALBOX_BENCH_RATES"))
+                .collect::<anyhow::Result<_>>()?,
+            None => vec![1_000, 5_000, 20_000],
+        };
+        Ok(Settings {
+            rows,
+            big_rows: num("WALBOX_BENCH_BIG_ROWS", rows * 5)?,
+            live: Duration::from_secs(num("WALBOX_BENCH_LIVE_SECS", if quick { 5 } else { 30 })?),
+            rates,
+            quick,
+            output: var("WALBOX_BENCH_OUTPUT").map_or_else(
+                || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/results.md"),
+                PathBuf::from,
+            ),
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    if std::env::args().any(|a| a == broker::HOST_ARG) {
+        broker::host_main();
+    }
+    // `cargo bench` passes --bench; `cargo test --all-targets` builds and runs bench targets
+    // without it, and a test run must not start a 20-minute benchmark.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("e2e bench: run it with `cargo bench --bench e2e` (skipped under cargo test)");
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("e2e bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("e2e bench failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The bench's handle on the cluster, the broker and an admin connection.
+struct Bench {
+    settings: Settings,
+    cluster: PgCluster,
+    broker: BenchBroker,
+    admin: Client,
+    url: String,
+}
+
+/// One drain's measurements.
+#[derive(Debug, Clone, Default)]
+struct Drain {
+    events: u64,
+    /// Start → every event acknowledged (for pg_recvlogical: → exit).
+    acked: Duration,
+    /// Start → acknowledged and `confirmed_flush_lsn` past the end.
+    confirmed: Duration,
+    /// CPU seconds of all PostgreSQL server processes during the drain.
+    pg_cpu: f64,
+    /// CPU seconds of the relay itself (walbox or pg_recvlogical).
+    relay_cpu: Option<f64>,
+    /// Peak RSS of the relay process.
+    peak_rss: Option<u64>,
+    /// WAL written during the drain.
+    wal_bytes: u64,
+    /// `n_dead_tup` of the outbox table added during the drain.
+    dead_tuples: i64,
+}
+
+impl Drain {
+    /// Events per second over `confirmed`.
+    fn rate(&self) -> f64 {
+        self.events as f64 / self.confirmed.as_secs_f64()
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let settings = Settings::from_env()?;
+    let started = Instant::now();
+    eprintln!("e2e bench: {settings:?}");
+    let cluster = tokio::task::spawn_blocking(|| {
+        PgCluster::start(PgClusterOptions {
+            settings: [
+                ("shared_buffers", "1GB"),
+                ("max_wal_size", "4GB"),
+                ("max_slot_wal_keep_size", "-1"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+            watchdog: true,
+            ..Default::default()
+        })
+    })
+    .await?
+    .context("starting PostgreSQL")?;
+    cluster.create_database("bench")?;
+    cluster.psql("bench", SCHEMA)?;
+    let url = cluster.socket_url("bench");
+    let (admin, conn) = tokio_postgres::connect(&url, NoTls).await?;
+    tokio::spawn(conn);
+    let mut broker = BenchBroker::start()?;
+    broker.create_topic("orders", PARTITIONS)?;
+    let mut bench = Bench {
+        settings,
+        cluster,
+        broker,
+        admin,
+        url,
+    };
+    let mut report = Report::new(&bench.settings, bench.broker.is_mock());
+    report.pg_version = bench
+        .admin
+        .query_one("SELECT version()", &[])
+        .await?
+        .get::<_, String>(0);
+
+    let n = bench.settings.rows;
+    // 1. Backlog drain, 100-row transactions; then the polling relay on the same rows.
+    let end = bench.backlog(&["recv_100", "walbox_100"], n, 100).await?;
+    let recv = bench.drain_recvlogical("recv_100", end, n).await?;
+    let wb = bench.drain_walbox("walbox_100", end, n).await?;
+    report.drain("100-row tx", &wb, &recv);
+    bench.drop_slots().await?;
+    let poll = bench.drain_poller(n).await?;
+    report.poller(&wb, &poll, &recv);
+    report.memory(&format!("{} -row backlog (100-row tx)", fmt_n(n)), &wb);
+
+    // 2. Backlog drain, 1-row transactions.
+    let end = bench.backlog(&["recv_1", "walbox_1"], n, 1).await?;
+    let recv1 = bench.drain_recvlogical("recv_1", end, n).await?;
+    let wb1 = bench.drain_walbox("walbox_1", end, n).await?;
+    report.drain("1-row tx", &wb1, &recv1);
+    report.memory(&format!("{} -row backlog (1-row tx)", fmt_n(n)), &wb1);
+    bench.drop_slots().await?;
+
+    // 3. Memory: a bigger backlog and one huge transaction.
+    let big = bench.settings.big_rows;
+    let end = bench.backlog(&["walbox_big"], big, 100).await?;
+    let wb_big = bench.drain_walbox("walbox_big", end, big).await?;
+    report.memory(
+        &format!("{} -row backlog (100-row tx)", fmt_n(big)),
+        &wb_big,
+    );
+    bench.drop_slots().await?;
+    let end = bench.backlog(&["walbox_one"], n, n).await?;
+    let wb_one = bench.drain_walbox("walbox_one", end, n).await?;
+    report.memory(&format!("one {} -row transaction", fmt_n(n)), &wb_one);
+    bench.drop_slots().await?;
+
+    // 4. Live latency.
+    bench.admin.batch_execute("TRUNCATE outbox").await?;
+    let rates = bench.settings.rates.clone();
+    {
+        let brokers = bench.broker.bootstrap();
+        let mut walbox =
+            WalboxChild::start(&bench.url, "walbox_live", PUBLICATION, &brokers, true)?;
+        bench.wait_slot("walbox_live", &mut walbox).await?;
+        for &rate in &rates {
+            let before = walbox.metrics().unwrap_or_default();
+            let lat = bench
+                .live(&format!("live-walbox-{rate}"), rate, None)
+                .await?;
+            let after = walbox.metrics().unwrap_or_default();
+            report.live("walbox", rate, &lat, Some(histogram_p99(&before, &after)));
+        }
+        walbox.stop()?;
+        bench.drop_slots().await?;
+    }
+    for interval in [Duration::from_millis(100), Duration::from_secs(1)] {
+        for &rate in &rates {
+            bench.admin.batch_execute("TRUNCATE outbox").await?;
+            let name = format!("live-poll{}ms-{rate}", interval.as_millis());
+            let lat = bench.live(&name, rate, Some(interval)).await?;
+            report.live(
+                &format!("polling relay, {} ms interval", interval.as_millis()),
+                rate,
+                &lat,
+                None,
+            );
+        }
+    }
+
+    report.elapsed = started.elapsed();
+    let table = report.render();
+    println!("\n{table}");
+    if let Some(dir) = bench.settings.output.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&bench.settings.output, &table)
+        .with_context(|| format!("writing {}", bench.settings.output.display()))?;
+    eprintln!(
+        "e2e bench: table written to {}",
+        bench.settings.output.display()
+    );
+    drop(bench);
+    Ok(())
+}
+
+/// Upper bound (a bucket bound) of the p99 of `walbox_commit_to_ack_seconds` between two scrapes.
+fn histogram_p99(before: &procs::WalboxMetrics, after: &procs::WalboxMetrics) -> Option<f64> {
+    let delta: Vec<(f64, u64)> = after
+        .commit_to_ack
+        .iter()
+        .map(|(le, c)| {
+            let b = before
+                .commit_to_ack
+                .iter()
+                .find(|(l, _)| l == le)
+                .map_or(0, |(_, c)| *c);
+            (*le, c.saturating_sub(b))
+        })
+        .collect();
+    let total = delta.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    delta
+        .iter()
+        .find(|(_, c)| *c as f64 >= 0.99 * total as f64)
+        .map(|(le, _)| *le)
+}
+
+/// `1000000` → `1,000,000`.
+fn fmt_n(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+impl Bench {
+    /// Current WAL insert position.
+    async fn wal_lsn(&self) -> anyhow::Result<Lsn> {
+        let text: String = self
+            .admin
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await?
+            .get(0);
+        text.parse().map_err(|e| anyhow::anyhow!("{e:?}"))
+    }
+
+    /// `n_dead_tup` of the outbox table, after a fresh statistics snapshot.
+    async fn dead_tuples(&self) -> anyhow::Result<i64> {
+        self.admin
+            .batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await?;
+        Ok(self
+            .admin
+            .query_one(
+                "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'outbox'",
+                &[],
+            )
+            .await?
+            .get(0))
+    }
+
+    /// Empties the table, creates `slots` at one LSN, loads `rows` rows in transactions of
+    /// `per_tx`, vacuums and checkpoints; returns the WAL position after the load.
+    async fn backlog(&self, slots: &[&str], rows: u64, per_tx: u64) -> anyhow::Result<Lsn> {
+        self.admin.batch_execute("TRUNCATE outbox").await?;
+        for s in slots {
+            self.admin
+                .execute(
+                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                    &[s],
+                )
+                .await?;
+        }
+        let t = Instant::now();
+        // One statement per message: a multi-statement query is one implicit transaction, in
+        // which the procedure could not COMMIT.
+        self.admin
+            .batch_execute("SET synchronous_commit = off")
+            .await?;
+        self.admin
+            .batch_execute(&format!("CALL bench_load({rows}, {per_tx})"))
+            .await?;
+        self.admin.batch_execute("RESET synchronous_commit").await?;
+        let end = self.wal_lsn().await?;
+        eprintln!(
+            "loaded {} rows in {per_tx}-row transactions in {:.1} s",
+            fmt_n(rows),
+            t.elapsed().as_secs_f64()
+        );
+        for sql in [
+            "VACUUM ANALYZE outbox",
+            "CHECKPOINT",
+            "SELECT pg_logical_emit_message(false, 'walbox-bench', 'end')",
+        ] {
+            self.admin.batch_execute(sql).await?;
+        }
+        // Let the stats of the load settle so the drain's dead-tuple delta is its own.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        Ok(end)
+    }
+
+    /// Drops every replication slot.
+    async fn drop_slots(&self) -> anyhow::Result<()> {
+        self.admin
+            .batch_execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots")
+            .await?;
+        Ok(())
+    }
+
+    /// `confirmed_flush_lsn` of `slot`.
+    async fn confirmed(&self, slot: &str) -> anyhow::Result<Lsn> {
+        let text: Option<String> = self
+            .admin
+            .query_one(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await?
+            .get(0);
+        text.unwrap_or_default()
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+    }
+
+    /// How long a drain of `rows` may take before the bench gives up.
+    fn timeout(rows: u64) -> Duration {
+        Duration::from_secs(120 + rows / 2_000)
+    }
+
+    /// Drains `slot` with pg_recvlogical to `/dev/null` up to `end`.
+    async fn drain_recvlogical(&self, slot: &str, end: Lsn, rows: u64) -> anyhow::Result<Drain> {
+        let conninfo = format!(
+            "host={} port={} user=walbox dbname=bench",
+            self.cluster.socket_dir().display(),
+            self.cluster.port()
+        );
+        let wal0 = self.wal_lsn().await?;
+        let dead0 = self.dead_tuples().await?;
+        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
+        let t0 = Instant::now();
+        let mut child = Command::new(self.cluster.bin_dir().join("pg_recvlogical"))
+            .args(["-d", &conninfo, "-S", slot, "--start", "--no-loop"])
+            .args(["-E", &end.to_string()])
+            .args(["-o", "proto_version=1", "-o"])
+            .arg(format!("publication_names={PUBLICATION}"))
+            .args(["-f", "/dev/null"])
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting pg_recvlogical")?;
+        let pid = child.id();
+        let mut relay_cpu = 0.0;
+        let mut pg_cpu = 0.0;
+        let deadline = t0 + Self::timeout(rows);
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            relay_cpu = procs::cpu_seconds(pid).max(relay_cpu);
+            pg_cpu = procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0;
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("pg_recvlogical did not finish in time");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let elapsed = t0.elapsed();
+        if !status.success() {
+            bail!("pg_recvlogical failed: {status}");
+        }
+        let confirmed = self.confirmed(slot).await?;
+        if confirmed < end {
+            bail!("pg_recvlogical exited at {confirmed}, before the end of the backlog {end}");
+        }
+        let d = Drain {
+            events: rows,
+            acked: elapsed,
+            confirmed: elapsed,
+            pg_cpu: pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0),
+            relay_cpu: Some(relay_cpu),
+            peak_rss: None,
+            wal_bytes: self.wal_lsn().await?.bytes_since(wal0),
+            dead_tuples: self.dead_tuples().await? - dead0,
+        };
+        eprintln!("pg_recvlogical {slot}: {:.0} events/s {d:?}", d.rate());
+        Ok(d)
+    }
+
+    /// Drains `slot` with the walbox binary until `rows` events are acked and the slot passed
+    /// `end`.
+    async fn drain_walbox(&self, slot: &str, end: Lsn, rows: u64) -> anyhow::Result<Drain> {
+        let wal0 = self.wal_lsn().await?;
+        let dead0 = self.dead_tuples().await?;
+        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
+        let t0 = Instant::now();
+        let brokers = self.broker.bootstrap();
+        let mut walbox = WalboxChild::start(&self.url, slot, PUBLICATION, &brokers, false)?;
+        let pid = walbox.pid();
+        let deadline = t0 + Self::timeout(rows);
+        let mut acked = None;
+        let (mut relay_cpu, mut rss) = (0.0f64, 0u64);
+        let mut pg_cpu;
+        let confirmed = loop {
+            walbox.check_alive()?;
+            relay_cpu = procs::cpu_seconds(pid).max(relay_cpu);
+            rss = procs::peak_rss(pid).unwrap_or(0).max(rss);
+            pg_cpu = procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0;
+            if acked.is_none() && walbox.metrics().is_some_and(|m| m.published >= rows) {
+                acked = Some(t0.elapsed());
+            }
+            if acked.is_some() && self.confirmed(slot).await? >= end {
+                break t0.elapsed();
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "walbox did not drain {slot} in time (published {:?})",
+                    walbox.metrics().map(|m| m.published)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let wal_bytes = self.wal_lsn().await?.bytes_since(wal0);
+        walbox.stop()?;
+        let d = Drain {
+            events: rows,
+            acked: acked.unwrap_or(confirmed),
+            confirmed,
+            pg_cpu,
+            relay_cpu: Some(relay_cpu),
+            peak_rss: Some(rss),
+            wal_bytes,
+            dead_tuples: self.dead_tuples().await? - dead0,
+        };
+        eprintln!("walbox {slot} (pid {pid}): {:.0} events/s {d:?}", d.rate());
+        Ok(d)
+    }
+
+    /// Drains every unpublished row with the polling relay.
+    async fn drain_poller(&self, rows: u64) -> anyhow::Result<Drain> {
+        let wal0 = self.wal_lsn().await?;
+        let dead0 = self.dead_tuples().await?;
+        let mut poller = poller::Poller::connect(&self.url, &self.broker.bootstrap()).await?;
+        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
+        let t0 = Instant::now();
+        let published = poller.drain().await?;
+        let elapsed = t0.elapsed();
+        let pg_cpu = procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0;
+        if published != rows {
+            bail!("the polling relay published {published} of {rows} rows");
+        }
+        let wal_bytes = self.wal_lsn().await?.bytes_since(wal0);
+        poller.flush_stats().await?;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let d = Drain {
+            events: rows,
+            acked: elapsed,
+            confirmed: elapsed,
+            pg_cpu,
+            relay_cpu: None,
+            peak_rss: None,
+            wal_bytes,
+            dead_tuples: self.dead_tuples().await? - dead0,
+        };
+        eprintln!("polling relay: {:.0} events/s {d:?}", d.rate());
+        Ok(d)
+    }
+
+    /// Waits until walbox created and holds `slot`.
+    async fn wait_slot(&self, slot: &str, walbox: &mut WalboxChild) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            walbox.check_alive()?;
+            let active = self
+                .admin
+                .query_opt(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                    &[&slot],
+                )
+                .await?;
+            if active.is_some() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("walbox did not start streaming from {slot}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// One live run: inserts into `topic` at `rate` for the configured time while walbox (already
+    /// running) or, with `poll`, the polling relay at that interval relays them.
+    async fn live(
+        &mut self,
+        topic: &str,
+        rate: u64,
+        poll: Option<Duration>,
+    ) -> anyhow::Result<live::Latency> {
+        self.broker.create_topic(topic, PARTITIONS)?;
+        let receiver = live::Receiver::start(&self.broker.bootstrap(), topic, PARTITIONS)?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let poller = match poll {
+            Some(interval) => {
+                let mut p = poller::Poller::connect(&self.url, &self.broker.bootstrap()).await?;
+                Some(tokio::spawn(async move { p.run(interval, stop_rx).await }))
+            }
+            None => None,
+        };
+        // Let the consumer finish its start-up (metadata, offset look-ups, first fetch) so its
+        // warm-up is not counted as latency.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let duration = self.settings.live;
+        let commits = live::insert_at_rate(&self.url, topic, rate, duration).await?;
+        let received = receiver
+            .finish(commits.len(), Duration::from_secs(60))
+            .await?;
+        let _ = stop_tx.send(true);
+        if let Some(p) = poller {
+            p.await??;
+        }
+        let lat = live::latency(&commits, &received, duration);
+        eprintln!("live {topic}: {lat:?}");
+        Ok(lat)
+    }
+}

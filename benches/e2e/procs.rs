@@ -1,0 +1,195 @@
+//! Processes the bench starts or watches: `/proc` readings (CPU seconds, peak RSS), the walbox
+//! binary as a child process, and `pg_recvlogical`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+/// Kernel clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
+pub fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// `(ppid, utime + stime in ticks)` of a process, from `/proc/<pid>/stat`.
+fn stat(pid: u32) -> Option<(u32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the command name: f[0] = state (field 3), so field k is f[k - 3].
+    let ppid = f.get(1)?.parse().ok()?;
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some((ppid, utime + stime))
+}
+
+/// CPU seconds used so far by process `pid` (0 when it is gone).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    stat(pid).map_or(0.0, |(_, t)| t as f64 / clock_ticks())
+}
+
+/// Peak resident set size (`VmHWM`) of `pid`, in bytes.
+pub fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// CPU seconds used so far by the PostgreSQL server: the postmaster and all its children
+/// (backends, walsenders, checkpointer, WAL writer, …) that are alive now.
+pub fn postgres_cpu_seconds(data_dir: &Path) -> f64 {
+    let Some(postmaster) = std::fs::read_to_string(data_dir.join("postmaster.pid"))
+        .ok()
+        .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
+    else {
+        return 0.0;
+    };
+    let mut ticks = stat(postmaster).map_or(0, |(_, t)| t);
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if let Some((ppid, t)) = stat(pid) {
+            if ppid == postmaster {
+                ticks += t;
+            }
+        }
+    }
+    ticks as f64 / clock_ticks()
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Sends SIGTERM to `pid` (through kill(1): the crate forbids `unsafe`).
+pub fn terminate(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+}
+
+/// The walbox binary running as a child process.
+pub struct WalboxChild {
+    child: Child,
+    http_port: u16,
+}
+
+/// What the bench reads from walbox's `/metrics`.
+#[derive(Debug, Default, Clone)]
+pub struct WalboxMetrics {
+    /// `walbox_events_published_total`.
+    pub published: u64,
+    /// Cumulative `walbox_commit_to_ack_seconds` buckets: `(le, count)`.
+    pub commit_to_ack: Vec<(f64, u64)>,
+}
+
+impl WalboxChild {
+    /// Starts `walbox run` with its configuration in `WALBOX_*` variables.
+    pub fn start(
+        pg_url: &str,
+        slot: &str,
+        publication: &str,
+        brokers: &str,
+        create_slot: bool,
+    ) -> anyhow::Result<Self> {
+        let http_port = free_port()?;
+        let child = Command::new(env!("CARGO_BIN_EXE_walbox"))
+            .arg("run")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("WALBOX_POSTGRES_URL", pg_url)
+            .env("WALBOX_POSTGRES_SLOT", slot)
+            .env("WALBOX_POSTGRES_PUBLICATION", publication)
+            .env("WALBOX_POSTGRES_CREATE_SLOT", create_slot.to_string())
+            .env("WALBOX_KAFKA_BROKERS", brokers)
+            .env("WALBOX_HTTP_LISTEN", format!("127.0.0.1:{http_port}"))
+            .env(
+                "WALBOX_LOG",
+                std::env::var("WALBOX_BENCH_WALBOX_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the walbox binary")?;
+        Ok(WalboxChild { child, http_port })
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Fails when the child has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("walbox exited early: {status}");
+        }
+        Ok(())
+    }
+
+    /// Scrapes `/metrics`; `None` while the listener is not up yet.
+    pub fn metrics(&self) -> Option<WalboxMetrics> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.http_port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let mut m = WalboxMetrics::default();
+        for line in text.lines() {
+            if let Some(v) = line.strip_prefix("walbox_events_published_total ") {
+                m.published = v.trim().parse().ok()?;
+            } else if let Some(rest) =
+                line.strip_prefix("walbox_commit_to_ack_seconds_bucket{le=\"")
+            {
+                let (le, count) = rest.split_once("\"} ")?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                m.commit_to_ack.push((le, count.trim().parse().ok()?));
+            }
+        }
+        Some(m)
+    }
+
+    /// SIGTERM, then waits for a clean exit (killed after 60 s).
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        terminate(self.child.id());
+        for _ in 0..600 {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    bail!("walbox stopped with {status}");
+                }
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        bail!("walbox did not stop within 60 s of SIGTERM; killed")
+    }
+}
+
+impl Drop for WalboxChild {
+    /// Kills a child that was not stopped (error paths).
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The result table: one markdown table, walbox against its comparisons, with ratios and the
+//! issue's targets (reported, never asserted), preceded by the run's set-up.
+
+use std::time::Duration;
+
+use crate::live::Latency;
+use crate::{fmt_n, Drain, Settings};
+
+/// `pg_recvlogical` drain rates in `postgres-limits.md` (§3a, fast-host pass 2 median; slow-host
+/// pass 1 median), events/s: (100-row tx, 1-row tx).
+const REFERENCE_FAST: (f64, f64) = (173_000.0, 76_000.0);
+/// See [`REFERENCE_FAST`].
+const REFERENCE_SLOW: (f64, f64) = (125_000.0, 51_000.0);
+/// Polling relay rate in `postgres-limits.md` §6 (partial index, 100/batch, pgbench, no broker).
+const REFERENCE_POLL: &str = "42–51k (fast host) / 15–21k (slow host)";
+
+/// One table row.
+struct Row {
+    measurement: String,
+    walbox: String,
+    comparison: String,
+    ratio: String,
+    target: String,
+}
+
+/// Collected results.
+pub struct Report {
+    header: Vec<String>,
+    rows: Vec<Row>,
+    live: Vec<(String, u64, Latency, Option<f64>)>,
+    /// `SELECT version()`.
+    pub pg_version: String,
+    /// Wall time of the whole run.
+    pub elapsed: Duration,
+}
+
+/// `12345.6` → `12.3k`.
+fn k(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.0}k", v / 1000.0)
+    } else if v >= 1000.0 {
+        format!("{:.1}k", v / 1000.0)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// Milliseconds with a sensible precision.
+fn ms(d: Duration) -> String {
+    let v = d.as_secs_f64() * 1000.0;
+    if v < 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// `a / b` as `0.93×`.
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}×", a / b)
+    } else {
+        "–".into()
+    }
+}
+
+/// Bytes as MiB.
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+/// Per 100k events.
+fn per_100k(v: f64, events: u64) -> f64 {
+    v * 100_000.0 / events as f64
+}
+
+impl Report {
+    /// An empty report for a run with `settings`.
+    pub fn new(settings: &Settings, mock: bool) -> Self {
+        let machine = machine();
+        let broker = if mock {
+            "librdkafka mock cluster (1 broker, 4 partitions per topic) in a separate process"
+        } else {
+            "external Kafka (WALBOX_BENCH_KAFKA_BROKERS)"
+        };
+        Report {
+            header: vec![
+                format!(
+                    "N = {} rows{}; live runs {} s at {} events/s",
+                    fmt_n(settings.rows),
+                    if settings.quick { " (quick mode)" } else { "" },
+                    settings.live.as_secs(),
+                    settings
+                        .rates
+                        .iter()
+                        .map(|r| fmt_n(*r))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                format!("machine: {machine}"),
+                "PostgreSQL: throwaway cluster, wal_level=logical, shared_buffers=1GB, \
+                 max_wal_size=4GB, **fsync=off** (sandbox default: the numbers exclude disk \
+                 flush latency), seeds' outbox table with its partial index, ~200-byte JSON \
+                 payload, autovacuum off on the table"
+                    .into(),
+                format!("broker: {broker}"),
+            ],
+            rows: Vec::new(),
+            live: Vec::new(),
+            pg_version: String::new(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// Backlog drain of one transaction shape.
+    pub fn drain(&mut self, shape: &str, wb: &Drain, recv: &Drain) {
+        let (fast, slow) = if shape.starts_with('1') && !shape.starts_with("100") {
+            (REFERENCE_FAST.1, REFERENCE_SLOW.1)
+        } else {
+            (REFERENCE_FAST.0, REFERENCE_SLOW.0)
+        };
+        self.rows.push(Row {
+            measurement: format!("backlog drain, {shape}: events/s (ack + slot confirmed)"),
+            walbox: k(wb.rate()),
+            comparison: format!("pg_recvlogical {}", k(recv.rate())),
+            ratio: ratio(wb.rate(), recv.rate()),
+            target: "≥ 0.90×".into(),
+        });
+        self.rows.push(Row {
+            measurement: "… same, events/s until every event acked".into(),
+            walbox: k(wb.events as f64 / wb.acked.as_secs_f64()),
+            comparison: format!(
+                "postgres-limits.md: {} (fast) / {} (slow host)",
+                k(fast),
+                k(slow)
+            ),
+            ratio: format!(
+                "pg_recvlogical here = {} of fast ref.",
+                ratio(recv.rate(), fast)
+            ),
+            target: "–".into(),
+        });
+        self.rows.push(Row {
+            measurement: "… same, CPU s per 100k events: PostgreSQL / relay process".into(),
+            walbox: format!(
+                "{:.2} / {:.2}",
+                per_100k(wb.pg_cpu, wb.events),
+                per_100k(wb.relay_cpu.unwrap_or(0.0), wb.events)
+            ),
+            comparison: format!(
+                "pg_recvlogical {:.2} / {:.2}",
+                per_100k(recv.pg_cpu, recv.events),
+                per_100k(recv.relay_cpu.unwrap_or(0.0), recv.events)
+            ),
+            ratio: ratio(wb.pg_cpu, recv.pg_cpu),
+            target: "–".into(),
+        });
+    }
+
+    /// The polling relay against walbox on the 100-row-transaction backlog.
+    pub fn poller(&mut self, wb: &Drain, poll: &Drain, recv: &Drain) {
+        self.rows.push(Row {
+            measurement: "backlog drain vs the seeds' polling relay: events/s".into(),
+            walbox: k(wb.rate()),
+            comparison: format!(
+                "polling relay {} (postgres-limits.md §6: {REFERENCE_POLL})",
+                k(poll.rate())
+            ),
+            ratio: ratio(wb.rate(), poll.rate()),
+            target: "≥ 3×".into(),
+        });
+        self.rows.push(Row {
+            measurement: "PostgreSQL CPU s per 100k events (all server processes)".into(),
+            walbox: format!("{:.2}", per_100k(wb.pg_cpu, wb.events)),
+            comparison: format!(
+                "polling relay {:.2} (pg_recvlogical {:.2})",
+                per_100k(poll.pg_cpu, poll.events),
+                per_100k(recv.pg_cpu, recv.events)
+            ),
+            ratio: ratio(wb.pg_cpu, poll.pg_cpu),
+            target: "lower".into(),
+        });
+        self.rows.push(Row {
+            measurement: "dead tuples left in the outbox table".into(),
+            walbox: fmt_n(wb.dead_tuples.max(0) as u64),
+            comparison: format!("polling relay {}", fmt_n(poll.dead_tuples.max(0) as u64)),
+            ratio: "–".into(),
+            target: "0".into(),
+        });
+        self.rows.push(Row {
+            measurement: "WAL written while relaying, bytes per event".into(),
+            walbox: format!("{:.1}", wb.wal_bytes as f64 / wb.events as f64),
+            comparison: format!(
+                "polling relay {:.0}",
+                poll.wal_bytes as f64 / poll.events as f64
+            ),
+            ratio: "–".into(),
+            target: "≈ 0".into(),
+        });
+    }
+
+    /// walbox's peak RSS while draining `what`.
+    pub fn memory(&mut self, what: &str, wb: &Drain) {
+        self.rows.push(Row {
+            measurement: format!("walbox peak RSS (VmHWM), {what}"),
+            walbox: wb.peak_rss.map_or("?".into(), mib),
+            comparison: format!("drained at {} events/s", k(wb.rate())),
+            ratio: "–".into(),
+            target: "≤ 64 MiB".into(),
+        });
+    }
+
+    /// One live run.
+    pub fn live(&mut self, relay: &str, rate: u64, lat: &Latency, hist_p99: Option<Option<f64>>) {
+        self.live
+            .push((relay.to_owned(), rate, lat.clone(), hist_p99.flatten()));
+    }
+
+    /// The markdown text: set-up lines, then the table.
+    pub fn render(&self) -> String {
+        let mut out = String::from("## walbox end-to-end benchmark\n\n");
+        for h in &self.header {
+            out += &format!("- {h}\n");
+        }
+        out += &format!("- {}\n", self.pg_version);
+        out += &format!("- run time {:.0} s\n\n", self.elapsed.as_secs_f64());
+        out += "| measurement | walbox | comparison | walbox / comparison | target |\n";
+        out += "|---|---:|---|---:|---|\n";
+        for r in &self.rows {
+            out += &format!(
+                "| {} | {} | {} | {} | {} |\n",
+                r.measurement, r.walbox, r.comparison, r.ratio, r.target
+            );
+        }
+        let fmt = |l: &Latency| format!("{} / {} / {} ms", ms(l.p50), ms(l.p99), ms(l.max),);
+        let rates: Vec<u64> = {
+            let mut r: Vec<u64> = self.live.iter().map(|x| x.1).collect();
+            r.dedup();
+            r.sort();
+            r.dedup();
+            r
+        };
+        for rate in rates {
+            let Some((_, _, w, hist)) = self.live.iter().find(|x| x.0 == "walbox" && x.1 == rate)
+            else {
+                continue;
+            };
+            for (relay, _, p, _) in self.live.iter().filter(|x| x.0 != "walbox" && x.1 == rate) {
+                out += &format!(
+                    "| live {} ev/s, commit → consumed p50 / p99 / max (achieved {} ev/s, received {}/{}{}) | {} | {relay}: {} (achieved {} ev/s, received {}/{}) | p99 {} | p99 ≤ 10 ms at 5k ev/s |\n",
+                    fmt_n(rate),
+                    k(w.achieved_rate),
+                    w.received,
+                    w.inserted,
+                    hist.map_or(String::new(), |h| format!(
+                        "; walbox_commit_to_ack_seconds p99 ≤ {} ms",
+                        h * 1000.0
+                    )),
+                    fmt(w),
+                    fmt(p),
+                    k(p.achieved_rate),
+                    p.received,
+                    p.inserted,
+                    ratio(w.p99.as_secs_f64(), p.p99.as_secs_f64()),
+                );
+            }
+        }
+        out += "\nRatios are measured in the same run; absolute numbers on this VM move 1.5–3× \
+                between runs (see postgres-limits.md). Latency is commit returned to the \
+                inserter → record received by a consumer (`fetch.wait.max.ms=1`), an upper \
+                bound of commit → broker ack.\n";
+        out
+    }
+}
+
+/// `nproc`, memory and CPU model.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "?".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or("?".into(), |kb| format!("{:.0} GiB", kb as f64 / 1048576.0));
+    format!("{cores} cores ({cpu}), {mem} RAM")
+}
