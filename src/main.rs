@@ -74,7 +74,15 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, &config.log.level);
-                finish("walbox", runtime.block_on(walbox::app::run(config, shutdown_signal())))
+                // On a worker thread, like the tasks it talks to (the main thread is not one).
+                let relay = runtime.spawn(walbox::app::run(config, shutdown_signal()));
+                let result = runtime.block_on(relay).unwrap_or_else(|e| {
+                    Err(FatalError {
+                        failure: Failure::Internal,
+                        message: format!("relay task failed: {e}"),
+                    })
+                });
+                finish("walbox", result)
             }
         },
         Command::Status { config, json } => match load(config) {

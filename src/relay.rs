@@ -239,6 +239,10 @@ struct Session {
     last_status: Lsn,
 }
 
+/// Messages handled from the read buffer per wake-up before acks and deadlines are looked at
+/// again.
+const MAX_BURST: usize = 1024;
+
 /// How a session ended without error.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SessionEnd {
@@ -379,17 +383,42 @@ impl Relay {
                 }
                 _ = status_tick.tick() => self.send_status(s, false).await?,
                 msg = s.stream.next(), if s.checkpoint.in_flight() < max_in_flight => {
-                    match msg? {
-                        Some(ReplicationMessage::XLogData { data, .. }) => self.on_wal(s, data).await?,
-                        Some(ReplicationMessage::Keepalive { wal_end, reply_requested, .. }) => {
-                            s.checkpoint.keepalive(wal_end);
-                            if reply_requested {
-                                self.send_status(s, false).await?;
-                            }
+                    let Some(msg) = msg? else {
+                        return Err(RelayError::StreamEnded);
+                    };
+                    self.on_message(s, msg).await?;
+                    // Work through what the last read already buffered before polling again:
+                    // one wake-up per burst of messages, not per message.
+                    let mut burst = 0;
+                    while burst < MAX_BURST && s.checkpoint.in_flight() < max_in_flight {
+                        match s.stream.next_buffered()? {
+                            Some(msg) => self.on_message(s, msg).await?,
+                            None => break,
                         }
-                        None => return Err(RelayError::StreamEnded),
+                        burst += 1;
                     }
                 }
+            }
+        }
+    }
+
+    async fn on_message(
+        &mut self,
+        s: &mut Session,
+        msg: ReplicationMessage,
+    ) -> Result<(), RelayError> {
+        match msg {
+            ReplicationMessage::XLogData { data, .. } => self.on_wal(s, data).await,
+            ReplicationMessage::Keepalive {
+                wal_end,
+                reply_requested,
+                ..
+            } => {
+                s.checkpoint.keepalive(wal_end);
+                if reply_requested {
+                    self.send_status(s, false).await?;
+                }
+                Ok(())
             }
         }
     }

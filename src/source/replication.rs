@@ -932,6 +932,9 @@ impl ReplicationStream {
     /// CommandComplete, e.g. at a server shutdown after everything was sent); an EOF without
     /// that is [`ReplicationError::ConnectionClosed`].
     pub async fn next(&mut self) -> Result<Option<ReplicationMessage>, ReplicationError> {
+        if self.ended {
+            return Ok(None);
+        }
         loop {
             let Some(frame) = self.wire.read_frame().await? else {
                 return if self.ended {
@@ -940,22 +943,45 @@ impl ReplicationStream {
                     Err(ReplicationError::ConnectionClosed)
                 };
             };
-            match frame.tag {
-                b'd' => return parse_copy_data(frame.body).map(Some),
-                b'c' | b'C' | b'Z' => {
-                    self.ended = true;
-                    return Ok(None);
-                }
-                b'E' => return Err(server_error(&frame.body)),
-                b'N' => log_notice(&frame.body),
-                b'S' => {}
-                t => {
-                    return Err(protocol(format!(
-                        "unexpected message {} in the replication stream",
-                        tag_name(t)
-                    )))
-                }
+            if let Some(result) = self.handle_frame(frame) {
+                return result;
             }
+        }
+    }
+
+    /// The next message already received and buffered, without waiting for the socket:
+    /// `Ok(None)` when nothing complete is buffered (or the stream ended; [`Self::next`] then
+    /// says so). Lets the relay work through a burst of messages in one go.
+    pub fn next_buffered(&mut self) -> Result<Option<ReplicationMessage>, ReplicationError> {
+        while let Some(frame) = split_frame(&mut self.wire.read_buf)? {
+            if let Some(result) = self.handle_frame(frame) {
+                return result;
+            }
+        }
+        Ok(None)
+    }
+
+    /// One frame of the copy stream: `None` for frames that carry nothing for the caller.
+    fn handle_frame(
+        &mut self,
+        frame: Frame,
+    ) -> Option<Result<Option<ReplicationMessage>, ReplicationError>> {
+        match frame.tag {
+            b'd' => Some(parse_copy_data(frame.body).map(Some)),
+            b'c' | b'C' | b'Z' => {
+                self.ended = true;
+                Some(Ok(None))
+            }
+            b'E' => Some(Err(server_error(&frame.body))),
+            b'N' => {
+                log_notice(&frame.body);
+                None
+            }
+            b'S' => None,
+            t => Some(Err(protocol(format!(
+                "unexpected message {} in the replication stream",
+                tag_name(t)
+            )))),
         }
     }
 
