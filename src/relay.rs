@@ -20,7 +20,8 @@
 //!   the commit end LSN of the longest prefix of transactions whose every event the broker
 //!   acknowledged. It starts at the slot's `confirmed_flush_lsn` (never 0/0: PostgreSQL 15 would
 //!   accept a lower value and move the slot backwards) and only grows.
-//! - Status updates go out every `postgres.status_interval` (≤ 1 s) and whenever the server asks.
+//! - Status updates go out every `postgres.status_interval` (≤ 1 s), whenever the server asks,
+//!   and when acks move the frontier (at most every 20 ms), so confirmed WAL is released soon.
 //! - Sessions end three ways. Shutdown: stop intake, wait (bounded) for in-flight acks, send a
 //!   final status, exit. Transient error: the same wind-down as far as the connection allows; the
 //!   supervisor reconnects and PostgreSQL resends every transaction after the confirmed position.
@@ -237,7 +238,12 @@ struct Session {
     /// Records handed to the sink and not yet reported back.
     outstanding: usize,
     last_status: Lsn,
+    last_status_at: Instant,
 }
+
+/// Shortest gap between status updates sent because the frontier moved (the periodic ones
+/// come every `postgres.status_interval` regardless).
+const EAGER_STATUS_GAP: Duration = Duration::from_millis(20);
 
 /// Messages handled from the read buffer per wake-up before acks and deadlines are looked at
 /// again.
@@ -345,6 +351,7 @@ impl Relay {
             change_warned: HashMap::new(),
             outstanding: 0,
             last_status: start,
+            last_status_at: Instant::now(),
         };
         let result = self.stream_loop(&mut session, shutdown).await;
         self.health.set_streaming(false);
@@ -379,6 +386,13 @@ impl Relay {
                     // Drain what else is ready without yielding to intake.
                     while let Ok(ack) = self.acks.try_recv() {
                         self.on_ack(s, ack)?;
+                    }
+                    // Confirm progress promptly (releasing WAL sooner), but at most every
+                    // EAGER_STATUS_GAP: never a status update per event.
+                    if s.checkpoint.frontier() > s.last_status
+                        && s.last_status_at.elapsed() >= EAGER_STATUS_GAP
+                    {
+                        self.send_status(s, false).await?;
                     }
                 }
                 _ = status_tick.tick() => self.send_status(s, false).await?,
@@ -733,6 +747,7 @@ impl Relay {
                 reply_requested: reply,
             })
             .await?;
+        s.last_status_at = Instant::now();
         if frontier != s.last_status {
             tracing::debug!(lsn = %frontier, "confirmed");
             s.last_status = frontier;

@@ -162,10 +162,7 @@ fn sigterm_drains_confirms_and_exits_0() {
          SELECT 'a' || (g % 7), '{topic}', 'x', jsonb_build_object('g', g) FROM generate_series(1, 2000) g;"
     ));
     let last = db.commits(&slot)[0].1;
-    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    // Status updates far apart: only the final one, sent on shutdown, can confirm in time.
-    set(&mut env, "WALBOX_POSTGRES_STATUS_INTERVAL", "1s");
-    let mut walbox = Walbox::spawn(&env);
+    let mut walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     assert!(reader.poll_until(WAIT, |r| r.len() >= 2000));
     walbox.terminate();
