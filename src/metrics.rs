@@ -249,11 +249,28 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
-            .expect("text encoding into a Vec cannot fail");
-        String::from_utf8(buf).unwrap_or_default()
+        render_registry(&self.registry)
+    }
+}
+
+/// The Prometheus text exposition of a registry.
+pub fn render_registry(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .expect("text encoding into a Vec cannot fail");
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+/// Something `/metrics` can expose: the relay's metrics, or `walbox inbox`'s.
+pub trait Exposition: Send + Sync + 'static {
+    /// The Prometheus text format.
+    fn render(&self) -> String;
+}
+
+impl Exposition for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
     }
 }
 
@@ -263,27 +280,28 @@ impl Default for Metrics {
     }
 }
 
-/// Liveness and readiness, shared between the relay and the HTTP endpoints.
+/// Liveness and readiness, shared between the worker (the relay's replication session, the
+/// inbox's consumer) and the HTTP endpoints.
 #[derive(Default)]
 pub struct Health {
-    streaming: AtomicBool,
+    ready: AtomicBool,
     fatal: Mutex<Option<String>>,
 }
 
 impl Health {
-    /// Whether a replication session is streaming.
-    pub fn set_streaming(&self, on: bool) {
-        self.streaming.store(on, Ordering::Relaxed);
+    /// Whether the worker is doing its job (streaming, consuming): `/readyz`.
+    pub fn set_ready(&self, on: bool) {
+        self.ready.store(on, Ordering::Relaxed);
     }
 
-    /// Whether the relay is streaming.
-    pub fn is_streaming(&self) -> bool {
-        self.streaming.load(Ordering::Relaxed)
+    /// See [`Health::set_ready`].
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
     }
 
     /// Records a fatal error: `/healthz` turns 503 with this message.
     pub fn set_fatal(&self, message: String) {
-        self.set_streaming(false);
+        self.set_ready(false);
         if let Ok(mut f) = self.fatal.lock() {
             *f = Some(message);
         }
@@ -296,7 +314,7 @@ impl Health {
 
 #[derive(Clone)]
 struct HttpState {
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
     health: Arc<Health>,
 }
 
@@ -315,18 +333,18 @@ async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    if s.health.is_streaming() {
-        (StatusCode::OK, "streaming\n")
+    if s.health.is_ready() {
+        (StatusCode::OK, "ready\n")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not streaming\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     }
 }
 
-/// Binds the HTTP listener (so a bad address fails at start-up) and returns its address and
+/// Binds the HTTP listener of `/metrics`, `/healthz` and `/readyz` (so a bad address fails at start-up) and returns its address and
 /// the server future.
 pub async fn bind(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
     health: Arc<Health>,
 ) -> std::io::Result<(
     SocketAddr,

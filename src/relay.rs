@@ -196,6 +196,20 @@ pub struct DeliveryFailure {
     pub error: rdkafka::error::KafkaError,
 }
 
+/// The dead-letter record replacing `event`.
+fn dead_letter_for(event: &OutboxEvent, topic: &str, reason: &str) -> OutboxEvent {
+    DeadLetter {
+        topic,
+        id: &String::from_utf8_lossy(&event.id),
+        source: &event.source,
+        position: event.position,
+        error: reason,
+        key: event.key.clone(),
+        payload: event.value.clone(),
+    }
+    .into_event()
+}
+
 fn send_failure(event: &OutboxEvent, source: SinkError) -> RelayError {
     RelayError::Send(Box::new(SendFailure {
         table: event.source.to_string(),
@@ -339,7 +353,7 @@ impl Relay {
         }
         let stream = repl.start_logical(&pg.slot, start, &options).await?;
         tracing::info!(slot = %pg.slot, start = %start, "streaming");
-        self.health.set_streaming(true);
+        self.health.set_ready(true);
         self.metrics.streaming.set(1);
         self.metrics.confirmed_flush_lsn.set(start.as_u64() as i64);
         self.reached_streaming = true;
@@ -354,7 +368,7 @@ impl Relay {
             last_status_at: Instant::now(),
         };
         let result = self.stream_loop(&mut session, shutdown).await;
-        self.health.set_streaming(false);
+        self.health.set_ready(false);
         self.metrics.streaming.set(0);
         let connection_alive = !matches!(
             result,
@@ -640,17 +654,7 @@ impl Relay {
         if let Err(error) = self.topics.ensure(&self.sink, &event.topic).await {
             if let OnInvalid::DeadLetter(dlq) = &s.mapper.route(route).on_invalid {
                 if event.topic != *dlq {
-                    let reason = error.to_string();
-                    let letter = DeadLetter {
-                        topic: dlq,
-                        id: &String::from_utf8_lossy(&event.id),
-                        source: &event.source,
-                        position: event.position,
-                        error: &reason,
-                        key: event.key.clone(),
-                        payload: event.value.clone(),
-                    }
-                    .into_event();
+                    let letter = dead_letter_for(event, dlq, &error.to_string());
                     self.metrics.dead_letters.inc();
                     return Box::pin(self.produce(s, &letter, route)).await;
                 }
@@ -693,16 +697,7 @@ impl Relay {
                                 "kafka refused the record for topic {:?}: {e}",
                                 event.topic
                             );
-                            let letter = DeadLetter {
-                                topic: dlq,
-                                id: &String::from_utf8_lossy(&event.id),
-                                source: &event.source,
-                                position: event.position,
-                                error: &reason,
-                                key: event.key.clone(),
-                                payload: event.value.clone(),
-                            }
-                            .into_event();
+                            let letter = dead_letter_for(event, dlq, &reason);
                             self.metrics.dead_letters.inc();
                             return Box::pin(self.send(s, &letter, seq, route)).await;
                         }

@@ -37,8 +37,9 @@ use crate::failure::{Failure, FatalError};
 
 use super::config::InboxKafka;
 use super::effect::Record;
-use super::metrics::{Health, InboxMetrics};
+use super::metrics::InboxMetrics;
 use super::worker::{self, Progress, WorkerEnv};
+use crate::metrics::Health;
 
 /// Records queued per partition before the partition is paused.
 const QUEUE: usize = 64;
@@ -372,7 +373,7 @@ impl ConsumerLoop {
     ) {
         let mut committed: HashMap<Tp, i64> = HashMap::new();
         let mut last_commit = Instant::now();
-        health.set_consuming(true);
+        health.set_ready(true);
         while !stop.load(Ordering::Acquire) {
             self.shared.flush_pending(&self.consumer);
             match self.consumer.poll(Duration::from_millis(100)) {
@@ -396,7 +397,7 @@ impl ConsumerLoop {
                 last_commit = Instant::now();
             }
         }
-        health.set_consuming(false);
+        health.set_ready(false);
         let all: Vec<Tp> = self.shared.lock().workers.keys().cloned().collect();
         self.shared.stop(&self.consumer, &all);
         self.consumer.unsubscribe();

@@ -4,46 +4,7 @@
 //! is running (503 while starting or stopped);
 //! `/healthz` turns 503 after a fatal error.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
-use prometheus::{Encoder, IntCounter, IntGauge, Registry, TextEncoder};
-
-/// Liveness and readiness of `walbox inbox`.
-#[derive(Debug, Default)]
-pub struct Health {
-    consuming: AtomicBool,
-    fatal: AtomicBool,
-}
-
-impl Health {
-    /// Whether the consumer is running.
-    pub fn set_consuming(&self, on: bool) {
-        self.consuming.store(on, Ordering::Relaxed);
-    }
-
-    /// Whether the consumer is running.
-    pub fn is_consuming(&self) -> bool {
-        self.consuming.load(Ordering::Relaxed)
-    }
-
-    /// Records a fatal error: `/healthz` turns 503.
-    pub fn set_fatal(&self) {
-        self.set_consuming(false);
-        self.fatal.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether a fatal error happened.
-    pub fn is_fatal(&self) -> bool {
-        self.fatal.load(Ordering::Relaxed)
-    }
-}
+use prometheus::{IntCounter, IntGauge, Registry};
 
 /// Every metric `walbox inbox` exports.
 pub struct InboxMetrics {
@@ -118,11 +79,7 @@ impl InboxMetrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
-            .expect("text encoding into a Vec cannot fail");
-        String::from_utf8(buf).unwrap_or_default()
+        crate::metrics::render_registry(&self.registry)
     }
 }
 
@@ -132,52 +89,10 @@ impl Default for InboxMetrics {
     }
 }
 
-#[derive(Clone)]
-struct HttpState {
-    metrics: Arc<InboxMetrics>,
-    health: Arc<Health>,
-}
-
-async fn metrics_handler(State(s): State<HttpState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(),
-    )
-}
-
-async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
-    if s.health.is_fatal() {
-        (StatusCode::SERVICE_UNAVAILABLE, "fatal error\n")
-    } else {
-        (StatusCode::OK, "ok\n")
+impl crate::metrics::Exposition for InboxMetrics {
+    fn render(&self) -> String {
+        InboxMetrics::render(self)
     }
-}
-
-async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    if s.health.is_consuming() {
-        (StatusCode::OK, "consuming\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not consuming\n")
-    }
-}
-
-/// Binds the listener and returns its address and the server future.
-pub async fn bind(
-    addr: SocketAddr,
-    metrics: Arc<InboxMetrics>,
-    health: Arc<Health>,
-) -> std::io::Result<(
-    SocketAddr,
-    impl std::future::Future<Output = std::io::Result<()>>,
-)> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(HttpState { metrics, health });
-    Ok((local, async move { axum::serve(listener, app).await }))
 }
 
 #[cfg(test)]

@@ -54,9 +54,10 @@ use crate::failure::{Failure, FatalError};
 
 use self::config::{Guard, InboxConfig, Policy};
 use self::consumer::ConsumerLoop;
-use self::metrics::{Health, InboxMetrics};
+use self::metrics::InboxMetrics;
 use self::store::{ErrorClass, Pool, Statements};
 use self::worker::{DeadLetter, WorkerEnv};
+use crate::metrics::{self as endpoints, Health};
 
 pub use self::config::load;
 
@@ -95,8 +96,8 @@ pub async fn run_with(
 ) -> Result<(), FatalError> {
     let Handles { metrics, health } = handles;
     let result = run_inner(config, shutdown, metrics, health.clone()).await;
-    if result.is_err() {
-        health.set_fatal();
+    if let Err(e) = &result {
+        health.set_fatal(e.message.clone());
     }
     result
 }
@@ -108,7 +109,7 @@ async fn run_inner(
     health: Arc<Health>,
 ) -> Result<(), FatalError> {
     if let Some(addr) = config.http_listen {
-        let (local, server) = metrics::bind(addr, metrics.clone(), health.clone())
+        let (local, server) = endpoints::bind(addr, metrics.clone(), health.clone())
             .await
             .map_err(|e| {
                 fatal(

@@ -24,17 +24,8 @@ use walbox::source::lsn::Lsn;
 /// Generous deadline for conditions that normally hold within a second.
 pub const WAIT: Duration = Duration::from_secs(60);
 
-/// The seeds' outbox table (`000_…`), plus a business table.
-pub const OUTBOX_DDL: &str = "
-CREATE TABLE payments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, wallet_id text NOT NULL, amount numeric NOT NULL);
-CREATE TABLE outbox (
-    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    aggregate_id  text        NOT NULL,
-    topic         text        NOT NULL,
-    event_type    text        NOT NULL,
-    payload       jsonb       NOT NULL,
-    created_at    timestamptz NOT NULL DEFAULT now()
-);";
+/// The seeds' outbox table (`000_…`), plus a business table: the demo's schema.
+pub const OUTBOX_DDL: &str = walbox::demo::SCHEMA;
 
 /// The cluster shared by every test of this binary.
 pub fn cluster() -> &'static PgCluster {
