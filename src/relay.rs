@@ -101,6 +101,15 @@ pub enum RelayError {
         /// `schema.table`.
         table: String,
     },
+    /// An outbox message was emitted outside a transaction: it has no commit to be confirmed
+    /// with, and is not rolled back with the business change.
+    #[error("non-transactional logical message with prefix {prefix:?} at {lsn}: emit outbox messages with pg_logical_emit_message(true, …) (walbox.emit does)")]
+    NonTransactionalMessage {
+        /// The prefix.
+        prefix: String,
+        /// Its LSN.
+        lsn: Lsn,
+    },
     /// The stream broke the protocol's rules.
     #[error("replication protocol violation: {0}")]
     Protocol(String),
@@ -149,6 +158,7 @@ impl RelayError {
             RelayError::StreamEnded => None,
             RelayError::Topic { .. } => Some(Failure::EventRejected),
             RelayError::Change { .. } => Some(Failure::Schema),
+            RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
             RelayError::Protocol(_) => Some(Failure::Internal),
         }
     }
@@ -564,10 +574,10 @@ impl Relay {
                 let position = match (m.transactional, s.txn.as_mut()) {
                     (true, Some(txn)) => txn.next_position(),
                     _ => {
-                        return Err(RelayError::Protocol(format!(
-                            "non-transactional logical message with prefix {:?} at {}: emit outbox messages with pg_logical_emit_message(true, …)",
-                            m.prefix, m.lsn
-                        )))
+                        return Err(RelayError::NonTransactionalMessage {
+                            prefix: m.prefix.clone(),
+                            lsn: m.lsn,
+                        })
                     }
                 };
                 let mapped = s.mapper.map_message(&m, position);

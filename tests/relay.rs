@@ -298,9 +298,7 @@ fn broker_outage_holds_the_slot_and_everything_arrives_after_recovery() {
         db.confirmed(&slot) >= before.after_commit
     });
 
-    for id in 1..=3 {
-        mock.broker_down(id).expect("broker down");
-    }
+    support::fail_every_produce(mock);
     let during: Vec<Written> = (0..5)
         .map(|_| write_txn(&db, &topic, &aggs, true))
         .collect();
@@ -342,9 +340,7 @@ fn broker_outage_holds_the_slot_and_everything_arrives_after_recovery() {
         walbox.log()
     );
 
-    for id in 1..=3 {
-        mock.broker_up(id).expect("broker up");
-    }
+    support::restore_produce(mock);
     let expected: HashSet<i64> = std::iter::once(&before)
         .chain(&during)
         .flat_map(|w| w.ids.iter().copied())

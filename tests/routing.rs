@@ -333,7 +333,7 @@ fn table_less_outbox_through_logical_messages() {
     let bs = broker.bootstrap_servers();
     let topic = format!("m_{}", db.name);
     broker.create_topic(&topic, 1).unwrap();
-    let (_w, _f) = walbox_with(
+    let (mut w, _f) = walbox_with(
         &db,
         &bs,
         &format!("[outbox.messages]\ntopic = \"{topic}\"\n"),
@@ -360,6 +360,15 @@ fn table_less_outbox_through_logical_messages() {
         "the rolled-back message is not published"
     );
     assert_eq!(db.sql("SELECT count(*) FROM pg_stat_user_tables WHERE relname LIKE 'outbox%' AND n_tup_ins > 0"), "0");
+
+    // A non-transactional message could not be confirmed with a commit: refused, not skipped.
+    db.sql("SELECT pg_logical_emit_message(false, 'walbox.outbox', '{}')");
+    assert_eq!(w.wait_exit(WAIT).code(), Some(8));
+    assert!(
+        w.last_line().contains("non-transactional"),
+        "{}",
+        w.last_line()
+    );
 }
 
 #[test]

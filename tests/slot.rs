@@ -76,9 +76,7 @@ fn stalled_slot_alerts_warning_then_critical_then_lost_and_walbox_exits_7() {
     });
 
     // No more acks: one event stays in flight and the slot cannot advance.
-    for id in 1..=3 {
-        mock.broker_down(id).unwrap();
-    }
+    support::fail_every_produce(mock);
     db.sql(&format!(
         "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', '{topic}', 'x', '{{}}')"
     ));

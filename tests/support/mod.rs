@@ -348,3 +348,22 @@ impl WebhookReceiver {
         WebhookReceiver { url, received }
     }
 }
+
+/// Makes every produce request of the mock cluster fail (retriably) until
+/// [`restore_produce`] — an outage that librdkafka's idempotent producer rides out by retrying.
+/// (Taking mock brokers down instead re-binds their ports, which can race with other sockets of
+/// the test process and abort it.)
+pub fn fail_every_produce(
+    mock: &rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+) {
+    use rdkafka::types::RDKafkaRespErr;
+    let errors = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 100_000];
+    mock.request_errors(rdkafka::types::RDKafkaApiKey::Produce, &errors);
+}
+
+/// Ends [`fail_every_produce`].
+pub fn restore_produce(
+    mock: &rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+) {
+    mock.clear_request_errors(rdkafka::types::RDKafkaApiKey::Produce);
+}

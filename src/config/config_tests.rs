@@ -1,0 +1,261 @@
+use super::*;
+use std::io::Write;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+const MINIMAL: &str = r#"
+[postgres]
+url = "postgres://walbox:secret@db:5432/app"
+[kafka]
+brokers = "k1:9092"
+"#;
+
+#[test]
+fn defaults_follow_the_seed_schema() {
+    let f = file(MINIMAL);
+    let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
+    assert_eq!(c.postgres.slot, "walbox");
+    let t = c.outbox.table("public", "outbox").expect("default table");
+    assert_eq!(t.columns.aggregate_id, "aggregate_id");
+    assert_eq!(t.topic, "outbox.event.${aggregate_type}");
+    assert_eq!(t.format, ValueFormat::Raw);
+    assert_eq!(t.on_invalid, OnInvalid::Fail);
+    assert!(c.outbox.messages.is_none());
+    assert_eq!(c.relay.max_in_flight, 10_000);
+    assert_eq!(c.postgres.status_interval, Duration::from_secs(1));
+}
+
+#[test]
+fn environment_wins_over_the_file() {
+    let f = file(MINIMAL);
+    let c = load_from(
+        Some(f.path()),
+        &mut env(&[
+            ("WALBOX_KAFKA_BROKERS", "k9:9092"),
+            ("WALBOX_POSTGRES_CREATE_SLOT", "true"),
+            ("WALBOX_OUTBOX_TABLE", "events.outbox_events"),
+            ("WALBOX_OUTBOX_COLUMNS_PAYLOAD", "body"),
+            ("WALBOX_RELAY_MAX_IN_FLIGHT", "5"),
+            ("WALBOX_KAFKA_PROPERTY_COMPRESSION_TYPE", "lz4"),
+            ("UNRELATED", "x"),
+        ])
+        .into_iter(),
+    )
+    .unwrap();
+    assert_eq!(c.kafka.brokers, "k9:9092");
+    assert!(c.postgres.create_slot);
+    let t = c
+        .outbox
+        .table("events", "outbox_events")
+        .expect("table from env");
+    assert_eq!(t.columns.payload, "body");
+    assert_eq!(c.relay.max_in_flight, 5);
+    assert_eq!(
+        c.kafka
+            .properties
+            .get("compression.type")
+            .map(String::as_str),
+        Some("lz4")
+    );
+}
+
+#[test]
+fn environment_alone_is_enough() {
+    let c = load_from(
+        None,
+        &mut env(&[
+            ("WALBOX_POSTGRES_URL", "postgres://u@h/d"),
+            ("WALBOX_KAFKA_BROKERS", "k:9092"),
+        ])
+        .into_iter(),
+    )
+    .unwrap();
+    assert_eq!(c.kafka.brokers, "k:9092");
+}
+
+#[test]
+fn unknown_keys_are_rejected() {
+    let f = file(&format!("{MINIMAL}\n[outbox]\ntabel = \"x\"\n"));
+    let e = load_from(Some(f.path()), &mut std::iter::empty()).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("tabel"), "{msg}");
+    assert!(!msg.contains('\n'), "one line: {msg}");
+}
+
+#[test]
+fn missing_required_settings_say_how_to_set_them() {
+    let e = load_from(None, &mut std::iter::empty()).unwrap_err();
+    assert!(e.to_string().contains("WALBOX_POSTGRES_URL"), "{e}");
+}
+
+#[test]
+fn weakening_delivery_guarantees_is_refused() {
+    let f = file(&format!(
+        "{MINIMAL}\n[kafka.properties]\n\"enable.idempotence\" = \"false\"\n"
+    ));
+    let e = load_from(Some(f.path()), &mut std::iter::empty()).unwrap_err();
+    assert!(e.to_string().contains("enable.idempotence"), "{e}");
+    let f = file(&format!("{MINIMAL}\n[kafka.properties]\nacks = \"1\"\n"));
+    assert!(load_from(Some(f.path()), &mut std::iter::empty()).is_err());
+}
+
+#[test]
+fn bad_values_are_one_line_errors() {
+    for (var, val) in [
+        ("WALBOX_POSTGRES_CREATE_SLOT", "maybe"),
+        ("WALBOX_RELAY_MAX_IN_FLIGHT", "lots"),
+        ("WALBOX_RELAY_SHUTDOWN_TIMEOUT", "soon"),
+        ("WALBOX_HTTP_LISTEN", "port 80"),
+        ("WALBOX_POSTGRES_SLOT", "Bad-Slot"),
+        ("WALBOX_LOG_FORMAT", "xml"),
+    ] {
+        let f = file(MINIMAL);
+        let e = load_from(Some(f.path()), &mut env(&[(var, val)]).into_iter()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            !msg.contains('\n') && !msg.contains("secret"),
+            "{var}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn secrets_stay_out_of_debug_output() {
+    let f = file(&format!(
+        "{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n"
+    ));
+    let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
+    let dbg = format!("{c:?}");
+    assert!(!dbg.contains("hunter2") && !dbg.contains("secret"), "{dbg}");
+}
+
+#[test]
+fn the_shipped_example_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/walbox.toml");
+    let c = load_from(Some(&path), &mut std::iter::empty()).unwrap();
+    assert_eq!(c.kafka.brokers, "kafka-1:9092,kafka-2:9092,kafka-3:9092");
+    assert_eq!(c.relay.max_in_flight, 10_000);
+}
+
+#[test]
+fn slot_and_alert_settings() {
+    let f = file(&format!(
+        "{MINIMAL}\n[slot]\ncheck_interval = \"2s\"\nwarning_bytes = \"1GB\"\nheartbeat_interval = \"30s\"\n[alerts]\nwebhook_url = \"http://am:9093/hook\"\n"
+    ));
+    let c = load_from(
+        Some(f.path()),
+        &mut env(&[("WALBOX_SLOT_CRITICAL_RATIO", "0.9")]).into_iter(),
+    )
+    .unwrap();
+    assert_eq!(c.slot.check_interval, Duration::from_secs(2));
+    assert_eq!(c.slot.warning_bytes, 1 << 30);
+    assert_eq!(c.slot.critical_ratio, 0.9);
+    assert_eq!(c.slot.heartbeat_interval, Some(Duration::from_secs(30)));
+    assert_eq!(c.alerts.webhook_url.as_deref(), Some("http://am:9093/hook"));
+    let c = load_from(Some(file(MINIMAL).path()), &mut std::iter::empty()).unwrap();
+    assert_eq!(c.slot.heartbeat_interval, None);
+    assert_eq!(c.slot.warning_ratio, 0.5);
+    let e = load_from(
+        Some(file(MINIMAL).path()),
+        &mut env(&[("WALBOX_SLOT_WARNING_RATIO", "0.95")]).into_iter(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("warning_ratio"), "{e}");
+}
+
+#[test]
+fn several_tables_and_messages() {
+    let f = file(&format!(
+        "{MINIMAL}
+[[outbox.tables]]
+table = \"outbox\"
+[[outbox.tables]]
+table = \"billing.outbox_events\"
+topic = \"billing.${{event_type}}\"
+fallback_topic = \"billing.unrouted\"
+format = \"json\"
+on_invalid = \"dead_letter\"
+[outbox.tables.columns]
+payload = \"body\"
+[outbox.tables.headers]
+tenant_id = \"tenant\"
+[outbox.messages]
+prefix = \"app.events\"
+format = \"protobuf\"
+"
+    ));
+    let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
+    assert_eq!(c.outbox.tables.len(), 2);
+    let b = c.outbox.table("billing", "outbox_events").unwrap();
+    assert_eq!(b.topic, "billing.${event_type}");
+    assert_eq!(b.format, ValueFormat::Json);
+    assert_eq!(
+        b.on_invalid,
+        OnInvalid::DeadLetter("walbox.dead_letter".into())
+    );
+    assert_eq!(b.headers, vec![("tenant_id".into(), "tenant".into())]);
+    assert_eq!(b.columns.payload, "body");
+    let m = c.outbox.messages.as_ref().unwrap();
+    assert_eq!(
+        m.source,
+        RouteSource::Messages {
+            prefix: "app.events".into()
+        }
+    );
+    assert_eq!(m.format, ValueFormat::Protobuf);
+}
+
+#[test]
+fn bad_routes_are_one_line_errors() {
+    for (extra, needle) in [
+        ("[outbox]\ntopic = \"x.${{nope}}\"", "unknown variable"),
+        ("[outbox]\nformat = \"avro\"", "format"),
+        ("[outbox]\non_invalid = \"skip\"", "on_invalid"),
+        (
+            "[outbox]\ntable = \"a\"\n[[outbox.tables]]\ntable = \"b\"",
+            "either",
+        ),
+        (
+            "[[outbox.tables]]\ntable = \"a\"\n[[outbox.tables]]\ntable = \"a\"",
+            "twice",
+        ),
+        ("[outbox]\nenvelope = {{ x = \"y\" }}", "envelope"),
+        ("[outbox.messages]\ntable = \"x\"", "prefix"),
+    ] {
+        let f = file(&format!("{MINIMAL}\n{extra}\n"));
+        let e = load_from(Some(f.path()), &mut std::iter::empty())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle) && !e.contains('\n'), "{extra}: {e}");
+    }
+}
+
+#[test]
+fn sizes() {
+    assert_eq!(parse_size("64MB"), Ok(64 << 20));
+    assert_eq!(parse_size("1TB"), Ok(1 << 40));
+    assert_eq!(parse_size("123"), Ok(123));
+    assert!(parse_size("12 parsecs").is_err());
+}
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+    assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+    assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+    assert_eq!(parse_duration("14d"), Ok(Duration::from_secs(14 * 86_400)));
+    assert!(parse_duration("5 parsecs").is_err());
+    assert!(parse_duration("").is_err());
+}
