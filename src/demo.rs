@@ -39,6 +39,8 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
     let cluster = tokio::task::spawn_blocking(|| {
         PgCluster::start(PgClusterOptions {
             watchdog: true,
+            // The recommended setting: a stalled slot is invalidated before it fills the disk.
+            settings: vec![("max_slot_wal_keep_size".into(), "1GB".into())],
             ..Default::default()
         })
     })

@@ -23,6 +23,7 @@
 //! envelope.rs          JSON and protobuf envelopes (proto/walbox/v1/envelope.proto)
 //! timestamp.rs         epochs, RFC 3339, timestamptz parsing
 //! sink/kafka.rs        producer: delivery reports, error classification
+//! sink/topics.rs       topic existence checks and creation
 //! checkpoint.rs        flush LSN = end of the longest fully acknowledged prefix
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
 //! monitor.rs           slot health checks, alerts, heartbeat, lost-slot stop
