@@ -119,6 +119,7 @@ impl RelayError {
     /// `None` for transient errors (reconnect), else the fatal failure kind.
     pub fn failure(&self) -> Option<Failure> {
         match self {
+            RelayError::Control(ConnectError::Tls(t)) if t.is_transient() => None,
             RelayError::Control(ConnectError::Tls(_)) => Some(Failure::Auth),
             RelayError::Control(e) if e.certificate_rejected() => Some(Failure::Auth),
             RelayError::Control(e) => e
@@ -130,6 +131,7 @@ impl RelayError {
             RelayError::Catalog(CatalogError::SlotLost { .. }) => Some(Failure::SlotLost),
             RelayError::Catalog(_) => Some(Failure::Schema),
             RelayError::Replication(e) => match e {
+                ReplicationError::Tls(t) if t.is_transient() => None,
                 ReplicationError::Tls(_)
                 | ReplicationError::UnsupportedAuth(_)
                 | ReplicationError::PasswordRequired => Some(Failure::Auth),

@@ -144,7 +144,7 @@ async fn assert_replication_connects(db: &TestDb, info: &ConnInfo, user: &str, t
 /// The TLS handshake error of a replication connection that must fail verification.
 async fn replication_tls_failure(info: &ConnInfo) -> String {
     match ReplicationConnection::connect(info).await {
-        Err(ReplicationError::Tls(TlsError::Handshake(msg))) => msg,
+        Err(ReplicationError::Tls(TlsError::CertificateRejected(msg))) => msg,
         Err(e) => panic!(
             "{}: expected a TLS handshake error, got {e}",
             info.redacted()

@@ -646,9 +646,9 @@ impl ReplicationConnection {
             None
         };
         match Self::attempt(info, tls.as_ref()).await {
-            Err(ReplicationError::Tls(TlsError::Handshake(e)))
-                if info.sslmode == SslMode::Prefer =>
-            {
+            Err(ReplicationError::Tls(
+                e @ (TlsError::Handshake(_) | TlsError::CertificateRejected(_)),
+            )) if info.sslmode == SslMode::Prefer => {
                 tracing::debug!(
                     error = %e,
                     "TLS handshake failed with sslmode=prefer; retrying without TLS"

@@ -45,12 +45,24 @@ pub enum TlsError {
         /// Why.
         reason: String,
     },
-    /// The handshake failed, e.g. an untrusted certificate or a host name mismatch.
+    /// The handshake failed for another reason than the certificate (e.g. the connection
+    /// dropped): may succeed on retry.
     #[error("TLS handshake failed: {0}")]
     Handshake(String),
+    /// The server's certificate was rejected: untrusted, expired, or a host name mismatch.
+    /// Retrying cannot help.
+    #[error("TLS handshake failed: the server certificate was rejected: {0}")]
+    CertificateRejected(String),
     /// The server answered the SSLRequest with 'N' and the mode does not allow plaintext.
     #[error("the server does not support TLS, but sslmode={0} requires it")]
     NotSupported(SslMode),
+}
+
+impl TlsError {
+    /// Whether retrying the connection could succeed (only an interrupted handshake).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, TlsError::Handshake(_))
+    }
 }
 
 /// A ready-to-use TLS client configuration for one [`SslMode`].
@@ -142,11 +154,11 @@ impl TlsConfig {
         let mut stream = SslStream::new(ssl, stream)?;
         if let Err(e) = Pin::new(&mut stream).connect().await {
             let verify = stream.ssl().verify_result();
-            return Err(TlsError::Handshake(if verify == X509VerifyResult::OK {
-                e.to_string()
+            return Err(if verify == X509VerifyResult::OK {
+                TlsError::Handshake(e.to_string())
             } else {
-                format!("{e}: {verify}")
-            }));
+                TlsError::CertificateRejected(format!("{e}: {verify}"))
+            });
         }
         Ok(stream)
     }
