@@ -18,14 +18,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
 use crate::metrics::{self, Health, Metrics};
 use crate::monitor::{self, FatalSignal};
 use crate::relay::{Relay, SessionEnd};
-use crate::sink::kafka::KafkaSink;
+use crate::sink::kafka::{AckQueue, KafkaSink};
 use crate::sink::topics::Topics;
 use crate::webhook::Webhook;
 
@@ -102,8 +102,8 @@ pub async fn run_with(
         });
     }
 
-    let (ack_tx, ack_rx) = mpsc::unbounded_channel();
-    let sink = KafkaSink::new(&config.kafka, ack_tx).map_err(|e| FatalError {
+    let acks = Arc::new(AckQueue::default());
+    let sink = KafkaSink::new(&config.kafka, acks.clone()).map_err(|e| FatalError {
         failure: Failure::Kafka,
         message: e.to_string(),
     })?;
@@ -138,7 +138,7 @@ pub async fn run_with(
     let mut relay = Relay::new(
         config.clone(),
         sink,
-        ack_rx,
+        acks,
         metrics.clone(),
         health.clone(),
         topics,

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
@@ -43,7 +43,7 @@ use crate::failure::{Failure, FatalError};
 use crate::metrics::{Health, Metrics};
 use crate::monitor::HEARTBEAT_PREFIX;
 use crate::outbox::{DeadLetter, EventPosition, OutboxError, OutboxEvent, OutboxMapper};
-use crate::sink::kafka::{classify, Ack, KafkaSink, Severity, SinkError};
+use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError};
 use crate::sink::topics::{TopicError, Topics};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::conninfo::{connect_control, ConnectError};
@@ -286,7 +286,9 @@ pub enum SessionEnd {
 pub struct Relay {
     config: Arc<Config>,
     sink: KafkaSink,
-    acks: mpsc::UnboundedReceiver<Ack>,
+    acks: Arc<AckQueue>,
+    /// Reused buffer for batches of acks.
+    ack_batch: Vec<Ack>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     next_seq: u64,
@@ -301,13 +303,14 @@ impl Relay {
     pub fn new(
         config: Arc<Config>,
         sink: KafkaSink,
-        acks: mpsc::UnboundedReceiver<Ack>,
+        acks: Arc<AckQueue>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
         topics: Topics,
     ) -> Self {
         Relay {
             topics,
+            ack_batch: Vec::new(),
             config,
             sink,
             acks,
@@ -407,12 +410,8 @@ impl Relay {
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
-                Some(ack) = self.acks.recv() => {
-                    self.on_ack(s, ack)?;
-                    // Drain what else is ready without yielding to intake.
-                    while let Ok(ack) = self.acks.try_recv() {
-                        self.on_ack(s, ack)?;
-                    }
+                _ = self.acks.wait() => {
+                    self.take_acks(s)?;
                     // Confirm progress promptly (releasing WAL sooner), but at most every
                     // EAGER_STATUS_GAP: never a status update per event.
                     if s.checkpoint.frontier() > s.last_status
@@ -421,7 +420,12 @@ impl Relay {
                         self.send_status(s, false).await?;
                     }
                 }
-                _ = status_tick.tick() => self.send_status(s, false).await?,
+                _ = status_tick.tick() => {
+                    // Acks are normally taken when signalled; taking them here too bounds the
+                    // delay of any report whose wake-up was consumed by a cancelled branch.
+                    self.take_acks(s)?;
+                    self.send_status(s, false).await?;
+                }
                 msg = s.stream.next(), if s.checkpoint.in_flight() < max_in_flight => {
                     let Some(msg) = msg? else {
                         return Err(RelayError::StreamEnded);
@@ -461,6 +465,21 @@ impl Relay {
                 Ok(())
             }
         }
+    }
+
+    /// Handles every waiting delivery report. All of them are accounted for even when one
+    /// fails (the first failure is returned).
+    fn take_acks(&mut self, s: &mut Session) -> Result<(), RelayError> {
+        let mut batch = std::mem::take(&mut self.ack_batch);
+        self.acks.drain_into(&mut batch);
+        let mut first_error = None;
+        for ack in batch.drain(..) {
+            if let Err(e) = self.on_ack(s, ack) {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.ack_batch = batch;
+        first_error.map_or(Ok(()), Err)
     }
 
     fn on_ack(&mut self, s: &mut Session, ack: Ack) -> Result<(), RelayError> {
@@ -782,15 +801,17 @@ impl Relay {
     /// connection is still usable — sends a final status update and ends the stream.
     async fn wind_down(&mut self, s: &mut Session, connection_alive: bool) {
         let deadline = Instant::now() + self.config.relay.shutdown_timeout;
-        while s.outstanding > 0 {
+        loop {
+            if let Err(e) = self.take_acks(s) {
+                tracing::warn!(error = %e, "delivery failed while stopping; the event will be sent again after restart");
+            }
+            if s.outstanding == 0 {
+                break;
+            }
             let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.acks.recv()).await {
-                Ok(Some(ack)) => {
-                    if let Err(e) = self.on_ack(s, ack) {
-                        tracing::warn!(error = %e, "delivery failed while stopping; the event will be sent again after restart");
-                    }
-                }
-                Ok(None) => break,
+            let acks = self.acks.clone();
+            match tokio::time::timeout(left, acks.wait()).await {
+                Ok(()) => {}
                 Err(_) => {
                     tracing::warn!(
                         outstanding = s.outstanding,

@@ -10,9 +10,10 @@
 //! when the broker is back. User properties from `[kafka.properties]` override these defaults,
 //! except those that would weaken delivery (refused by the config).
 //!
-//! Each record carries its sequence number as the delivery opaque (a plain `usize`, no
-//! allocation); the delivery callback, on librdkafka's polling thread, sends an [`Ack`] into an
-//! unbounded channel whose length the relay's in-flight cap bounds.
+//! Each record carries its sequence number (and route) as the delivery opaque (a plain `usize`,
+//! no allocation); the delivery callback, on librdkafka's polling thread, pushes an [`Ack`] into
+//! an [`AckQueue`] whose length the relay's in-flight cap bounds, and the relay takes the acks
+//! in batches.
 //!
 //! # Invariants
 //! - Every record handed to [`KafkaSink::send`] without error gets exactly one [`Ack`].
@@ -20,7 +21,7 @@
 //!   that order within the partition across retries.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
@@ -28,7 +29,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Message};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 use crate::config::KafkaConfig;
 use crate::outbox::OutboxEvent;
@@ -114,9 +115,48 @@ pub enum SinkError {
     QueueFull,
 }
 
+/// Delivery reports waiting for the relay. librdkafka's polling thread pushes one per record;
+/// the relay is woken once per batch (when the queue turns non-empty) and takes the whole batch
+/// at once, instead of one channel hop and possible wake-up per record.
+#[derive(Default)]
+pub struct AckQueue {
+    pending: Mutex<Vec<Ack>>,
+    ready: Notify,
+}
+
+impl AckQueue {
+    fn push(&self, ack: Ack) {
+        let mut pending = match self.pending.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let was_empty = pending.is_empty();
+        pending.push(ack);
+        drop(pending);
+        if was_empty {
+            // Stores a permit when nobody waits, so no batch is ever missed.
+            self.ready.notify_one();
+        }
+    }
+
+    /// Waits until reports may be waiting (spurious wake-ups are possible).
+    pub async fn wait(&self) {
+        self.ready.notified().await;
+    }
+
+    /// Moves every waiting report into `out` (which should be empty; its capacity is reused).
+    pub fn drain_into(&self, out: &mut Vec<Ack>) {
+        let mut pending = match self.pending.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        std::mem::swap(&mut *pending, out);
+    }
+}
+
 /// Routes delivery reports to the relay.
 struct SinkContext {
-    acks: mpsc::UnboundedSender<Ack>,
+    acks: Arc<AckQueue>,
     /// The last client error logged and when: librdkafka repeats connection errors many times a
     /// second while a broker is down, and one line per change (or per minute) is enough.
     last_error: Mutex<HashMap<String, Instant>>,
@@ -182,9 +222,8 @@ impl ProducerContext for SinkContext {
                 (Err(err.clone()), Some(failed))
             }
         };
-        // The receiver is gone only while the process shuts down; nothing waits for the ack then.
         let (seq, route) = unpack_opaque(opaque);
-        let _ = self.acks.send(Ack {
+        self.acks.push(Ack {
             seq,
             route,
             result,
@@ -227,7 +266,7 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
 
 impl KafkaSink {
     /// Creates the producer. Delivery reports go to `acks`.
-    pub fn new(config: &KafkaConfig, acks: mpsc::UnboundedSender<Ack>) -> Result<Self, SinkError> {
+    pub fn new(config: &KafkaConfig, acks: Arc<AckQueue>) -> Result<Self, SinkError> {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &config.brokers);
         for (k, v) in DEFAULT_PROPERTIES {
