@@ -10,8 +10,10 @@
 //! session reaches streaming.
 //!
 //! Shutdown order (SIGTERM/SIGINT, or the `shutdown` future in tests): stop intake → wait up to
-//! `relay.shutdown_timeout` for in-flight acks → final standby status → flush the producer →
-//! return `Ok` (exit 0).
+//! `relay.shutdown_timeout` for in-flight acks → final standby status → stop the slot monitor
+//! (it takes one last reading, so a slot lost meanwhile is still reported) and let the alert
+//! webhook deliver what it holds (each bounded to 5 s) → flush the producer (at most 5 s more)
+//! → return `Ok` (exit 0), or the fatal error.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};

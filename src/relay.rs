@@ -412,13 +412,13 @@ impl Relay {
                 _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
                 _ = self.acks.wait() => {
                     self.take_acks(s)?;
-                    // Confirm progress promptly (releasing WAL sooner), but at most every
-                    // EAGER_STATUS_GAP: never a status update per event.
-                    if s.checkpoint.frontier() > s.last_status
-                        && s.last_status_at.elapsed() >= EAGER_STATUS_GAP
-                    {
-                        self.send_status(s, false).await?;
-                    }
+                }
+                // Confirm progress promptly (releasing WAL sooner), but at most every
+                // EAGER_STATUS_GAP: never a status update per event.
+                _ = tokio::time::sleep_until((s.last_status_at + EAGER_STATUS_GAP).into()),
+                    if s.checkpoint.frontier() > s.last_status =>
+                {
+                    self.send_status(s, false).await?;
                 }
                 _ = status_tick.tick() => {
                     // Acks are normally taken when signalled; taking them here too bounds the
