@@ -77,19 +77,22 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
         handles.clone(),
     ));
 
-    // Wait until walbox created its slot, so the events below are in its stream.
+    // Wait until walbox streams from its slot: rows written while the slot is still being
+    // created (it is `active` then, before its consistent point) would not be in its stream.
     let client = connect_control(&conn).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while client
         .query_opt(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'walbox'",
+            "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid \
+             WHERE s.slot_name = 'walbox' AND s.confirmed_flush_lsn IS NOT NULL \
+             AND r.state IN ('streaming', 'catchup')",
             &[],
         )
         .await?
         .is_none()
     {
         if relay.is_finished() || tokio::time::Instant::now() > deadline {
-            bail!("walbox did not create its slot: {:?}", relay.await);
+            bail!("walbox did not start streaming: {:?}", relay.await);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -546,7 +546,9 @@ impl Relay {
     }
 
     async fn on_wal(&mut self, s: &mut Session, data: Bytes) -> Result<(), RelayError> {
-        match pgoutput::decode(data)? {
+        let message = pgoutput::decode(data)?;
+        tracing::trace!(?message, "pgoutput");
+        match message {
             LogicalMessage::Begin(b) => {
                 s.checkpoint.begin();
                 s.txn = Some(OpenTxn {

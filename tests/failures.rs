@@ -83,7 +83,7 @@ fn slot_held_by_another_walbox_exits_6_and_leaves_the_first_running() {
     let env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
     let mut first = Walbox::spawn(&env);
     wait_until(WAIT, "the first walbox to hold the slot", || {
-        db.slot_active(&db.name)
+        db.streaming(&db.name)
     });
     let (code, line) = run_to_exit(&env);
     assert_eq!(code, 6, "{line}");

@@ -290,7 +290,7 @@ fn broker_outage_holds_the_slot_and_everything_arrives_after_recovery() {
     env.push(("WALBOX_LOG_LEVEL".into(), "info,librdkafka=debug".into()));
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox to stream from its slot", || {
-        db.slot_active(&slot)
+        db.streaming(&slot)
     });
     let aggs: Vec<String> = (0..10).map(|i| format!("a{i}")).collect();
     let before = write_txn(&db, &topic, &aggs, false);
@@ -376,7 +376,7 @@ fn postgres_restart_mid_stream_reconnects_and_loses_nothing() {
     broker.create_topic(&topic, 3).expect("topic");
     let mut walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
     wait_until(WAIT, "walbox to stream from its slot", || {
-        db.slot_active(&slot)
+        db.streaming(&slot)
     });
 
     let aggs: Vec<String> = (0..20).map(|i| format!("a{i}")).collect();

@@ -16,16 +16,21 @@ fn walbox_with(db: &TestDb, brokers: &str, toml: &str) -> (Walbox, tempfile::Nam
     file.write_all(toml.as_bytes()).unwrap();
     let mut env = walbox_env(db, &db.name, brokers);
     env.push(("WALBOX_CONFIG".into(), file.path().display().to_string()));
+    env.push((
+        "WALBOX_LOG".into(),
+        "info,walbox=debug,tokio_postgres=info".into(),
+    ));
     (Walbox::spawn(&env), file)
 }
 
-fn read(brokers: &str, topics: &[&str], n: usize) -> Vec<ConsumedRecord> {
+/// Reads `n` records from `topics`; on failure, says what walbox `w` logged.
+fn read_logged(w: &Walbox, brokers: &str, topics: &[&str], n: usize) -> Vec<ConsumedRecord> {
     let mut r = TopicReader::new(brokers, topics, WAIT).unwrap();
     assert!(
         r.poll_until(WAIT, |recs| recs.len() >= n),
-        "read {} of {n} records from {topics:?}: {:?}",
+        "read {} of {n} records from {topics:?}; walbox log:\n{}",
         r.records.len(),
-        r.records
+        w.log()
     );
     r.records
 }
@@ -54,7 +59,7 @@ fn several_tables_each_with_its_mapping_and_both_seed_schemas() {
     for t in ["payments.events", "shop.order"] {
         broker.create_topic(t, 2).unwrap();
     }
-    let (_w, _f) = walbox_with(
+    let (w, _f) = walbox_with(
         &db,
         &bs,
         r#"
@@ -71,7 +76,7 @@ tenant_id = "tenant"
 timestamp = "created_at"
 "#,
     );
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&db.name));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
     let out = db.sql(
         "BEGIN;
          INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('w-1', 'payments.events', 'payment.captured', '{\"amount\": 10}');
@@ -81,7 +86,7 @@ timestamp = "created_at"
          SELECT id FROM outbox;",
     );
     let outbox_id = out.lines().last().unwrap().to_owned();
-    let recs = read(&bs, &["payments.events", "shop.order"], 2);
+    let recs = read_logged(&w, &bs, &["payments.events", "shop.order"], 2);
     let p = recs.iter().find(|r| r.topic == "payments.events").unwrap();
     let o = recs.iter().find(|r| r.topic == "shop.order").unwrap();
     let lsn = p.header_str("walbox.commit_lsn").unwrap().to_owned();
@@ -132,7 +137,7 @@ fn topic_templates_fallbacks_and_explicit_partitions() {
     );
     broker.create_topic(&routed_topic, 4).unwrap();
     broker.create_topic(&fallback_topic, 4).unwrap();
-    let (_w, _f) = walbox_with(
+    let (w, _f) = walbox_with(
         &db,
         &bs,
         &format!(
@@ -147,12 +152,12 @@ partition = "part"
             db = db.name
         ),
     );
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&db.name));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
     db.sql(
         "INSERT INTO events (aggregate_type, aggregate_id, event_type, payload, part)
          VALUES ('user', 'u-1', 'created', 'a', 2), (NULL, 'u-2', 'created', 'b', 3)",
     );
-    let recs = read(&bs, &[&routed_topic, &fallback_topic], 2);
+    let recs = read_logged(&w, &bs, &[&routed_topic, &fallback_topic], 2);
     let routed = recs.iter().find(|r| r.topic == routed_topic).unwrap();
     assert_eq!((routed.partition, text(&routed.payload).as_str()), (2, "a"));
     let fallback = recs.iter().find(|r| r.topic == fallback_topic).unwrap();
@@ -169,18 +174,18 @@ fn missing_topics_are_created_when_asked() {
         .expect("WALBOX_TEST_KAFKA_BROKERS names a Kafka cluster that can create topics");
     let db = TestDb::new("create");
     let topic = format!("created.{}", db.name);
-    let (_w, _f) = walbox_with(
+    let (w, _f) = walbox_with(
         &db,
         &bs,
         &format!(
             "[outbox]\ntopic = \"{topic}\"\n[kafka]\ncreate_topics = true\ntopic_partitions = 3\n"
         ),
     );
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&db.name));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
     db.sql(&format!(
         "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', '{topic}', 'x', '{{}}')"
     ));
-    let recs = read(&bs, &[&topic], 1);
+    let recs = read_logged(&w, &bs, &[&topic], 1);
     assert_eq!(text(&recs[0].key), "a");
 }
 
@@ -196,7 +201,7 @@ fn json_and_protobuf_envelopes_and_tombstones() {
     let (tj, tp) = (format!("j_{}", db.name), format!("p_{}", db.name));
     broker.create_topic(&tj, 1).unwrap();
     broker.create_topic(&tp, 1).unwrap();
-    let (_w, _f) = walbox_with(
+    let (w, _f) = walbox_with(
         &db,
         &bs,
         &format!(
@@ -216,7 +221,7 @@ format = "protobuf"
 "#
         ),
     );
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&db.name));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
     db.sql(
         "BEGIN;
          INSERT INTO j VALUES (1, 'order', 'o-1', 'placed', '{\"total\": 3}', 'eu');
@@ -224,7 +229,7 @@ format = "protobuf"
          INSERT INTO p VALUES (3, 'blob', 'b-1', 'stored', '\\x00ff10');
          COMMIT;",
     );
-    let recs = read(&bs, &[&tj, &tp], 3);
+    let recs = read_logged(&w, &bs, &[&tj, &tp], 3);
     let lsn = recs[0].header_str("walbox.commit_lsn").unwrap().to_owned();
     let json = recs
         .iter()
@@ -290,12 +295,12 @@ fn partitioned_outbox_rows_arrive_as_the_root_table() {
     let bs = broker.bootstrap_servers();
     let topic = format!("t_{}", db.name);
     broker.create_topic(&topic, 1).unwrap();
-    let (_w, _f) = walbox_with(&db, &bs, "[outbox]\ntable = \"pout\"\n");
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&db.name));
+    let (w, _f) = walbox_with(&db, &bs, "[outbox]\ntable = \"pout\"\n");
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
     db.sql(&format!(
         "INSERT INTO pout VALUES (1, 'a', '{topic}', 'x', '{{}}', '2026-11-15'), (2, 'a', '{topic}', 'x', '{{}}', '2026-12-15')"
     ));
-    let recs = read(&bs, &[&topic], 2);
+    let recs = read_logged(&w, &bs, &[&topic], 2);
     let ids: Vec<&str> = recs.iter().filter_map(|r| r.header_str("id")).collect();
     assert_eq!(ids, ["1", "2"]);
     assert_eq!(
@@ -336,7 +341,7 @@ fn table_less_outbox_through_logical_messages() {
         &bs,
         &format!("[outbox.messages]\ntopic = \"{topic}\"\n"),
     );
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&db.name));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
     let id = db.sql(
         "BEGIN;
          INSERT INTO payments (wallet_id, amount) VALUES ('w', 5);
@@ -344,7 +349,7 @@ fn table_less_outbox_through_logical_messages() {
          COMMIT;",
     );
     db.sql("BEGIN; SELECT walbox.emit('order', 'o-43', 'order.placed', '{}'); ROLLBACK;");
-    let recs = read(&bs, &[&topic], 1);
+    let recs = read_logged(&w, &bs, &[&topic], 1);
     let r = &recs[0];
     assert_eq!(text(&r.key), "o-42");
     assert_eq!(text(&r.payload), "{\"total\": 12.5}");
@@ -387,7 +392,7 @@ fn unpublishable_rows_go_to_the_dead_letter_topic_with_their_payload() {
             "[outbox]\ntable = \"loose\"\non_invalid = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n[outbox.headers]\ntenant_id = \"tenant\"\n"
         ),
     );
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&db.name));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
     db.sql(&format!(
         "INSERT INTO loose VALUES (1, 'k', '{good}', 'x', 'p1', 't');
          INSERT INTO loose VALUES (2, NULL, '{good}', 'x', 'p2', 't');
@@ -395,7 +400,7 @@ fn unpublishable_rows_go_to_the_dead_letter_topic_with_their_payload() {
          ALTER TABLE loose DROP COLUMN tenant_id;
          INSERT INTO loose VALUES (4, 'k', '{good}', 'x', 'p4');"
     ));
-    let letters = read(&bs, &[&dlq], 3);
+    let letters = read_logged(&w, &bs, &[&dlq], 3);
     let by_id = |id: &str| {
         letters
             .iter()
@@ -414,7 +419,7 @@ fn unpublishable_rows_go_to_the_dead_letter_topic_with_their_payload() {
         assert_eq!(r.header_str("walbox.source"), Some("public.loose"));
         assert!(r.header_str("walbox.commit_lsn").unwrap().contains('/'));
     }
-    let goods = read(&bs, &[&good], 1);
+    let goods = read_logged(&w, &bs, &[&good], 1);
     assert_eq!(goods.len(), 1);
     assert_eq!(text(&goods[0].payload), "p1");
     assert!(w.log().contains("dead-letter"), "{}", w.log());
@@ -426,9 +431,7 @@ fn unpublishable_rows_go_to_the_dead_letter_topic_with_their_payload() {
         "CREATE TABLE loose (id int, aggregate_id text, topic text, event_type text, payload text)",
     );
     let (mut w, _f) = walbox_with(&strict, &bs, "[outbox]\ntable = \"loose\"\n");
-    wait_until(WAIT, "walbox to stream", || {
-        strict.slot_active(&strict.name)
-    });
+    wait_until(WAIT, "walbox to stream", || strict.streaming(&strict.name));
     strict.sql(&format!(
         "INSERT INTO loose VALUES (7, NULL, '{good}', 'x', 'p')"
     ));
@@ -449,7 +452,7 @@ fn updates_deletes_and_schema_changes_of_the_outbox() {
     let topic = format!("t_{}", db.name);
     broker.create_topic(&topic, 1).unwrap();
     let (mut w, _f) = walbox_with(&db, &bs, "[outbox]\ntable = \"outbox\"\n");
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&db.name));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
     let ins = |agg: &str| {
         format!("INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('{agg}', '{topic}', 'x', '{{}}')")
     };
@@ -463,7 +466,7 @@ fn updates_deletes_and_schema_changes_of_the_outbox() {
         "ALTER TABLE outbox ADD COLUMN extra text; {}",
         ins("c")
     ));
-    let recs = read(&bs, &[&topic], 3);
+    let recs = read_logged(&w, &bs, &[&topic], 3);
     let keys: Vec<String> = recs.iter().map(|r| text(&r.key)).collect();
     assert_eq!(
         keys,
@@ -490,7 +493,7 @@ fn updates_deletes_and_schema_changes_of_the_outbox() {
         &bs,
         "[outbox]\ntable = \"outbox\"\non_change = \"fail\"\n",
     );
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&db.name));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
     db.sql(&format!("{}; DELETE FROM outbox;", ins("d")));
     assert_eq!(w.wait_exit(WAIT).code(), Some(5));
     assert!(

@@ -145,7 +145,7 @@ fn an_idle_outbox_does_not_pin_wal_while_other_tables_are_written() {
     with(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
     with(&mut env, "WALBOX_SLOT_CHECK_INTERVAL", "100ms".into());
     let walbox = Walbox::spawn(&env);
-    wait_until(WAIT, "walbox to stream", || db.slot_active(&slot));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&slot));
     for _ in 0..8 {
         write_ballast(&db); // 48 MB in all, 75% of max_slot_wal_keep_size
     }

@@ -95,7 +95,19 @@ impl TestDb {
         .unwrap_or(Lsn::ZERO)
     }
 
-    /// The PID holding the slot, if any.
+    /// Whether a walsender streams from the slot. (Not merely `active`: a slot being created
+    /// is active too, before its consistent point, and rows written then are not in its
+    /// stream.)
+    pub fn streaming(&self, slot: &str) -> bool {
+        self.sql(&format!(
+            "SELECT r.state FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid \
+             WHERE s.slot_name = '{slot}' AND s.confirmed_flush_lsn IS NOT NULL"
+        ))
+        .lines()
+        .any(|state| state == "streaming" || state == "catchup")
+    }
+
+    /// Whether some process holds the slot.
     pub fn slot_active(&self, slot: &str) -> bool {
         self.sql(&format!(
             "SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'"
