@@ -281,6 +281,21 @@ pub struct RawHttp {
     pub listen: Option<String>,
 }
 
+impl RawHttp {
+    /// The listen address (`default` when unset), `None` for `"off"`.
+    pub(crate) fn validate(self, default: &str) -> Result<Option<SocketAddr>, ConfigError> {
+        let listen = self.listen.unwrap_or_else(|| default.into());
+        if listen == "off" {
+            return Ok(None);
+        }
+        listen.parse::<SocketAddr>().map(Some).map_err(|_| {
+            ConfigError::Invalid(format!(
+                "http.listen {listen:?} is not an address like {default} (or \"off\")"
+            ))
+        })
+    }
+}
+
 /// `[log]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -289,6 +304,25 @@ pub struct RawLog {
     pub format: Option<String>,
     /// A `tracing` filter, e.g. `info` or `walbox=debug`.
     pub level: Option<String>,
+}
+
+impl RawLog {
+    /// Format and level, with their defaults.
+    pub(crate) fn validate(self) -> Result<LogConfig, ConfigError> {
+        let format = match self.format.as_deref().unwrap_or("text") {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(ConfigError::Invalid(format!(
+                    "log.format {other:?} must be \"text\" or \"json\""
+                )))
+            }
+        };
+        Ok(LogConfig {
+            format,
+            level: self.level.unwrap_or_else(|| "info".into()),
+        })
+    }
 }
 
 /// The validated configuration.
@@ -426,14 +460,35 @@ fn redact_properties(p: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
         .collect()
 }
 
-/// Kinds of scalar values settable from the environment.
+/// Kinds of values settable from the environment.
 #[derive(Clone, Copy)]
-enum Kind {
+pub(crate) enum Kind {
+    /// A string.
     Str,
+    /// `true`/`false` (also 1/0, yes/no, on/off).
     Bool,
+    /// An integer.
     Int,
+    /// A number.
     Float,
+    /// A comma-separated list of strings.
+    List,
 }
+
+/// Which environment variables override which keys of one configuration file.
+pub(crate) struct EnvLayout {
+    /// Variable prefix, e.g. `WALBOX`: `WALBOX_<PATH>_<KEY>` sets `[path] key`, and
+    /// `WALBOX_KAFKA_PROPERTY_<NAME>` sets `[kafka.properties] name` (`_` standing for `.`).
+    pub prefix: &'static str,
+    /// `(section path, key, kind)` of every settable key.
+    pub scalars: &'static [(&'static [&'static str], &'static str, Kind)],
+}
+
+/// The environment layout of `walbox run`'s configuration.
+const LAYOUT: EnvLayout = EnvLayout {
+    prefix: "WALBOX",
+    scalars: SCALARS,
+};
 
 /// `(section path, key, kind)` of every scalar setting; `WALBOX_<PATH>_<KEY>` sets it.
 const SCALARS: &[(&[&str], &str, Kind)] = &[
@@ -485,8 +540,6 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["log"], "level", Kind::Str),
 ];
 
-const PROPERTY_PREFIX: &str = "WALBOX_KAFKA_PROPERTY_";
-
 fn table_at<'a>(root: &'a mut toml::Table, path: &[&str]) -> Result<&'a mut toml::Table, String> {
     let mut t = root;
     for p in path {
@@ -500,13 +553,15 @@ fn table_at<'a>(root: &'a mut toml::Table, path: &[&str]) -> Result<&'a mut toml
     Ok(t)
 }
 
-/// Writes the `WALBOX_*` variables of `env` over `root`.
+/// Writes the variables of `env` that `layout` names over `root`.
 fn apply_env(
     root: &mut toml::Table,
     env: &mut dyn Iterator<Item = (String, String)>,
+    layout: &EnvLayout,
 ) -> Result<(), ConfigError> {
+    let property_prefix = format!("{}_KAFKA_PROPERTY_", layout.prefix);
     for (var, value) in env {
-        if let Some(name) = var.strip_prefix(PROPERTY_PREFIX) {
+        if let Some(name) = var.strip_prefix(&property_prefix) {
             let key = name.to_ascii_lowercase().replace('_', ".");
             let t =
                 table_at(root, &["kafka", "properties"]).map_err(|message| ConfigError::Env {
@@ -516,8 +571,8 @@ fn apply_env(
             t.insert(key, toml::Value::String(value));
             continue;
         }
-        let Some((path, key, kind)) = SCALARS.iter().find(|(path, key, _)| {
-            let mut name = String::from("WALBOX");
+        let Some((path, key, kind)) = layout.scalars.iter().find(|(path, key, _)| {
+            let mut name = String::from(layout.prefix);
             for p in path.iter() {
                 name.push('_');
                 name.push_str(&p.to_ascii_uppercase());
@@ -528,36 +583,27 @@ fn apply_env(
         }) else {
             continue;
         };
+        let bad = |what: &str| ConfigError::Env {
+            var: var.clone(),
+            message: format!("expected {what}, got {value:?}"),
+        };
         let v = match kind {
-            Kind::Str => toml::Value::String(value),
+            Kind::Str => toml::Value::String(value.clone()),
+            Kind::List => toml::Value::Array(
+                value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| toml::Value::String(s.to_owned()))
+                    .collect(),
+            ),
             Kind::Bool => match value.to_ascii_lowercase().as_str() {
                 "true" | "1" | "yes" | "on" => toml::Value::Boolean(true),
                 "false" | "0" | "no" | "off" => toml::Value::Boolean(false),
-                _ => {
-                    return Err(ConfigError::Env {
-                        var,
-                        message: format!("expected true or false, got {value:?}"),
-                    })
-                }
+                _ => return Err(bad("true or false")),
             },
-            Kind::Float => match value.parse::<f64>() {
-                Ok(n) => toml::Value::Float(n),
-                Err(_) => {
-                    return Err(ConfigError::Env {
-                        var,
-                        message: format!("expected a number, got {value:?}"),
-                    })
-                }
-            },
-            Kind::Int => match value.parse::<i64>() {
-                Ok(n) => toml::Value::Integer(n),
-                Err(_) => {
-                    return Err(ConfigError::Env {
-                        var,
-                        message: format!("expected an integer, got {value:?}"),
-                    })
-                }
-            },
+            Kind::Float => toml::Value::Float(value.parse().map_err(|_| bad("a number"))?),
+            Kind::Int => toml::Value::Integer(value.parse().map_err(|_| bad("an integer"))?),
         };
         let t = table_at(root, path).map_err(|message| ConfigError::Env { var, message })?;
         t.insert((*key).to_owned(), v);
@@ -565,16 +611,13 @@ fn apply_env(
     Ok(())
 }
 
-/// Loads the configuration from an optional file and the process environment.
-pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-    load_from(path, &mut std::env::vars())
-}
-
-/// Loads the configuration from an optional file and the given environment (testable).
-pub fn load_from(
+/// Reads an optional TOML file and writes the environment over it (the environment wins).
+/// Returns the table and " in <file>" (or "") for error messages.
+pub(crate) fn read_layers(
     path: Option<&Path>,
     env: &mut dyn Iterator<Item = (String, String)>,
-) -> Result<Config, ConfigError> {
+    layout: &EnvLayout,
+) -> Result<(toml::Table, String), ConfigError> {
     let (mut table, origin) = match path {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
@@ -592,13 +635,34 @@ pub fn load_from(
         }
         None => (toml::Table::new(), String::new()),
     };
-    apply_env(&mut table, env)?;
-    outbox::normalize(&mut table)?;
-    let raw = RawConfig::deserialize(table).map_err(|e| ConfigError::Parse {
+    apply_env(&mut table, env, layout)?;
+    Ok((table, origin))
+}
+
+/// Deserializes a layered table, naming the file in errors.
+pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
+    table: toml::Table,
+    origin: String,
+) -> Result<T, ConfigError> {
+    T::deserialize(table).map_err(|e| ConfigError::Parse {
         origin,
         message: one_line(&e.to_string()),
-    })?;
-    raw.validate()
+    })
+}
+
+/// Loads the configuration from an optional file and the process environment.
+pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+    load_from(path, &mut std::env::vars())
+}
+
+/// Loads the configuration from an optional file and the given environment (testable).
+pub fn load_from(
+    path: Option<&Path>,
+    env: &mut dyn Iterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    let (mut table, origin) = read_layers(path, env, &LAYOUT)?;
+    outbox::normalize(&mut table)?;
+    deserialize::<RawConfig>(table, origin)?.validate()
 }
 
 /// Joins a multi-line (toml/serde) error message into one line.
@@ -757,26 +821,8 @@ impl RawConfig {
                 .unwrap_or(Duration::from_secs(5)),
         };
 
-        let listen = self.http.listen.unwrap_or_else(|| "0.0.0.0:9187".into());
-        let http_listen = if listen == "off" {
-            None
-        } else {
-            Some(listen.parse::<SocketAddr>().map_err(|_| {
-                ConfigError::Invalid(format!(
-                    "http.listen {listen:?} is not an address like 0.0.0.0:9187 (or \"off\")"
-                ))
-            })?)
-        };
-
-        let format = match self.log.format.as_deref().unwrap_or("text") {
-            "text" => LogFormat::Text,
-            "json" => LogFormat::Json,
-            other => {
-                return Err(ConfigError::Invalid(format!(
-                    "log.format {other:?} must be \"text\" or \"json\""
-                )))
-            }
-        };
+        let http_listen = self.http.validate("0.0.0.0:9187")?;
+        let log = self.log.validate()?;
 
         Ok(Config {
             postgres: PostgresConfig {
@@ -811,10 +857,7 @@ impl RawConfig {
             slot: slot_cfg,
             alerts,
             http_listen,
-            log: LogConfig {
-                format,
-                level: self.log.level.unwrap_or_else(|| "info".into()),
-            },
+            log,
         })
     }
 }

@@ -20,7 +20,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{one_line, ConfigError, HumanDuration, LogConfig, LogFormat};
+use crate::config::{
+    deserialize, read_layers, ConfigError, EnvLayout, HumanDuration, Kind, LogConfig, RawHttp,
+    RawLog,
+};
 use crate::source::conninfo::ConnInfo;
 
 use super::effect::EffectSql;
@@ -140,24 +143,6 @@ pub struct RawRetention {
     pub cleanup_batch: Option<i64>,
 }
 
-/// `[http]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawHttp {
-    /// Listen address of `/metrics`, `/healthz`, `/readyz`; `"off"` disables it.
-    pub listen: Option<String>,
-}
-
-/// `[log]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLog {
-    /// `text` or `json`.
-    pub format: Option<String>,
-    /// A `tracing` filter.
-    pub level: Option<String>,
-}
-
 /// What to do with a record that cannot be processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -269,119 +254,40 @@ pub struct RetentionConfig {
     pub cleanup_batch: i64,
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Str,
-    Bool,
-    Int,
-    List,
-}
-
-/// `(section, key, kind)` of every scalar setting; `WALBOX_INBOX_<SECTION>_<KEY>` sets it.
-const SCALARS: &[(&str, &str, Kind)] = &[
-    ("postgres", "url", Kind::Str),
-    ("postgres", "table", Kind::Str),
-    ("postgres", "consumer", Kind::Str),
-    ("kafka", "brokers", Kind::Str),
-    ("kafka", "group_id", Kind::Str),
-    ("kafka", "topics", Kind::List),
-    ("kafka", "message_id_header", Kind::Str),
-    ("kafka", "dead_letter_topic", Kind::Str),
-    ("kafka", "commit_interval", Kind::Str),
-    ("effect", "sql", Kind::Str),
-    ("effect", "store_record", Kind::Bool),
-    ("effect", "on_error", Kind::Str),
-    ("effect", "on_invalid", Kind::Str),
-    ("effect", "retries", Kind::Int),
-    ("effect", "backoff_initial", Kind::Str),
-    ("effect", "backoff_max", Kind::Str),
-    ("effect", "max_parallel", Kind::Int),
-    ("retention", "keep", Kind::Str),
-    ("retention", "guard", Kind::Str),
-    ("retention", "cleanup", Kind::Bool),
-    ("retention", "cleanup_interval", Kind::Str),
-    ("retention", "cleanup_batch", Kind::Int),
-    ("http", "listen", Kind::Str),
-    ("log", "format", Kind::Str),
-    ("log", "level", Kind::Str),
+/// `(section, key, kind)` of every scalar setting; `WALBOX_INBOX_<SECTION>_<KEY>` sets it, and
+/// `WALBOX_INBOX_KAFKA_PROPERTY_<NAME>` a consumer property.
+const SCALARS: &[(&[&str], &str, Kind)] = &[
+    (&["postgres"], "url", Kind::Str),
+    (&["postgres"], "table", Kind::Str),
+    (&["postgres"], "consumer", Kind::Str),
+    (&["kafka"], "brokers", Kind::Str),
+    (&["kafka"], "group_id", Kind::Str),
+    (&["kafka"], "topics", Kind::List),
+    (&["kafka"], "message_id_header", Kind::Str),
+    (&["kafka"], "dead_letter_topic", Kind::Str),
+    (&["kafka"], "commit_interval", Kind::Str),
+    (&["effect"], "sql", Kind::Str),
+    (&["effect"], "store_record", Kind::Bool),
+    (&["effect"], "on_error", Kind::Str),
+    (&["effect"], "on_invalid", Kind::Str),
+    (&["effect"], "retries", Kind::Int),
+    (&["effect"], "backoff_initial", Kind::Str),
+    (&["effect"], "backoff_max", Kind::Str),
+    (&["effect"], "max_parallel", Kind::Int),
+    (&["retention"], "keep", Kind::Str),
+    (&["retention"], "guard", Kind::Str),
+    (&["retention"], "cleanup", Kind::Bool),
+    (&["retention"], "cleanup_interval", Kind::Str),
+    (&["retention"], "cleanup_batch", Kind::Int),
+    (&["http"], "listen", Kind::Str),
+    (&["log"], "format", Kind::Str),
+    (&["log"], "level", Kind::Str),
 ];
 
-const PREFIX: &str = "WALBOX_INBOX_";
-const PROPERTY_PREFIX: &str = "WALBOX_INBOX_KAFKA_PROPERTY_";
-
-fn section<'a>(root: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Table, String> {
-    root.entry(name.to_owned())
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-        .as_table_mut()
-        .ok_or_else(|| format!("`{name}` must be a table"))
-}
-
-fn apply_env(
-    root: &mut toml::Table,
-    env: &mut dyn Iterator<Item = (String, String)>,
-) -> Result<(), ConfigError> {
-    for (var, value) in env {
-        if let Some(name) = var.strip_prefix(PROPERTY_PREFIX) {
-            let key = name.to_ascii_lowercase().replace('_', ".");
-            let kafka = section(root, "kafka").map_err(|message| ConfigError::Env {
-                var: var.clone(),
-                message,
-            })?;
-            section(kafka, "properties")
-                .map_err(|message| ConfigError::Env {
-                    var: var.clone(),
-                    message,
-                })?
-                .insert(key, toml::Value::String(value));
-            continue;
-        }
-        let Some(rest) = var.strip_prefix(PREFIX) else {
-            continue;
-        };
-        let Some((sec, key, kind)) = SCALARS.iter().find(|(sec, key, _)| {
-            rest.len() == sec.len() + 1 + key.len()
-                && rest[..sec.len()].eq_ignore_ascii_case(sec)
-                && rest.as_bytes()[sec.len()] == b'_'
-                && rest[sec.len() + 1..] == key.to_ascii_uppercase()
-        }) else {
-            continue;
-        };
-        let v = match kind {
-            Kind::Str => toml::Value::String(value),
-            Kind::List => toml::Value::Array(
-                value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| toml::Value::String(s.to_owned()))
-                    .collect(),
-            ),
-            Kind::Bool => match value.to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" | "on" => toml::Value::Boolean(true),
-                "false" | "0" | "no" | "off" => toml::Value::Boolean(false),
-                _ => {
-                    return Err(ConfigError::Env {
-                        var,
-                        message: format!("expected true or false, got {value:?}"),
-                    })
-                }
-            },
-            Kind::Int => match value.parse::<i64>() {
-                Ok(n) => toml::Value::Integer(n),
-                Err(_) => {
-                    return Err(ConfigError::Env {
-                        var,
-                        message: format!("expected an integer, got {value:?}"),
-                    })
-                }
-            },
-        };
-        section(root, sec)
-            .map_err(|message| ConfigError::Env { var, message })?
-            .insert((*key).to_owned(), v);
-    }
-    Ok(())
-}
+const LAYOUT: EnvLayout = EnvLayout {
+    prefix: "WALBOX_INBOX",
+    scalars: SCALARS,
+};
 
 /// Loads the inbox configuration from an optional file and the process environment.
 pub fn load(path: Option<&Path>) -> Result<InboxConfig, ConfigError> {
@@ -393,29 +299,8 @@ pub fn load_from(
     path: Option<&Path>,
     env: &mut dyn Iterator<Item = (String, String)>,
 ) -> Result<InboxConfig, ConfigError> {
-    let (mut table, origin) = match path {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
-                path: p.to_owned(),
-                source,
-            })?;
-            let origin = format!(" in {}", p.display());
-            let table = text
-                .parse::<toml::Table>()
-                .map_err(|e| ConfigError::Parse {
-                    origin: origin.clone(),
-                    message: one_line(&e.to_string()),
-                })?;
-            (table, origin)
-        }
-        None => (toml::Table::new(), String::new()),
-    };
-    apply_env(&mut table, env)?;
-    let raw = RawInboxConfig::deserialize(table).map_err(|e| ConfigError::Parse {
-        origin,
-        message: one_line(&e.to_string()),
-    })?;
-    raw.validate()
+    let (table, origin) = read_layers(path, env, &LAYOUT)?;
+    deserialize::<RawInboxConfig>(table, origin)?.validate()
 }
 
 fn invalid(message: impl Into<String>) -> ConfigError {
@@ -587,25 +472,8 @@ impl RawInboxConfig {
             ));
         }
 
-        let listen = self.http.listen.unwrap_or_else(|| "0.0.0.0:9188".into());
-        let http_listen = if listen == "off" {
-            None
-        } else {
-            Some(listen.parse::<SocketAddr>().map_err(|_| {
-                invalid(format!(
-                    "http.listen {listen:?} is not an address like 0.0.0.0:9188 (or \"off\")"
-                ))
-            })?)
-        };
-        let format = match self.log.format.as_deref().unwrap_or("text") {
-            "text" => LogFormat::Text,
-            "json" => LogFormat::Json,
-            other => {
-                return Err(invalid(format!(
-                    "log.format {other:?} must be \"text\" or \"json\""
-                )))
-            }
-        };
+        let http_listen = self.http.validate("0.0.0.0:9188")?;
+        let log = self.log.validate()?;
 
         Ok(InboxConfig {
             conn,
@@ -639,10 +507,7 @@ impl RawInboxConfig {
                 cleanup_batch,
             },
             http_listen,
-            log: LogConfig {
-                format,
-                level: self.log.level.unwrap_or_else(|| "info".into()),
-            },
+            log,
         })
     }
 }
