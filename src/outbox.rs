@@ -20,6 +20,7 @@
 //! - Raw values are zero-copy slices of the replication buffer. The exceptions are bytea
 //!   payloads (decoded from hex text) and envelopes, which are built per event.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -238,6 +239,9 @@ pub struct OutboxMapper {
     messages: Option<usize>,
     /// `None` for relations that are not outbox tables.
     relations: HashMap<u32, Option<MappedRelation>>,
+    /// The text of the last commit LSN mapped: every event of a transaction shares it, so it
+    /// is formatted once per transaction, not per event.
+    lsn_text: RefCell<(Lsn, Bytes)>,
 }
 
 impl OutboxMapper {
@@ -262,6 +266,7 @@ impl OutboxMapper {
             templates,
             messages,
             relations: HashMap::new(),
+            lsn_text: RefCell::new((Lsn::ZERO, Bytes::from_static(b"0/0"))),
         }
     }
 
@@ -487,6 +492,15 @@ impl OutboxMapper {
         self.build(route, row, position).map(Some)
     }
 
+    /// `lsn` as text (`0/16B3748`), cached per transaction.
+    fn lsn_text(&self, lsn: Lsn) -> Bytes {
+        let mut cached = self.lsn_text.borrow_mut();
+        if cached.0 != lsn {
+            *cached = (lsn, Bytes::from(lsn.to_string()));
+        }
+        cached.1.clone()
+    }
+
     fn invalid(
         &self,
         route: usize,
@@ -621,16 +635,13 @@ impl OutboxMapper {
                 }
             },
         };
-        let lsn_text = position.commit_lsn.to_string();
+        let lsn_text = self.lsn_text(position.commit_lsn);
         let mut headers = Vec::with_capacity(4 + row.headers.len());
         headers.push((HeaderName::Static("id"), id.clone()));
         if let Some(t) = &row.event_type {
             headers.push((HeaderName::Static("event_type"), t.clone()));
         }
-        headers.push((
-            HeaderName::Static("walbox.commit_lsn"),
-            Bytes::from(lsn_text.clone()),
-        ));
+        headers.push((HeaderName::Static("walbox.commit_lsn"), lsn_text.clone()));
         headers.push((
             HeaderName::Static("walbox.index"),
             Bytes::from(position.index.to_string()),
@@ -646,7 +657,7 @@ impl OutboxMapper {
                     aggregate_id: &key,
                     payload: p,
                     expand_json: r.expand_json_payload,
-                    commit_lsn: &lsn_text,
+                    commit_lsn: std::str::from_utf8(&lsn_text).unwrap_or_default(),
                     commit_time_us: pg_micros_to_unix_micros(position.commit_time),
                     index: position.index,
                     source: &r.name,
