@@ -9,8 +9,9 @@
 //! the next one starts after a capped exponential backoff with jitter; the backoff resets once a
 //! session reaches streaming.
 //!
-//! Shutdown order (SIGTERM/SIGINT, or the `shutdown` future in tests): stop intake → wait up to
-//! `relay.shutdown_timeout` for in-flight acks → final standby status → stop the slot monitor
+//! Shutdown order (SIGTERM/SIGINT, or the `shutdown` future in tests): read to the end of the open
+//! transaction, stop intake → wait up to `relay.shutdown_timeout` for in-flight acks → final
+//! standby status and a clean end of the replication stream → stop the slot monitor
 //! (it takes one last reading, so a slot lost meanwhile is still reported) and let the alert
 //! webhook deliver what it holds (each bounded to 5 s) → flush the producer (at most 5 s more)
 //! → return `Ok` (exit 0), or the fatal error.
@@ -154,18 +155,8 @@ pub async fn run_with(
                 if relay.reached_streaming {
                     backoff.reset();
                 }
-                match e.into_fatal() {
-                    Ok(mut fatal) => {
-                        if fatal.failure == Failure::SlotLost {
-                            fatal.message = format!(
-                                "replication slot {:?} is lost: {}; last confirmed position {}: events committed after it may never be relayed. See the README runbook \"Slot lost\"; recreate the slot only with `walbox recreate-slot`",
-                                config.postgres.slot,
-                                fatal.message,
-                                relay.acked_frontier()
-                            );
-                        }
-                        break Err(fatal);
-                    }
+                match relay.into_fatal(e) {
+                    Ok(fatal) => break Err(fatal),
                     Err(transient) => {
                         let delay = backoff.next_delay();
                         metrics.reconnects.inc();

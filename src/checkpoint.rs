@@ -29,6 +29,8 @@ use crate::source::lsn::Lsn;
 struct PendingCommit {
     /// Sequence number one past the transaction's last event.
     end_seq: u64,
+    /// LSN of the commit record (identifies the transaction in error messages).
+    commit_lsn: Lsn,
     end_lsn: Lsn,
     /// Commit timestamp, microseconds since 2000-01-01.
     commit_time: i64,
@@ -92,15 +94,17 @@ impl Checkpoint {
         seq
     }
 
-    /// The open transaction committed; `end_lsn` is its commit end LSN.
+    /// The open transaction committed; `commit_lsn` is the LSN of its commit record and
+    /// `end_lsn` its commit end LSN.
     ///
     /// Returns how many transactions this call confirmed (an empty transaction whose
     /// predecessors are all acked is confirmed at once); see [`Checkpoint::drain_confirmed`].
-    pub fn commit(&mut self, end_lsn: Lsn, commit_time: i64) -> usize {
+    pub fn commit(&mut self, commit_lsn: Lsn, end_lsn: Lsn, commit_time: i64) -> usize {
         debug_assert!(self.open, "COMMIT without BEGIN");
         self.open = false;
         self.commits.push_back(PendingCommit {
             end_seq: self.next_seq,
+            commit_lsn,
             end_lsn,
             commit_time,
         });
@@ -137,6 +141,19 @@ impl Checkpoint {
     /// The position that may be confirmed to PostgreSQL.
     pub fn frontier(&self) -> Lsn {
         self.frontier
+    }
+
+    /// The oldest transaction received whole but not yet confirmed: `(commit LSN, end LSN)`.
+    pub fn oldest_pending(&self) -> Option<(Lsn, Lsn)> {
+        self.commits.front().map(|c| (c.commit_lsn, c.end_lsn))
+    }
+
+    /// The end LSN of the pending transaction whose commit record is at `commit_lsn`.
+    pub fn pending_end(&self, commit_lsn: Lsn) -> Option<Lsn> {
+        self.commits
+            .iter()
+            .find(|c| c.commit_lsn == commit_lsn)
+            .map(|c| c.end_lsn)
     }
 
     /// The newest transaction the frontier passed in this session, if any.
@@ -207,7 +224,7 @@ mod tests {
     fn txn(cp: &mut Checkpoint, events: usize, end: u64) -> (Vec<u64>, usize) {
         cp.begin();
         let seqs = (0..events).map(|_| cp.event()).collect();
-        let confirmed = cp.commit(Lsn(end), end as i64);
+        let confirmed = cp.commit(Lsn(end - 1), Lsn(end), end as i64);
         (seqs, confirmed)
     }
 
@@ -272,7 +289,7 @@ mod tests {
         cp.begin();
         assert!(!cp.keepalive(Lsn(70)), "transaction open");
         let s = cp.event();
-        cp.commit(Lsn(80), 0);
+        cp.commit(Lsn(79), Lsn(80), 0);
         assert!(!cp.keepalive(Lsn(90)), "event in flight");
         assert_eq!(cp.frontier(), Lsn(60));
         cp.ack(s);
@@ -328,7 +345,7 @@ mod tests {
                 let end = (i as u64 + 1) * 10;
                 cp.begin();
                 for _ in 0..*n { cp.event(); owner.push(end); }
-                cp.commit(Lsn(end), 0);
+                cp.commit(Lsn(end - 1), Lsn(end), 0);
             }
             let mut order: Vec<u64> = (0..owner.len() as u64).collect();
             let mut x = seed | 1;

@@ -41,6 +41,23 @@ pub enum Command {
         #[arg(long)]
         confirm_data_loss: bool,
     },
+    /// Produce rows still in the outbox table(s) again, with the relay's mapping and headers:
+    /// the way to fill a window no slot can replay (slot lost or dropped, publication dropped).
+    /// Consumers deduplicate by the `id` header.
+    Republish {
+        /// TOML configuration file (the same as for `run`).
+        #[arg(long, short, env = "WALBOX_CONFIG")]
+        config: Option<PathBuf>,
+        /// Rows whose id column is at least this value.
+        #[arg(long, value_name = "ID", required_unless_present = "since")]
+        since_id: Option<String>,
+        /// Rows whose time column is at least this timestamp (e.g. 2026-12-01T09:50:00Z).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// The column holding each row's insert time (default: outbox.columns.timestamp).
+        #[arg(long, value_name = "COLUMN")]
+        time_column: Option<String>,
+    },
     /// Consume topics into PostgreSQL effectively once: inbox row + effect in one transaction,
     /// then the offset commit (the consumer half).
     Inbox {

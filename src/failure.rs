@@ -20,6 +20,7 @@
 //! | 9 | [`Failure::Kafka`] | the producer cannot continue (authorization, fatal producer error) |
 //! | 10 | [`Failure::InboxRecord`] | `walbox inbox`: a record kept failing (or has no message id) under `fail` |
 //! | 11 | [`Failure::Retention`] | `walbox inbox`: the inbox keeps rows for less than a topic's replay window |
+//! | 12 | [`Failure::Unavailable`] | a one-shot command (`status`, `recreate-slot`, `republish`) cannot reach PostgreSQL |
 
 use std::fmt;
 
@@ -46,6 +47,8 @@ pub enum Failure {
     InboxRecord,
     /// `walbox inbox`: the retention guard refused to start.
     Retention,
+    /// A one-shot command cannot reach a server (the relay retries instead).
+    Unavailable,
 }
 
 impl Failure {
@@ -62,6 +65,7 @@ impl Failure {
             Failure::Kafka => 9,
             Failure::InboxRecord => 10,
             Failure::Retention => 11,
+            Failure::Unavailable => 12,
         }
     }
 
@@ -116,6 +120,7 @@ mod tests {
             Failure::Kafka,
             Failure::InboxRecord,
             Failure::Retention,
+            Failure::Unavailable,
         ];
         let mut codes: Vec<u8> = all.iter().map(|f| f.exit_code()).collect();
         codes.sort();

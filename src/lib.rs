@@ -24,11 +24,13 @@
 //! timestamp.rs         epochs, RFC 3339, timestamptz parsing
 //! sink/kafka.rs        producer: delivery reports, error classification
 //! sink/topics.rs       topic existence checks and creation
+//! sink/progress.rs     progress records: the evidence that a slot existed (kafka.progress_topic)
 //! checkpoint.rs        flush LSN = end of the longest fully acknowledged prefix
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
 //! monitor.rs           slot health checks, alerts, heartbeat, lost-slot stop
 //! alert.rs, webhook.rs alert levels and their delivery
 //! status.rs            `walbox status`, `walbox recreate-slot`
+//! republish.rs         `walbox republish`: rows still in the outbox → Kafka, with the relay's mapping
 //! failure.rs           fatal failures and exit statuses
 //! sandbox/             throwaway PostgreSQL + Kafka-protocol broker (demo, tests, benches)
 //! demo.rs              `walbox demo`
@@ -49,6 +51,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod outbox;
 pub mod relay;
+pub mod republish;
 pub mod sandbox;
 pub mod sink;
 pub mod source;

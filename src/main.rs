@@ -103,6 +103,24 @@ fn main() -> ExitCode {
                 finish("recreate-slot", runtime.block_on(walbox::status::recreate_slot(&config)))
             }
         },
+        Command::Republish {
+            config,
+            since_id,
+            since,
+            time_column,
+        } => match load(config) {
+            Err(e) => fail(Failure::Config, e),
+            Ok(config) => {
+                init_logging(config.log.format, "warn");
+                let window = walbox::republish::Window {
+                    since_id,
+                    since,
+                    time_column,
+                };
+                let result = runtime.block_on(walbox::republish::republish(&config, &window));
+                finish("republish", result.map(|_| ()))
+            }
+        },
         Command::Inbox { config } => match walbox::inbox::load(config.as_deref()) {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::config::{OutboxConfig, Route, RouteSource};
+use crate::config::{valid_topic, OutboxConfig, Route, RouteSource};
 use crate::envelope::{self, Payload, PayloadKind};
 use crate::source::lsn::Lsn;
 use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
@@ -716,16 +716,6 @@ impl OutboxMapper {
             source: r.name.clone(),
         })
     }
-}
-
-/// Kafka's topic name rule: 1–249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
-fn valid_topic(t: &str) -> bool {
-    !t.is_empty()
-        && t.len() <= 249
-        && t != "."
-        && t != ".."
-        && t.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
 /// Values a topic template may use.

@@ -22,10 +22,18 @@
 //!   accept a lower value and move the slot backwards) and only grows.
 //! - Status updates go out every `postgres.status_interval` (≤ 1 s), whenever the server asks,
 //!   and when acks move the frontier (at most every 20 ms), so confirmed WAL is released soon.
-//! - Sessions end three ways. Shutdown: stop intake, wait (bounded) for in-flight acks, send a
-//!   final status, exit. Transient error: the same wind-down as far as the connection allows; the
-//!   supervisor reconnects and PostgreSQL resends every transaction after the confirmed position.
-//!   Fatal error: wind down, then stop the process; nothing past the failed event is confirmed.
+//! - Sessions end three ways. Shutdown: finish reading the open transaction (bounded by
+//!   `relay.shutdown_timeout`), stop intake, wait (bounded) for in-flight acks, send a final
+//!   status, then end the copy stream (CopyDone, the server's reply, Terminate) so the server has
+//!   processed that status before the socket closes. Transient error: the same wind-down as far
+//!   as the connection allows; the supervisor reconnects and PostgreSQL resends every
+//!   transaction after the confirmed position. Fatal error: wind down, then stop the process;
+//!   nothing past the failed event is confirmed. For a rejected event, walbox reads on (without
+//!   producing) to its transaction's commit so the message can give the statement that skips
+//!   exactly that transaction.
+//! - A progress record (`sink::progress`) follows the acknowledged frontier: written when
+//!   streaming starts, at most every second while it moves, and when the session ends. A missing
+//!   slot is created only when the progress topic has no record of it.
 //! - Acknowledged progress is remembered across sessions of one process (`acked_frontier`), so a
 //!   reconnect resumes after it even if the last status update did not reach the server.
 
@@ -43,7 +51,8 @@ use crate::failure::{Failure, FatalError};
 use crate::metrics::{Health, Metrics};
 use crate::monitor::HEARTBEAT_PREFIX;
 use crate::outbox::{DeadLetter, EventPosition, OutboxError, OutboxEvent, OutboxMapper};
-use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError};
+use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError, PROGRESS_ROUTE};
+use crate::sink::progress::{self, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
 use crate::sink::topics::{TopicError, Topics};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::conninfo::{connect_control, ConnectError};
@@ -52,7 +61,7 @@ use crate::source::pgoutput::{self, DecodeError, LogicalMessage};
 use crate::source::replication::{
     ReplicationConnection, ReplicationError, ReplicationMessage, ReplicationStream, StandbyStatus,
 };
-use crate::timestamp::pg_now_micros;
+use crate::timestamp::{pg_micros_to_unix_micros, pg_now_micros, rfc3339_micros};
 
 /// Why a session ended with an error.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +122,24 @@ pub enum RelayError {
     /// The stream broke the protocol's rules.
     #[error("replication protocol violation: {0}")]
     Protocol(String),
+    /// The progress topic is missing and may not be created.
+    #[error("kafka.progress_topic: {0}; walbox keeps there the evidence that its slot existed (create it with one partition and cleanup.policy=compact)")]
+    ProgressTopic(TopicError),
+    /// The progress topic could not be read, so a missing slot cannot be told from a new one.
+    #[error("replication slot is missing and {0}, so walbox cannot tell whether the slot existed before; not creating it")]
+    Progress(ProgressError),
+    /// The slot is missing but a progress record shows it existed: it was dropped (or the
+    /// server was restored or replaced), and the events since its last confirmed position are
+    /// not in any slot.
+    #[error("replication slot {slot:?} existed and is gone: walbox confirmed up to {} (newest confirmed commit at {}, recorded at {} in kafka topic {topic:?}); events committed after that were not relayed and no slot holds them. walbox does not recreate a slot that existed: run `walbox recreate-slot --confirm-data-loss`, then `walbox republish --since '{}'` to republish the window from the outbox table (runbook \"Slot lost\")", record.confirmed_lsn, record.confirmed_commit_time(), record.written_at, record.republish_since())]
+    SlotGone {
+        /// The slot.
+        slot: String,
+        /// The newest progress record.
+        record: Box<ProgressRecord>,
+        /// The progress topic.
+        topic: String,
+    },
 }
 
 impl RelayError {
@@ -162,18 +189,71 @@ impl RelayError {
             RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
             RelayError::Protocol(_) => Some(Failure::Internal),
+            RelayError::ProgressTopic(_) => Some(Failure::Schema),
+            RelayError::Progress(_) => None,
+            RelayError::SlotGone { .. } => Some(Failure::SlotLost),
         }
     }
 
-    /// The fatal error to stop with, if this error is fatal.
-    pub fn into_fatal(self) -> Result<FatalError, RelayError> {
-        match self.failure() {
-            Some(failure) => Ok(FatalError {
-                failure,
-                message: self.to_string(),
-            }),
-            None => Err(self),
+    /// The commit LSN of the transaction holding an event that cannot be published, when this
+    /// error is such a rejection.
+    pub fn rejected_commit_lsn(&self) -> Option<Lsn> {
+        if self.failure() != Some(Failure::EventRejected) {
+            return None;
         }
+        match self {
+            RelayError::Send(f) => Some(f.lsn),
+            RelayError::Delivery(f) => f.lsn.parse().ok(),
+            RelayError::Outbox(OutboxError::InvalidEvent(inv)) => Some(inv.lsn),
+            RelayError::Topic { lsn, .. } => Some(*lsn),
+            _ => None,
+        }
+    }
+
+    /// Whether the server stopped decoding because the publication does not exist (SQLSTATE
+    /// 42704 from the walsender, e.g. after `DROP PUBLICATION` while streaming).
+    pub fn publication_missing(&self) -> bool {
+        matches!(self, RelayError::Replication(e)
+            if e.sqlstate() == Some("42704") && e.to_string().contains("publication"))
+    }
+}
+
+/// The transaction of an event that cannot be published, located for the operator.
+#[derive(Debug, Clone, Copy)]
+struct RejectedTxn {
+    commit_lsn: Lsn,
+    /// Its commit end LSN: advancing the slot there skips it.
+    end_lsn: Option<Lsn>,
+    /// Every transaction before it is confirmed, so the advance skips nothing else.
+    exact: bool,
+}
+
+impl RejectedTxn {
+    fn advice(&self, slot: &str) -> String {
+        let commit = self.commit_lsn;
+        match self.end_lsn {
+            Some(end) if self.exact => format!(
+                "to drop exactly this transaction (commit {commit}, end {end}) and nothing else, with walbox stopped run: SELECT pg_replication_slot_advance({}, '{end}'); then start walbox",
+                postgres_protocol::escape::escape_literal(slot)
+            ),
+            Some(end) => format!(
+                "its transaction ends at {end}, but the transactions before it were not all acknowledged yet: restart walbox once (it stops here again with everything before it confirmed) to get the statement that drops exactly this transaction (commit {commit})"
+            ),
+            None => format!(
+                "the end of its transaction (commit {commit}) could not be read in time: restart walbox to get the statement that drops exactly this transaction"
+            ),
+        }
+    }
+}
+
+/// The fatal error of a one-shot command (`status`, `recreate-slot`, `republish`) that could
+/// not open its control connection: classified like the relay's, a transient cause (server
+/// down, network) being [`Failure::Unavailable`], never an authentication failure.
+pub fn connect_failure(e: ConnectError) -> FatalError {
+    let e = RelayError::Control(e);
+    FatalError {
+        failure: e.failure().unwrap_or(Failure::Unavailable),
+        message: e.to_string(),
     }
 }
 
@@ -271,6 +351,12 @@ struct Session {
 /// come every `postgres.status_interval` regardless).
 const EAGER_STATUS_GAP: Duration = Duration::from_millis(20);
 
+/// How long reading the progress topic may take when the slot is missing.
+const PROGRESS_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long, after a rejected event, walbox reads on to find the end of its transaction.
+const LOCATE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Messages handled from the read buffer per wake-up before acks and deadlines are looked at
 /// again.
 const MAX_BURST: usize = 1024;
@@ -296,6 +382,15 @@ pub struct Relay {
     topics: Topics,
     /// Set once a session reached streaming; the supervisor resets its backoff then.
     pub reached_streaming: bool,
+    /// Which slot the progress records are about (known once a session identified the server).
+    progress_key: Option<ProgressKey>,
+    /// The position of the last progress record handed to the producer, and when.
+    progress_lsn: Lsn,
+    progress_at: Option<Instant>,
+    /// Commit time (PostgreSQL microseconds) of the newest transaction confirmed.
+    confirmed_commit_time: Option<i64>,
+    /// The transaction of the event that stopped the last session, if one was rejected.
+    rejected: Option<RejectedTxn>,
 }
 
 impl Relay {
@@ -319,6 +414,58 @@ impl Relay {
             next_seq: 0,
             acked_frontier: Lsn::ZERO,
             reached_streaming: false,
+            progress_key: None,
+            progress_lsn: Lsn::ZERO,
+            progress_at: None,
+            confirmed_commit_time: None,
+            rejected: None,
+        }
+    }
+
+    /// The fatal error to stop with, when `e` is fatal, with what the operator needs to act on
+    /// it: the data-loss window and the republish command for a lost slot, the statement that
+    /// skips a rejected event's transaction, the way out of a dropped publication.
+    pub fn into_fatal(&self, e: RelayError) -> Result<FatalError, RelayError> {
+        let Some(failure) = e.failure() else {
+            return Err(e);
+        };
+        let slot = &self.config.postgres.slot;
+        let message = if let RelayError::SlotGone { .. } = e {
+            e.to_string()
+        } else if failure == Failure::SlotLost {
+            format!(
+                "replication slot {slot:?} is lost: {e}; last confirmed position {}: events committed after it may never be relayed. Run `walbox recreate-slot --confirm-data-loss`, then {} (runbook \"Slot lost\")",
+                self.acked_frontier,
+                self.republish_hint()
+            )
+        } else if failure == Failure::EventRejected {
+            match &self.rejected {
+                Some(r) => format!("{e}; {}", r.advice(slot)),
+                None => e.to_string(),
+            }
+        } else if e.publication_missing() {
+            format!(
+                "{e}: the publication was dropped while walbox streamed (or is missing for changes after the confirmed position {}). Re-creating it alone does not help: PostgreSQL decodes each change with the catalog as of that change. Way out, with walbox stopped: create the publication again, run SELECT pg_replication_slot_advance({}, pg_current_wal_lsn()); to move the slot past the re-creation, start walbox, then {} (runbook \"Publication dropped\")",
+                self.acked_frontier,
+                postgres_protocol::escape::escape_literal(slot),
+                self.republish_hint()
+            )
+        } else {
+            e.to_string()
+        };
+        Ok(FatalError { failure, message })
+    }
+
+    /// How to republish what this process has not confirmed: the command with a `--since`
+    /// [`progress::REPUBLISH_MARGIN_MICROS`] before the newest confirmed commit.
+    fn republish_hint(&self) -> String {
+        match self.confirmed_commit_time {
+            Some(t) => format!(
+                "republish the window from the outbox table with `walbox republish --since '{}'` (10 minutes before the newest confirmed commit at {}; consumers deduplicate by id)",
+                rfc3339_micros(pg_micros_to_unix_micros(t) - progress::REPUBLISH_MARGIN_MICROS, 0),
+                rfc3339_micros(pg_micros_to_unix_micros(t), 3)
+            ),
+            None => "republish the rows inserted since walbox last confirmed (walbox_confirmed_flush_lsn stopped moving) with `walbox republish --since <time>`; consumers deduplicate by id".into(),
         }
     }
 
@@ -342,17 +489,53 @@ impl Relay {
         let control = connect_control(&pg.conn).await?;
         catalog::prepare(&control, pg, &self.config.outbox).await?;
         let mut repl = ReplicationConnection::connect(&pg.conn).await?;
+        let identity = repl.identify_system().await?;
+        let key = ProgressKey {
+            system_identifier: identity.system_id,
+            database: identity.dbname.unwrap_or_default(),
+            slot: pg.slot.clone(),
+        };
+        let progress_topic = self.config.kafka.progress_topic.clone();
+        self.topics
+            .ensure_progress(&self.sink, &progress_topic)
+            .await
+            .map_err(RelayError::ProgressTopic)?;
         let slot = match catalog::slot_state(&control, &pg.slot).await? {
             Some(s) => s,
-            None if pg.create_slot => {
-                let at = repl.create_logical_slot(&pg.slot).await?;
-                tracing::info!(slot = %pg.slot, consistent_point = %at, "created replication slot");
-                catalog::slot_state(&control, &pg.slot)
-                    .await?
-                    .ok_or_else(|| CatalogError::MissingSlot(pg.slot.clone()))?
+            None => {
+                // A missing slot is created only when the progress topic proves it never
+                // existed; see `sink::progress`.
+                let config = self.config.kafka.clone();
+                let lookup = key.clone();
+                let evidence = tokio::task::spawn_blocking(move || {
+                    progress::read_last(&config, &lookup, PROGRESS_READ_TIMEOUT)
+                })
+                .await
+                .unwrap_or_else(|_| Err(ProgressError::Timeout(progress_topic.clone())));
+                match evidence {
+                    Ok(Some(record)) => {
+                        return Err(RelayError::SlotGone {
+                            slot: pg.slot.clone(),
+                            record: Box::new(record),
+                            topic: progress_topic,
+                        })
+                    }
+                    Ok(None) if pg.create_slot => {
+                        let at = repl.create_logical_slot(&pg.slot).await?;
+                        tracing::info!(slot = %pg.slot, consistent_point = %at, "created replication slot (the progress topic holds no record of it: it never existed)");
+                        catalog::slot_state(&control, &pg.slot)
+                            .await?
+                            .ok_or_else(|| CatalogError::MissingSlot(pg.slot.clone()))?
+                    }
+                    Err(e) if pg.create_slot => return Err(RelayError::Progress(e)),
+                    _ => return Err(CatalogError::MissingSlot(pg.slot.clone()).into()),
+                }
             }
-            None => return Err(CatalogError::MissingSlot(pg.slot.clone()).into()),
         };
+        if self.progress_key.as_ref() != Some(&key) {
+            self.progress_key = Some(key);
+            self.progress_lsn = Lsn::ZERO;
+        }
         drop(control);
         let start = slot.confirmed_flush_lsn.max(self.acked_frontier);
         let publication = pg.publication.clone();
@@ -372,6 +555,7 @@ impl Relay {
         self.metrics.streaming.set(1);
         self.metrics.confirmed_flush_lsn.set(start.as_u64() as i64);
         self.reached_streaming = true;
+        self.write_progress(start, true);
         let mut session = Session {
             stream,
             checkpoint: Checkpoint::new(start, self.next_seq),
@@ -390,9 +574,104 @@ impl Relay {
             Err(RelayError::Replication(_)) | Err(RelayError::StreamEnded)
         );
         self.wind_down(&mut session, connection_alive).await;
+        self.rejected = None;
+        if let Some(commit_lsn) = result
+            .as_ref()
+            .err()
+            .and_then(RelayError::rejected_commit_lsn)
+        {
+            self.rejected = Some(
+                self.locate(&mut session, commit_lsn, connection_alive)
+                    .await,
+            );
+        }
         self.next_seq = session.checkpoint.next_seq();
         self.acked_frontier = self.acked_frontier.max(session.checkpoint.frontier());
+        self.write_progress(self.acked_frontier, true);
+        if connection_alive {
+            // CopyDone, wait for the server's end of the copy, Terminate: the final status
+            // update is processed before the socket closes, and the server logs no EOF.
+            if let Err(e) = session.stream.finish().await {
+                tracing::debug!(error = %e, "ending the replication stream");
+            }
+        }
         result
+    }
+
+    /// Finds the transaction of a rejected event: its end LSN (from the pending commits, or by
+    /// reading the stream on to its commit, bounded) and whether everything before it is
+    /// confirmed. Nothing read here is produced or confirmed.
+    async fn locate(&mut self, s: &mut Session, commit_lsn: Lsn, alive: bool) -> RejectedTxn {
+        let exact = match s.checkpoint.oldest_pending() {
+            Some((oldest, _)) => oldest == commit_lsn,
+            None => s.txn.is_some_and(|t| t.commit_lsn == commit_lsn),
+        };
+        let mut end_lsn = s.checkpoint.pending_end(commit_lsn);
+        if end_lsn.is_none() && alive {
+            let scan = async {
+                while let Some(msg) = s.stream.next().await? {
+                    if let ReplicationMessage::XLogData { data, .. } = msg {
+                        if let Ok(LogicalMessage::Commit(c)) = pgoutput::decode(data) {
+                            if c.commit_lsn == commit_lsn {
+                                return Ok(Some(c.end_lsn));
+                            }
+                        }
+                    }
+                }
+                Ok::<_, ReplicationError>(None)
+            };
+            end_lsn = match tokio::time::timeout(LOCATE_TIMEOUT, scan).await {
+                Ok(Ok(end)) => end,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "reading on to the rejected transaction's commit");
+                    None
+                }
+                Err(_) => None,
+            };
+        }
+        RejectedTxn {
+            commit_lsn,
+            end_lsn,
+            exact,
+        }
+    }
+
+    /// Hands a progress record for `frontier` (everything up to it acknowledged by the broker)
+    /// to the producer: when the frontier moved, at most every [`PROGRESS_INTERVAL`] unless
+    /// `force`. Failures only cost a warning; the next record replaces this one.
+    fn write_progress(&mut self, frontier: Lsn, force: bool) {
+        let Some(key) = &self.progress_key else {
+            return;
+        };
+        if frontier == Lsn::ZERO
+            || (!force && frontier <= self.progress_lsn)
+            || (!force
+                && self
+                    .progress_at
+                    .is_some_and(|t| t.elapsed() < PROGRESS_INTERVAL))
+        {
+            return;
+        }
+        let record = ProgressRecord::new(key, frontier, self.confirmed_commit_time);
+        let value = match serde_json::to_vec(&record) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot encode the progress record");
+                return;
+            }
+        };
+        match self
+            .sink
+            .send_progress(&self.config.kafka.progress_topic, &key.record_key(), &value)
+        {
+            Ok(()) => {
+                self.progress_lsn = frontier;
+                self.progress_at = Some(Instant::now());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write the progress record; retrying with the next one")
+            }
+        }
     }
 
     async fn stream_loop(
@@ -403,13 +682,34 @@ impl Relay {
         let mut status_tick = tokio::time::interval(self.config.postgres.status_interval);
         status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let max_in_flight = self.config.relay.max_in_flight;
+        // Once shutdown is requested, intake continues only to the end of the open transaction
+        // (bounded by `relay.shutdown_timeout`): its acknowledged events are then confirmed and
+        // not sent again after the restart.
+        let mut draining: Option<Instant> = None;
         loop {
-            if *shutdown.borrow() {
-                return Ok(SessionEnd::Shutdown);
+            if draining.is_none() && *shutdown.borrow() {
+                draining = Some(Instant::now() + self.config.relay.shutdown_timeout);
             }
+            if let Some(deadline) = draining {
+                if s.txn.is_none() {
+                    return Ok(SessionEnd::Shutdown);
+                }
+                if Instant::now() >= deadline {
+                    tracing::warn!("stopping in the middle of a transaction; its events are sent again after restart");
+                    return Ok(SessionEnd::Shutdown);
+                }
+            }
+            let drain_deadline = draining.unwrap_or_else(Instant::now);
             tokio::select! {
                 biased;
-                _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
+                changed = shutdown.changed(), if draining.is_none() => {
+                    if changed.is_err() {
+                        // The sender is gone: nobody can ask any more, so stop as asked.
+                        draining = Some(Instant::now() + self.config.relay.shutdown_timeout);
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep_until(drain_deadline.into()), if draining.is_some() => continue,
                 _ = self.acks.wait() => {
                     self.take_acks(s)?;
                 }
@@ -434,7 +734,10 @@ impl Relay {
                     // Work through what the last read already buffered before polling again:
                     // one wake-up per burst of messages, not per message.
                     let mut burst = 0;
-                    while burst < MAX_BURST && s.checkpoint.in_flight() < max_in_flight {
+                    while burst < MAX_BURST
+                        && s.checkpoint.in_flight() < max_in_flight
+                        && !(draining.is_some() && s.txn.is_none())
+                    {
                         match s.stream.next_buffered()? {
                             Some(msg) => self.on_message(s, msg).await?,
                             None => break,
@@ -474,6 +777,14 @@ impl Relay {
         self.acks.drain_into(&mut batch);
         let mut first_error = None;
         for ack in batch.drain(..) {
+            if ack.route == PROGRESS_ROUTE {
+                if let Err(e) = ack.result {
+                    // Written again at the next opportunity.
+                    self.progress_lsn = Lsn::ZERO;
+                    tracing::warn!(error = %e, topic = %self.config.kafka.progress_topic, "kafka failed a progress record; writing it again");
+                }
+                continue;
+            }
             if let Err(e) = self.on_ack(s, ack) {
                 first_error.get_or_insert(e);
             }
@@ -535,9 +846,10 @@ impl Relay {
         }
     }
 
-    fn observe_confirmed(&self, s: &mut Session) {
+    fn observe_confirmed(&mut self, s: &mut Session) {
         let now = pg_now_micros();
         for c in s.checkpoint.drain_confirmed() {
+            self.confirmed_commit_time = Some(c.commit_time);
             self.metrics.transactions.inc();
             self.metrics
                 .commit_to_ack
@@ -560,7 +872,7 @@ impl Relay {
             }
             LogicalMessage::Commit(c) => {
                 s.txn = None;
-                if s.checkpoint.commit(c.end_lsn, c.commit_time) > 0 {
+                if s.checkpoint.commit(c.commit_lsn, c.end_lsn, c.commit_time) > 0 {
                     self.observe_confirmed(s);
                 }
             }
@@ -761,7 +1073,7 @@ impl Relay {
         }
     }
 
-    async fn send_status(&self, s: &mut Session, reply: bool) -> Result<(), RelayError> {
+    async fn send_status(&mut self, s: &mut Session, reply: bool) -> Result<(), RelayError> {
         let frontier = s.checkpoint.frontier();
         self.update_gauges(s);
         if frontier == Lsn::ZERO {
@@ -780,6 +1092,7 @@ impl Relay {
             tracing::debug!(lsn = %frontier, "confirmed");
             s.last_status = frontier;
         }
+        self.write_progress(frontier, false);
         Ok(())
     }
 

@@ -4,12 +4,17 @@
 //! Recreating a slot is an explicit operator decision because it opens a data-loss window: the
 //! new slot streams only transactions that commit after its creation, so every event committed
 //! after the old slot's confirmed position and before the new slot exists is never relayed. The
-//! command prints both positions so the window can be republished from the outbox table.
+//! command prints both positions, and the `walbox republish` command that fills the window
+//! from the outbox table. When the slot is already gone, the old position comes from the
+//! progress record in Kafka (`sink::progress`).
 
 use crate::alert::{self, Assessment};
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
+use crate::relay::connect_failure;
+use crate::sink::progress::{self, ProgressKey, ProgressRecord};
 use crate::source::conninfo::connect_control;
+use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
 
 fn fatal(failure: Failure, message: impl ToString) -> FatalError {
@@ -22,7 +27,7 @@ fn fatal(failure: Failure, message: impl ToString) -> FatalError {
 async fn read(config: &Config) -> Result<(tokio_postgres::Client, Option<SlotHealth>), FatalError> {
     let client = connect_control(&config.postgres.conn)
         .await
-        .map_err(|e| fatal(Failure::Auth, format!("cannot connect to PostgreSQL: {e}")))?;
+        .map_err(connect_failure)?;
     let health = slot::read(&client, &config.postgres.slot)
         .await
         .map_err(|e| fatal(Failure::Schema, format!("cannot read the slot: {e}")))?;
@@ -138,9 +143,11 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
             ));
         }
     }
+    let record = last_progress(config).await;
     let old = health
         .as_ref()
         .and_then(|h| h.confirmed_flush_lsn)
+        .or(record.as_ref().map(|r| r.confirmed_lsn))
         .map(|l| l.to_string())
         .unwrap_or_else(|| "none".into());
     let new = slot::recreate(&client, name).await.map_err(|e| {
@@ -153,9 +160,44 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
     println!("  old confirmed position: {old}");
     println!("  new slot starts at:     {new}");
     println!(
-        "events committed after {old} and before {new} were NOT relayed; republish them from the outbox table if its rows are still there"
+        "events committed after {old} and before {new} were NOT relayed; republish them from the outbox table if its rows are still there:"
     );
+    match &record {
+        Some(r) => println!(
+            "  walbox republish --since '{}'   (10 minutes before the newest confirmed commit, {})",
+            r.republish_since(),
+            r.confirmed_commit_time()
+        ),
+        None => println!(
+            "  walbox republish --since <time walbox stopped confirming>   (no progress record found in kafka.progress_topic)"
+        ),
+    }
     Ok(())
+}
+
+/// The newest progress record of the configured slot, when Kafka and the server answer.
+async fn last_progress(config: &Config) -> Option<ProgressRecord> {
+    let mut repl = ReplicationConnection::connect(&config.postgres.conn)
+        .await
+        .ok()?;
+    let identity = repl.identify_system().await.ok()?;
+    let key = ProgressKey {
+        system_identifier: identity.system_id,
+        database: identity.dbname.unwrap_or_default(),
+        slot: config.postgres.slot.clone(),
+    };
+    let kafka = config.kafka.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        progress::read_last(&kafka, &key, std::time::Duration::from_secs(30))
+    });
+    match read.await {
+        Ok(Ok(record)) => record,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the progress record");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 #[cfg(test)]

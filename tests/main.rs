@@ -7,6 +7,7 @@ mod connection;
 mod failures;
 mod http;
 mod inbox;
+mod recovery;
 mod relay;
 mod routing;
 mod slot;

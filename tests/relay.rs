@@ -248,8 +248,9 @@ fn sigkill_at_random_points_loses_nothing_and_never_confirms_unacked_events() {
     let mut walbox = Walbox::spawn(&env);
     assert!(
         reader.poll_until(WAIT * 2, |r| distinct_ids(r).len() >= 50_000),
-        "after {kills} kills, {} of 50000 events arrived",
-        distinct_ids(&reader.records).len()
+        "after {kills} kills, {} of 50000 events arrived; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        walbox.log()
     );
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());

@@ -28,6 +28,19 @@ pub mod outbox;
 use outbox::RawOutbox;
 pub use outbox::{ColumnNames, OnChange, OnInvalid, OutboxConfig, Route, RouteSource, ValueFormat};
 
+/// `kafka.progress_topic` unless set.
+pub const DEFAULT_PROGRESS_TOPIC: &str = "walbox.progress";
+
+/// Kafka's topic name rule: 1–249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn valid_topic(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 249
+        && t != "."
+        && t != ".."
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
 /// Why a configuration could not be loaded; each message is one actionable line.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -178,6 +191,8 @@ pub struct RawKafka {
     pub topic_partitions: Option<i32>,
     /// Replication factor of created topics (-1: the broker's default).
     pub topic_replication_factor: Option<i32>,
+    /// Compacted topic for walbox's progress records.
+    pub progress_topic: Option<String>,
 }
 
 impl fmt::Debug for RawKafka {
@@ -372,6 +387,8 @@ pub struct KafkaConfig {
     pub properties: BTreeMap<String, String>,
     /// Create missing topics, with these partitions and replication factor.
     pub create_topics: Option<(i32, i32)>,
+    /// Compacted topic holding one progress record per slot (see `sink::progress`).
+    pub progress_topic: String,
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -522,6 +539,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["kafka"], "create_topics", Kind::Bool),
     (&["kafka"], "topic_partitions", Kind::Int),
     (&["kafka"], "topic_replication_factor", Kind::Int),
+    (&["kafka"], "progress_topic", Kind::Str),
     (&["relay"], "max_in_flight", Kind::Int),
     (&["relay"], "shutdown_timeout", Kind::Str),
     (&["relay"], "backoff_initial", Kind::Str),
@@ -821,6 +839,16 @@ impl RawConfig {
                 .unwrap_or(Duration::from_secs(5)),
         };
 
+        let progress_topic = self
+            .kafka
+            .progress_topic
+            .unwrap_or_else(|| DEFAULT_PROGRESS_TOPIC.to_owned());
+        if !valid_topic(&progress_topic) {
+            return Err(ConfigError::Invalid(format!(
+                "kafka.progress_topic {progress_topic:?} is not a valid topic name"
+            )));
+        }
+
         let http_listen = self.http.validate("0.0.0.0:9187")?;
         let log = self.log.validate()?;
 
@@ -843,6 +871,7 @@ impl RawConfig {
                         self.kafka.topic_replication_factor.unwrap_or(-1),
                     )
                 }),
+                progress_topic,
             },
             relay: RelayConfig {
                 max_in_flight,

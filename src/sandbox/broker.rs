@@ -30,16 +30,22 @@ pub enum Broker {
 }
 
 impl Broker {
-    /// A mock cluster of `brokers` brokers.
+    /// A mock cluster of `brokers` brokers, with walbox's progress topic.
     pub fn mock(brokers: i32) -> Result<Broker, KafkaError> {
-        Ok(Broker::Mock(MockCluster::new(brokers)?))
+        let broker = Broker::Mock(MockCluster::new(brokers)?);
+        broker.create_topic(crate::config::DEFAULT_PROGRESS_TOPIC, 1)?;
+        Ok(broker)
     }
 
     /// The external cluster named by environment variable `var` when it is set, else a mock
-    /// cluster of `brokers` brokers.
+    /// cluster of `brokers` brokers; either with walbox's progress topic.
     pub fn from_env_or_mock(var: &str, brokers: i32) -> Result<Broker, KafkaError> {
         match std::env::var(var) {
-            Ok(b) if !b.trim().is_empty() => Ok(Broker::External(b)),
+            Ok(b) if !b.trim().is_empty() => {
+                let broker = Broker::External(b);
+                broker.create_topic(crate::config::DEFAULT_PROGRESS_TOPIC, 1)?;
+                Ok(broker)
+            }
             _ => Broker::mock(brokers),
         }
     }
@@ -182,8 +188,21 @@ impl TopicReader {
         })
     }
 
+    /// Waits up to 100 ms for a record, then takes every record already fetched (up to a
+    /// bound), so that callers checking a condition do so once per batch, not per record.
     fn poll_once(&mut self) {
-        match self.consumer.poll(Duration::from_millis(100)) {
+        let mut wait = Duration::from_millis(100);
+        for _ in 0..10_000 {
+            if !self.poll_one(wait) {
+                return;
+            }
+            wait = Duration::ZERO;
+        }
+    }
+
+    /// One record, if one arrives within `wait`; whether one did.
+    fn poll_one(&mut self, wait: Duration) -> bool {
+        match self.consumer.poll(wait) {
             Some(Ok(m)) => {
                 let rec = ConsumedRecord {
                     topic: m.topic().to_owned(),
@@ -208,9 +227,13 @@ impl TopicReader {
                     self.next[i] = rec.offset + 1;
                 }
                 self.records.push(rec);
+                true
             }
-            Some(Err(e)) => tracing::debug!(error = %e, "consumer error"),
-            None => {}
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "consumer error");
+                false
+            }
+            None => false,
         }
     }
 

@@ -235,6 +235,10 @@ impl ProducerContext for SinkContext {
 /// Bits of the delivery opaque that hold the route index; the rest is the sequence number.
 const ROUTE_BITS: u32 = 16;
 
+/// The route tag of progress records ([`crate::sink::progress`]): their acks never reach the
+/// checkpoint.
+pub const PROGRESS_ROUTE: usize = (1 << ROUTE_BITS) - 1;
+
 fn pack_opaque(seq: u64, route: usize) -> usize {
     debug_assert!(route < 1 << ROUTE_BITS && seq < 1 << (usize::BITS - ROUTE_BITS));
     ((seq as usize) << ROUTE_BITS) | (route & ((1 << ROUTE_BITS) - 1))
@@ -306,6 +310,22 @@ impl KafkaSink {
         if let Some(p) = event.partition {
             record = record.partition(p);
         }
+        match self.producer.send(record) {
+            Ok(()) => Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err(SinkError::QueueFull)
+            }
+            Err((e, _)) => Err(SinkError::Send(e)),
+        }
+    }
+
+    /// Hands one progress record to the producer; its [`Ack`] arrives with route
+    /// [`PROGRESS_ROUTE`].
+    pub fn send_progress(&self, topic: &str, key: &str, value: &[u8]) -> Result<(), SinkError> {
+        let record: BaseRecord<'_, str, [u8], usize> =
+            BaseRecord::with_opaque_to(topic, pack_opaque(0, PROGRESS_ROUTE))
+                .key(key)
+                .payload(value);
         match self.producer.send(record) {
             Ok(()) => Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {

@@ -50,12 +50,8 @@ impl Topics {
             Some(_) => {
                 let mut cc = ClientConfig::new();
                 cc.set("bootstrap.servers", &config.brokers);
-                for (k, v) in &config.properties {
-                    // Security settings apply to the admin client too; producer tuning does not.
-                    if k.starts_with("security.") || k.starts_with("sasl.") || k.starts_with("ssl.")
-                    {
-                        cc.set(k, v);
-                    }
+                for (k, v) in crate::sink::security_properties(&config.properties) {
+                    cc.set(k, v);
                 }
                 Some(cc.create()?)
             }
@@ -69,6 +65,27 @@ impl Topics {
 
     /// Makes sure `topic` exists, or says why it cannot be used.
     pub async fn ensure(&mut self, sink: &KafkaSink, topic: &str) -> Result<(), TopicError> {
+        self.ensure_as(sink, topic, None).await
+    }
+
+    /// Makes sure the progress topic exists; when walbox creates it, it has one partition and
+    /// `cleanup.policy=compact` (one record per slot is all that matters).
+    pub async fn ensure_progress(
+        &mut self,
+        sink: &KafkaSink,
+        topic: &str,
+    ) -> Result<(), TopicError> {
+        self.ensure_as(sink, topic, Some(1)).await
+    }
+
+    /// [`Topics::ensure`]; `compacted_partitions` creates a compacted topic of that many
+    /// partitions instead of one with the configured defaults.
+    async fn ensure_as(
+        &mut self,
+        sink: &KafkaSink,
+        topic: &str,
+        compacted_partitions: Option<i32>,
+    ) -> Result<(), TopicError> {
         if self.known.contains(topic) {
             return Ok(());
         }
@@ -89,8 +106,12 @@ impl Topics {
             }
             Ok(false) => match (&self.admin, self.create) {
                 (Some(admin), Some((partitions, replication))) => {
-                    let spec =
+                    let partitions = compacted_partitions.unwrap_or(partitions);
+                    let mut spec =
                         NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+                    if compacted_partitions.is_some() {
+                        spec = spec.set("cleanup.policy", "compact");
+                    }
                     let options = AdminOptions::new()
                         .request_timeout(Some(LOOKUP_TIMEOUT))
                         .operation_timeout(Some(LOOKUP_TIMEOUT));

@@ -47,6 +47,13 @@ impl serde::Serialize for Lsn {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Lsn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The text was not of the form `XXXXXXXX/YYYYYYYY`.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid LSN {0:?}: expected two hexadecimal halves like 0/16B3748")]

@@ -1,0 +1,336 @@
+//! `walbox republish`: produce rows still in the outbox table(s) again, for a window the slot
+//! cannot replay (a lost or dropped slot, a dropped publication).
+//!
+//! Rows are read with SQL (`SELECT col::text, …`, the text form pgoutput sends) and mapped by the
+//! same [`OutboxMapper`] as the relay, through a `Relation` built from the catalog, so a
+//! republished record has the topic, key, value and headers the relay gives the same row; only
+//! its `walbox.commit_lsn` header is `0/0`, because a row in a table carries no LSN. Consumers
+//! deduplicate by the `id` header, so republishing a window wider than the gap is harmless; a
+//! narrower one loses events. The window is given as `--since-id N` (rows whose id column is
+//! ≥ N) and/or `--since TIME` (rows whose `--time-column`, by default
+//! `outbox.columns.timestamp`, is ≥ TIME); rows go out in that column's order, then by id.
+//!
+//! # Invariants
+//! - The exit status is 0 only when the broker acknowledged every selected row (or its dead
+//!   letter, under `on_invalid = "dead_letter"`). A row that cannot be mapped under
+//!   `on_invalid = "fail"` stops the command with exit status 8, naming the row.
+//! - Memory is bounded: rows are streamed from the server and at most `relay.max_in_flight`
+//!   records are unacknowledged at a time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio_postgres::types::ToSql;
+
+use crate::config::{Config, OnInvalid, Route, RouteSource};
+use crate::failure::{Failure, FatalError};
+use crate::outbox::{EventPosition, OutboxError, OutboxMapper};
+use crate::relay::connect_failure;
+use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError};
+use crate::sink::topics::Topics;
+use crate::source::catalog::quote_ident;
+use crate::source::conninfo::connect_control;
+use crate::source::lsn::Lsn;
+use crate::source::pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
+use crate::timestamp::pg_now_micros;
+
+/// Which rows to republish.
+#[derive(Debug, Clone, Default)]
+pub struct Window {
+    /// Rows whose id column is at least this (compared in the column's type).
+    pub since_id: Option<String>,
+    /// Rows whose time column is at least this `timestamptz`.
+    pub since: Option<String>,
+    /// The time column; default `outbox.columns.timestamp`.
+    pub time_column: Option<String>,
+}
+
+fn fatal(failure: Failure, message: impl ToString) -> FatalError {
+    FatalError {
+        failure,
+        message: message.to_string(),
+    }
+}
+
+fn lit(s: &str) -> String {
+    postgres_protocol::escape::escape_literal(s)
+}
+
+/// `walbox republish`: see the module docs. Returns how many records were acknowledged.
+pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalError> {
+    if window.since_id.is_none() && window.since.is_none() {
+        return Err(fatal(
+            Failure::Config,
+            "republish needs a window: --since-id N and/or --since TIME",
+        ));
+    }
+    let client = connect_control(&config.postgres.conn)
+        .await
+        .map_err(connect_failure)?;
+    let acks = Arc::new(AckQueue::default());
+    let sink = KafkaSink::new(&config.kafka, acks.clone())
+        .map_err(|e| fatal(Failure::Kafka, e.to_string()))?;
+    let mut topics = Topics::new(&config.kafka)
+        .map_err(|e| fatal(Failure::Kafka, format!("kafka admin client: {e}")))?;
+    let mut mapper = OutboxMapper::new(&config.outbox);
+    let mut total = 0;
+    for (route_index, route) in config.outbox.tables.iter().enumerate() {
+        let RouteSource::Table { schema, table } = &route.source else {
+            continue;
+        };
+        let (relation, types) = describe(&client, schema, table).await?;
+        mapper.relation(&relation);
+        let sql = select(route, &relation, &types, window)?;
+        let mut batch = Batch {
+            sink: &sink,
+            acks: &acks,
+            max_in_flight: config.relay.max_in_flight,
+            outstanding: 0,
+            acked: 0,
+            reports: Vec::new(),
+        };
+        let rows = client
+            .query_raw(&sql, std::iter::empty::<&(dyn ToSql + Sync)>())
+            .await
+            .map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
+        let mut rows = std::pin::pin!(rows);
+        let mut index = 0u32;
+        while let Some(row) = rows.next().await {
+            let row =
+                row.map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
+            let columns = (0..row.len())
+                .map(|i| match row.get::<_, Option<&str>>(i) {
+                    Some(v) => TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())),
+                    None => TupleValue::Null,
+                })
+                .collect();
+            let insert = Insert {
+                relation_id: relation.id,
+                tuple: TupleData { columns },
+            };
+            let position = EventPosition {
+                commit_lsn: Lsn::ZERO,
+                index,
+                commit_time: pg_now_micros(),
+            };
+            index = index.wrapping_add(1);
+            let event = match mapper.map_insert(&insert, position) {
+                Ok(Some(event)) => event,
+                Ok(None) => continue,
+                Err(OutboxError::InvalidEvent(inv)) => match &route.on_invalid {
+                    OnInvalid::DeadLetter(dlq) => inv.dead_letter(dlq),
+                    OnInvalid::Fail => return Err(fatal(Failure::EventRejected, inv)),
+                },
+                Err(e) => return Err(fatal(Failure::Internal, e)),
+            };
+            if let Err(e) = topics.ensure(&sink, &event.topic).await {
+                return Err(fatal(Failure::EventRejected, e));
+            }
+            batch.send(&event, route_index).await?;
+        }
+        batch.drain().await?;
+        tracing::info!(table = %route.name, records = batch.acked, "republished");
+        println!("republished {} records from {}", batch.acked, route.name);
+        total += batch.acked;
+    }
+    if config.outbox.messages.is_some() {
+        println!(
+            "the table-less outbox ([outbox.messages]) keeps no rows and cannot be republished"
+        );
+    }
+    let flushed = tokio::task::spawn_blocking(move || sink.flush(Duration::from_secs(5)))
+        .await
+        .unwrap_or(false);
+    if !flushed {
+        tracing::debug!("producer flush timed out after every record was acknowledged");
+    }
+    Ok(total)
+}
+
+/// The table as pgoutput would announce it: every column, in order, with its type (and the
+/// types' SQL names).
+async fn describe(
+    client: &tokio_postgres::Client,
+    schema: &str,
+    table: &str,
+) -> Result<(Relation, Vec<String>), FatalError> {
+    let name = format!("{}.{}", quote_ident(schema), quote_ident(table));
+    let rows = client
+        .query(
+            "SELECT c.oid, a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod) \
+             FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid \
+             WHERE c.oid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&name],
+        )
+        .await
+        .map_err(|e| fatal(Failure::Schema, format!("outbox table {schema}.{table}: {e}")))?;
+    let id: u32 = rows.first().map(|r| r.get(0)).ok_or_else(|| {
+        fatal(
+            Failure::Schema,
+            format!("outbox table {schema}.{table} has no columns"),
+        )
+    })?;
+    let types = rows.iter().map(|r| r.get(4)).collect();
+    let relation = Relation {
+        id,
+        namespace: schema.to_owned(),
+        name: table.to_owned(),
+        replica_identity: b'd',
+        columns: rows
+            .iter()
+            .map(|r| Column {
+                flags: 0,
+                name: r.get(1),
+                type_oid: r.get(2),
+                type_modifier: r.get(3),
+            })
+            .collect(),
+    };
+    Ok((relation, types))
+}
+
+/// The query for `route`'s rows in `window`.
+fn select(
+    route: &Route,
+    relation: &Relation,
+    types: &[String],
+    window: &Window,
+) -> Result<String, FatalError> {
+    let RouteSource::Table { schema, table } = &route.source else {
+        unreachable!("only table routes are republished");
+    };
+    let position = |c: &str| relation.columns.iter().position(|col| col.name == c);
+    let has = |c: &str| position(c).is_some();
+    let id = &route.columns.id;
+    let mut filters = Vec::new();
+    let mut order = Vec::new();
+    if let Some(since) = &window.since {
+        let column = window
+            .time_column
+            .as_ref()
+            .or(route.columns.timestamp.as_ref())
+            .ok_or_else(|| {
+                fatal(
+                    Failure::Config,
+                    "--since needs the column holding each row's insert time: pass --time-column <column> (or set outbox.columns.timestamp)",
+                )
+            })?;
+        if !has(column) {
+            return Err(fatal(
+                Failure::Schema,
+                format!(
+                    "outbox table {} has no column {column:?} (--time-column)",
+                    route.name
+                ),
+            ));
+        }
+        filters.push(format!(
+            "{} >= {}::timestamptz",
+            quote_ident(column),
+            lit(since)
+        ));
+        order.push(quote_ident(column));
+    }
+    if let Some(since_id) = &window.since_id {
+        let Some(i) = position(id) else {
+            return Err(fatal(
+                Failure::Schema,
+                format!("outbox table {} has no id column {id:?}", route.name),
+            ));
+        };
+        // Compared in the id column's own type, so that 9 < 10 for numbers.
+        filters.push(format!(
+            "{} >= CAST({} AS {})",
+            quote_ident(id),
+            lit(since_id),
+            types[i]
+        ));
+    }
+    order.push(quote_ident(id));
+    let columns: Vec<String> = relation
+        .columns
+        .iter()
+        .map(|c| format!("{}::text", quote_ident(&c.name)))
+        .collect();
+    Ok(format!(
+        "SELECT {} FROM {}.{} WHERE {} ORDER BY {}",
+        columns.join(", "),
+        quote_ident(schema),
+        quote_ident(table),
+        filters.join(" AND "),
+        order.join(", ")
+    ))
+}
+
+/// Records handed to the producer and their acknowledgements.
+struct Batch<'a> {
+    sink: &'a KafkaSink,
+    acks: &'a AckQueue,
+    max_in_flight: usize,
+    outstanding: usize,
+    acked: u64,
+    reports: Vec<Ack>,
+}
+
+impl Batch<'_> {
+    async fn send(
+        &mut self,
+        event: &crate::outbox::OutboxEvent,
+        route: usize,
+    ) -> Result<(), FatalError> {
+        while self.outstanding >= self.max_in_flight {
+            self.wait().await?;
+        }
+        loop {
+            match self.sink.send(event, 0, route) {
+                Ok(()) => break,
+                Err(SinkError::QueueFull) => self.wait().await?,
+                Err(e) => {
+                    return Err(fatal(
+                        Failure::EventRejected,
+                        format!(
+                            "cannot republish event {} to topic {:?}: {e}",
+                            String::from_utf8_lossy(&event.id),
+                            event.topic
+                        ),
+                    ))
+                }
+            }
+        }
+        self.outstanding += 1;
+        Ok(())
+    }
+
+    async fn wait(&mut self) -> Result<(), FatalError> {
+        self.acks.wait().await;
+        self.acks.drain_into(&mut self.reports);
+        for ack in self.reports.drain(..) {
+            self.outstanding = self.outstanding.saturating_sub(1);
+            match ack.result {
+                Ok(()) => self.acked += 1,
+                Err(e) => {
+                    let failure = match classify(&e) {
+                        Severity::RecordRejected => Failure::EventRejected,
+                        _ => Failure::Kafka,
+                    };
+                    let id = ack.failed.map(|f| f.id).unwrap_or_default();
+                    return Err(fatal(
+                        failure,
+                        format!("kafka failed to deliver republished event {id}: {e}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn drain(&mut self) -> Result<(), FatalError> {
+        while self.outstanding > 0 {
+            self.wait().await?;
+        }
+        Ok(())
+    }
+}

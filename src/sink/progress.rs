@@ -1,0 +1,240 @@
+//! Progress records: the evidence that a replication slot existed, kept where the events go.
+//!
+//! A logical slot lives only in PostgreSQL. When it disappears (dropped by hand, a restore from
+//! a base backup, a failover to a server that never had it), the catalog cannot tell "this slot
+//! never existed" from "this slot existed and is gone", and creating it again silently skips
+//! every event committed in between. walbox therefore keeps one progress record per slot in a
+//! compacted Kafka topic (`kafka.progress_topic`, default `walbox.progress`), keyed by
+//! `<system identifier>/<database>/<slot>` so that deployments sharing a Kafka cluster do not
+//! see each other's records. The value is JSON ([`ProgressRecord`]): the position last
+//! confirmed to PostgreSQL and the commit time of the newest transaction confirmed.
+//!
+//! # Invariants
+//! - A record is written when a session starts streaming (so a slot walbox has just created is
+//!   on record), whenever the frontier moved and the last record is older than
+//!   [`PROGRESS_INTERVAL`], and when a session ends. It never claims more than was confirmed
+//!   to PostgreSQL: it is written after the status update that confirmed its position.
+//! - Records go through the relay's producer with their own delivery tag
+//!   ([`crate::sink::kafka::PROGRESS_ROUTE`]); they never enter the checkpoint, and a failed one
+//!   only costs a warning (the next one replaces it).
+//! - At start-up, a missing slot is created only when the topic was read to its end and holds
+//!   no record for it. A record found means the slot existed and is gone: walbox stops as for a
+//!   lost slot. A topic that cannot be read is a transient error: walbox never creates a slot
+//!   on a guess.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use crate::config::KafkaConfig;
+use crate::source::lsn::Lsn;
+use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros, rfc3339_now};
+
+/// Shortest gap between two progress records written because the frontier moved.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How far before the last confirmed commit a republish should start: transactions that were
+/// still open then may commit after it with rows inserted before it.
+pub const REPUBLISH_MARGIN_MICROS: i64 = 10 * 60 * 1_000_000;
+
+/// One progress record, as stored (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgressRecord {
+    /// The slot.
+    pub slot: String,
+    /// The database the slot decodes.
+    pub database: String,
+    /// `IDENTIFY_SYSTEM`'s system identifier of the cluster.
+    pub system_identifier: String,
+    /// The position confirmed to PostgreSQL (`confirmed_flush_lsn` as walbox set it).
+    pub confirmed_lsn: Lsn,
+    /// Commit time (Unix microseconds) of the newest transaction confirmed, when known.
+    pub confirmed_commit_time_us: Option<i64>,
+    /// When the record was written, RFC 3339.
+    pub written_at: String,
+}
+
+impl ProgressRecord {
+    /// A record for `key`'s slot at `confirmed_lsn`; `commit_time` in PostgreSQL microseconds.
+    pub fn new(key: &ProgressKey, confirmed_lsn: Lsn, commit_time: Option<i64>) -> Self {
+        ProgressRecord {
+            slot: key.slot.clone(),
+            database: key.database.clone(),
+            system_identifier: key.system_identifier.clone(),
+            confirmed_lsn,
+            confirmed_commit_time_us: commit_time.map(pg_micros_to_unix_micros),
+            written_at: rfc3339_now(),
+        }
+    }
+
+    /// The time from which a republish covers every event after `confirmed_lsn`: the newest
+    /// confirmed commit (or, when unknown, the time of writing) minus
+    /// [`REPUBLISH_MARGIN_MICROS`], RFC 3339.
+    pub fn republish_since(&self) -> String {
+        let base = self
+            .confirmed_commit_time_us
+            .or_else(|| {
+                crate::timestamp::parse_timestamptz_ms(&self.written_at).map(|ms| ms * 1000)
+            })
+            .unwrap_or(0);
+        rfc3339_micros(base - REPUBLISH_MARGIN_MICROS, 0)
+    }
+
+    /// When the newest confirmed transaction committed, RFC 3339 (or "unknown").
+    pub fn confirmed_commit_time(&self) -> String {
+        self.confirmed_commit_time_us
+            .map(|t| rfc3339_micros(t, 3))
+            .unwrap_or_else(|| "unknown".into())
+    }
+}
+
+/// Which slot a record is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgressKey {
+    /// The cluster's system identifier.
+    pub system_identifier: String,
+    /// The database.
+    pub database: String,
+    /// The slot.
+    pub slot: String,
+}
+
+impl ProgressKey {
+    /// The record key: `<system identifier>/<database>/<slot>`.
+    pub fn record_key(&self) -> String {
+        format!("{}/{}/{}", self.system_identifier, self.database, self.slot)
+    }
+}
+
+/// The progress topic could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum ProgressError {
+    /// Kafka failed.
+    #[error("cannot read progress topic {topic:?}: {error}")]
+    Kafka {
+        /// The topic.
+        topic: String,
+        /// The cause.
+        error: KafkaError,
+    },
+    /// The topic is not there.
+    #[error("progress topic {0:?} does not exist")]
+    MissingTopic(String),
+    /// It took too long.
+    #[error("cannot read progress topic {0:?} to its end in time")]
+    Timeout(String),
+}
+
+/// The newest record for `key` in the progress topic (blocking; reads every partition from
+/// the beginning to its high watermark, at most `timeout`). `Ok(None)` only when the topic
+/// was read completely and holds no record for `key`.
+pub fn read_last(
+    config: &KafkaConfig,
+    key: &ProgressKey,
+    timeout: Duration,
+) -> Result<Option<ProgressRecord>, ProgressError> {
+    let topic = config.progress_topic.as_str();
+    let kafka = |error| ProgressError::Kafka {
+        topic: topic.to_owned(),
+        error,
+    };
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &config.brokers)
+        .set("group.id", "walbox-progress-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("allow.auto.create.topics", "false");
+    for (k, v) in crate::sink::security_properties(&config.properties) {
+        cc.set(k, v);
+    }
+    let consumer: BaseConsumer = cc.create().map_err(kafka)?;
+    let deadline = Instant::now() + timeout;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let md = consumer
+        .fetch_metadata(Some(topic), left())
+        .map_err(kafka)?;
+    let partitions: Vec<i32> = md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        return Err(ProgressError::MissingTopic(topic.to_owned()));
+    }
+    // Read [low, high) of every partition; the key always lands in the same partition, so the
+    // last matching record read is the newest.
+    let mut tpl = TopicPartitionList::new();
+    let mut pending = Vec::new();
+    for p in partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, left()).map_err(kafka)?;
+        if high > low {
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))
+                .map_err(kafka)?;
+            pending.push((p, high));
+        }
+    }
+    if pending.is_empty() {
+        return Ok(None);
+    }
+    consumer.assign(&tpl).map_err(kafka)?;
+    let wanted = key.record_key();
+    let mut found = None;
+    while !pending.is_empty() {
+        if left().is_zero() {
+            return Err(ProgressError::Timeout(topic.to_owned()));
+        }
+        match consumer.poll(left().min(Duration::from_millis(200))) {
+            Some(Ok(m)) => {
+                if m.key() == Some(wanted.as_bytes()) {
+                    match m.payload().map(serde_json::from_slice::<ProgressRecord>) {
+                        Some(Ok(r)) => found = Some(r),
+                        // A record we cannot read still proves the slot existed.
+                        _ => {
+                            found = Some(ProgressRecord {
+                                slot: key.slot.clone(),
+                                database: key.database.clone(),
+                                system_identifier: key.system_identifier.clone(),
+                                confirmed_lsn: Lsn::ZERO,
+                                confirmed_commit_time_us: None,
+                                written_at: "unknown".into(),
+                            })
+                        }
+                    }
+                }
+                let (p, offset) = (m.partition(), m.offset());
+                pending.retain(|(q, high)| !(*q == p && offset + 1 >= *high));
+            }
+            Some(Err(e)) => return Err(kafka(e)),
+            None => {}
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips_and_suggests_a_margin() {
+        let key = ProgressKey {
+            system_identifier: "7300000000000000001".into(),
+            database: "app".into(),
+            slot: "walbox".into(),
+        };
+        assert_eq!(key.record_key(), "7300000000000000001/app/walbox");
+        // 2026-12-01T10:00:00Z in PostgreSQL microseconds.
+        let commit = 1_796_119_200_000_000 - crate::timestamp::PG_EPOCH_OFFSET_MICROS;
+        let r = ProgressRecord::new(&key, "0/16B3748".parse().unwrap(), Some(commit));
+        let json = serde_json::to_vec(&r).unwrap();
+        let back: ProgressRecord = serde_json::from_slice(&json).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(r.confirmed_commit_time(), "2026-12-01T10:00:00.000Z");
+        assert_eq!(r.republish_since(), "2026-12-01T09:50:00Z");
+    }
+}
