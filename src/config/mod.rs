@@ -11,7 +11,12 @@
 //! (`WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` sets `sasl.password`).
 //!
 //! Secrets (the Postgres password, `sasl.password`, `ssl.key.password`, …) never appear in
-//! `Debug` output or error messages.
+//! `Debug` output or error messages. Every message that could carry a value is redacted where it
+//! is made: a TOML syntax error gives the line, column and what is wrong, never the source line
+//! (toml's own message quotes it); a connection string error says which part is wrong, never the
+//! string; a librdkafka property librdkafka rejects is named, its value is not (librdkafka's own
+//! message repeats it). librdkafka properties are checked here, when the configuration is
+//! loaded, so a misspelt one is a configuration error (exit status 3) like an unknown key.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -19,6 +24,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaConfRes;
 use serde::Deserialize;
 
 use crate::source::conninfo::ConnInfo;
@@ -170,7 +178,7 @@ pub struct RawKafka {
     /// `bootstrap.servers`.
     pub brokers: Option<String>,
     /// librdkafka producer properties.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_properties")]
     pub properties: BTreeMap<String, String>,
     /// Create missing topics through the admin API.
     pub create_topics: Option<bool>,
@@ -460,6 +468,66 @@ fn redact_properties(p: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
         .collect()
 }
 
+/// `[kafka.properties]` as written: strings, or numbers and booleans (librdkafka takes every
+/// value as text). A value of another type is refused without quoting it (serde's message
+/// would, and the value may be a password).
+pub(crate) fn scalar_properties<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    BTreeMap::<String, toml::Value>::deserialize(d)?
+        .into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                _ => {
+                    return Err(serde::de::Error::custom(format!(
+                        "kafka.properties.{k:?} must be a string, a number or a boolean"
+                    )))
+                }
+            };
+            Ok((k, text))
+        })
+        .collect()
+}
+
+/// Checks every property as librdkafka will when the client is created, so that a misspelt or
+/// invalid one is a configuration error at start-up. The error names the property and the
+/// variable that can set it (`<env_prefix>_KAFKA_PROPERTY_<NAME>`), never its value: librdkafka's
+/// own message repeats the value, which may be a secret.
+pub(crate) fn check_kafka_properties(
+    properties: &BTreeMap<String, String>,
+    env_prefix: &str,
+) -> Result<(), ConfigError> {
+    for (key, value) in properties {
+        let mut one = ClientConfig::new();
+        one.set(key, value);
+        let Err(e) = one.create_native_config() else {
+            continue;
+        };
+        let var = format!(
+            "{env_prefix}_KAFKA_PROPERTY_{}",
+            key.to_ascii_uppercase().replace('.', "_")
+        );
+        let why = match &e {
+            KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..) => {
+                "is not a librdkafka property: check its spelling against librdkafka's CONFIGURATION.md".to_owned()
+            }
+            KafkaError::ClientConfig(_, desc, ..) if !is_secret_property(key) => {
+                format!("has a value librdkafka refuses: {}", one_line(desc))
+            }
+            _ => "has a value librdkafka refuses (the value is not shown: it may be a secret)"
+                .to_owned(),
+        };
+        return Err(ConfigError::Invalid(format!(
+            "kafka.properties.{key:?} (or {var}) {why}"
+        )));
+    }
+    Ok(())
+}
+
 /// Kinds of values settable from the environment.
 #[derive(Clone, Copy)]
 pub(crate) enum Kind {
@@ -629,7 +697,7 @@ pub(crate) fn read_layers(
                 .parse::<toml::Table>()
                 .map_err(|e| ConfigError::Parse {
                     origin: origin.clone(),
-                    message: one_line(&e.to_string()),
+                    message: syntax_error(&text, &e),
                 })?;
             (table, origin)
         }
@@ -637,6 +705,26 @@ pub(crate) fn read_layers(
     };
     apply_env(&mut table, env, layout)?;
     Ok((table, origin))
+}
+
+/// A TOML syntax error as "line L, column C: what is wrong". toml's `Display` quotes the whole
+/// source line, which may hold a password: only its message is used.
+fn syntax_error(text: &str, e: &toml::de::Error) -> String {
+    let what = one_line(e.message());
+    let Some(span) = e.span() else {
+        return format!("TOML syntax error: {what}");
+    };
+    let before = &text.as_bytes()[..span.start.min(text.len())];
+    let line_start = before
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(0, |i| i + 1);
+    let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    format!("TOML syntax error at line {line}, column {column}: {what}")
 }
 
 /// Deserializes a layered table, naming the file in errors.
@@ -741,6 +829,7 @@ impl RawConfig {
                 )));
             }
         }
+        check_kafka_properties(&self.kafka.properties, LAYOUT.prefix)?;
 
         let max_in_flight = self.relay.max_in_flight.unwrap_or(10_000);
         if !(1..=1_000_000).contains(&max_in_flight) {
@@ -806,9 +895,10 @@ impl RawConfig {
         }
         if let Some(url) = &self.alerts.webhook_url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(ConfigError::Invalid(format!(
-                    "alerts.webhook_url {url:?} must start with http:// or https://"
-                )));
+                // Not quoted: webhook URLs often embed a token.
+                return Err(ConfigError::Invalid(
+                    "alerts.webhook_url must start with http:// or https://".into(),
+                ));
             }
         }
         let alerts = AlertsConfig {

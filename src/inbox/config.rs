@@ -10,7 +10,9 @@
 //! list (`WALBOX_INBOX_KAFKA_TOPICS=a,b`). Consumer properties are set as
 //! `WALBOX_INBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`.
 //!
-//! Secrets (the PostgreSQL password, `sasl.password`, …) never appear in `Debug` output.
+//! Secrets (the PostgreSQL password, `sasl.password`, …) never appear in `Debug` output nor in
+//! error messages, which are redacted where they are made, as the relay's are (see
+//! [`crate::config`]); consumer properties are checked against librdkafka at load time.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,8 +23,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::config::{
-    deserialize, read_layers, ConfigError, EnvLayout, HumanDuration, Kind, LogConfig, RawHttp,
-    RawLog,
+    check_kafka_properties, deserialize, read_layers, ConfigError, EnvLayout, HumanDuration, Kind,
+    LogConfig, RawHttp, RawLog,
 };
 use crate::source::conninfo::ConnInfo;
 
@@ -91,7 +93,7 @@ pub struct RawKafka {
     /// How often processed offsets are committed.
     pub commit_interval: Option<HumanDuration>,
     /// librdkafka consumer properties.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::config::scalar_properties")]
     pub properties: BTreeMap<String, String>,
 }
 
@@ -369,6 +371,7 @@ impl RawInboxConfig {
                 )));
             }
         }
+        check_kafka_properties(&k.properties, LAYOUT.prefix)?;
         let consumer = self.postgres.consumer.unwrap_or_else(|| group_id.clone());
         if consumer.is_empty() {
             return Err(invalid("postgres.consumer must not be empty"));
@@ -627,6 +630,22 @@ sql = "SELECT billing.apply_payment($payload)"
     fn unknown_keys_are_rejected() {
         let e = load_text(&format!("{MINIMAL}\n[retention]\nkeeep = \"1d\"\n"), &[]).unwrap_err();
         assert!(e.to_string().contains("keeep"), "{e}");
+    }
+
+    #[test]
+    fn consumer_properties_are_checked_at_load_time() {
+        let e = load_text(
+            MINIMAL,
+            &[("WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD", "hunter2")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("sasl.pasword")
+                && e.contains("WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD")
+                && !e.contains("hunter2"),
+            "{e}"
+        );
     }
 
     #[test]
