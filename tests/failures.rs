@@ -313,3 +313,18 @@ fn a_misspelt_kafka_property_exits_3_naming_it_but_not_its_value() {
         );
     }
 }
+
+#[test]
+fn an_unknown_log_level_exits_3_instead_of_silencing_every_log_line() {
+    let env = owned(&[
+        ("WALBOX_POSTGRES_URL", "postgres://walbox@127.0.0.1:9/app"),
+        ("WALBOX_KAFKA_BROKERS", "127.0.0.1:9"),
+        ("WALBOX_HTTP_LISTEN", "off"),
+        ("WALBOX_LOG_LEVEL", "warning"),
+    ]);
+    assert_config_error(
+        "run",
+        exit_and_output("run", &env),
+        &["log.level", "\"warning\""],
+    );
+}

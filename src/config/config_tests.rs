@@ -356,3 +356,38 @@ fn a_webhook_url_is_never_quoted() {
         "{e}"
     );
 }
+
+#[test]
+fn log_levels_must_be_levels() {
+    let load = |vars: &[(&str, &str)]| {
+        load_from(Some(file(MINIMAL).path()), &mut env(vars).into_iter()).map(|c| c.log.level)
+    };
+    for good in [
+        "info",
+        "WARN",
+        "info,librdkafka=warn,rdkafka=warn",
+        "warn,walbox=debug",
+        "walbox::relay=trace",
+        "off",
+    ] {
+        assert_eq!(load(&[("WALBOX_LOG_LEVEL", good)]).unwrap(), good);
+    }
+    for (bad, needle) in [
+        ("warning", "\"warning\" is not a level"),
+        ("info,walbox", "\"walbox\" is not a level"),
+        ("walbox=loud", "does not end with a level"),
+        ("", "empty"),
+        (" , ", "empty"),
+    ] {
+        let e = load(&[("WALBOX_LOG_LEVEL", bad)]).unwrap_err().to_string();
+        assert!(
+            e.contains("log.level") && e.contains(needle),
+            "{bad:?}: {e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+    }
+    // The WALBOX_LOG override is checked the same way.
+    assert!(load(&[("WALBOX_LOG", "debug,librdkafka=warn")]).is_ok());
+    let e = load(&[("WALBOX_LOG", "warning")]).unwrap_err().to_string();
+    assert!(e.contains("WALBOX_LOG") && e.contains("not a level"), "{e}");
+}

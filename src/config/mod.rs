@@ -8,7 +8,9 @@
 //! Every scalar setting `[section] key` can be set as `WALBOX_<SECTION>_<KEY>` (upper case),
 //! e.g. `WALBOX_POSTGRES_URL`, `WALBOX_KAFKA_BROKERS`, `WALBOX_OUTBOX_COLUMNS_PAYLOAD`. Producer
 //! properties are set as `WALBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`
-//! (`WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` sets `sasl.password`).
+//! (`WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` sets `sasl.password`). `log.level` and `WALBOX_LOG`
+//! must be valid filters whose bare directives are levels: `EnvFilter` would take a misspelt
+//! level for a target and silence every line.
 //!
 //! Secrets (the Postgres password, `sasl.password`, `ssl.key.password`, …) never appear in
 //! `Debug` output or error messages. Every message that could carry a value is redacted where it
@@ -314,6 +316,45 @@ pub struct RawLog {
     pub level: Option<String>,
 }
 
+/// The variable that overrides `log.level` (read by `main`); checked like `log.level`.
+pub const LOG_ENV: &str = "WALBOX_LOG";
+
+/// Checks a `tracing` filter: comma-separated directives, each a level (`info`) or
+/// `target[span{field=value}]=level`. `EnvFilter` alone would take a misspelt level such as
+/// `warning` for a target name, and then log nothing at all, errors included: here a directive
+/// without `=` must be a level.
+pub fn check_log_filter(filter: &str) -> Result<(), String> {
+    const LEVELS: &str = "trace, debug, info, warn, error or off";
+    let mut directives = 0;
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        directives += 1;
+        let level = match directive.rsplit_once('=') {
+            _ if directive.ends_with(']') => "",
+            Some((_, level)) => level,
+            None => directive,
+        };
+        if level
+            .parse::<tracing::level_filters::LevelFilter>()
+            .is_err()
+        {
+            return Err(if level == directive {
+                format!(
+                    "{directive:?} is not a level ({LEVELS}); a target takes one, e.g. \"info,walbox=debug\""
+                )
+            } else {
+                format!("{directive:?} does not end with a level (=<{LEVELS}>)")
+            });
+        }
+    }
+    if directives == 0 {
+        return Err(format!("is empty; use a level ({LEVELS})"));
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(filter)
+        .map(drop)
+        .map_err(|e| one_line(&e.to_string()))
+}
+
 impl RawLog {
     /// Format and level, with their defaults.
     pub(crate) fn validate(self) -> Result<LogConfig, ConfigError> {
@@ -326,10 +367,10 @@ impl RawLog {
                 )))
             }
         };
-        Ok(LogConfig {
-            format,
-            level: self.level.unwrap_or_else(|| "info".into()),
-        })
+        let level = self.level.unwrap_or_else(|| "info".into());
+        check_log_filter(&level)
+            .map_err(|why| ConfigError::Invalid(format!("log.level {level:?}: {why}")))?;
+        Ok(LogConfig { format, level })
     }
 }
 
@@ -629,6 +670,14 @@ fn apply_env(
 ) -> Result<(), ConfigError> {
     let property_prefix = format!("{}_KAFKA_PROPERTY_", layout.prefix);
     for (var, value) in env {
+        if var == LOG_ENV {
+            // Whichever command runs, main lets it override log.level: check it the same way.
+            check_log_filter(&value).map_err(|message| ConfigError::Env {
+                var: var.clone(),
+                message,
+            })?;
+            continue;
+        }
         if let Some(name) = var.strip_prefix(&property_prefix) {
             let key = name.to_ascii_lowercase().replace('_', ".");
             let t =

@@ -633,7 +633,7 @@ sql = "SELECT billing.apply_payment($payload)"
     }
 
     #[test]
-    fn consumer_properties_are_checked_at_load_time() {
+    fn consumer_properties_and_log_levels_are_checked_at_load_time() {
         let e = load_text(
             MINIMAL,
             &[("WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD", "hunter2")],
@@ -646,6 +646,18 @@ sql = "SELECT billing.apply_payment($payload)"
                 && !e.contains("hunter2"),
             "{e}"
         );
+        let e = load_text(MINIMAL, &[("WALBOX_INBOX_LOG_LEVEL", "warning")]).unwrap_err();
+        assert!(e.to_string().contains("log.level"), "{e}");
+        assert!(load_text(
+            MINIMAL,
+            &[(
+                "WALBOX_INBOX_LOG_LEVEL",
+                "info,librdkafka=warn,rdkafka=warn"
+            )]
+        )
+        .is_ok());
+        let e = load_text(MINIMAL, &[("WALBOX_LOG", "warning")]).unwrap_err();
+        assert!(e.to_string().contains("WALBOX_LOG"), "{e}");
     }
 
     #[test]
