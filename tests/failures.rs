@@ -328,3 +328,44 @@ fn an_unknown_log_level_exits_3_instead_of_silencing_every_log_line() {
         &["log.level", "\"warning\""],
     );
 }
+
+#[test]
+fn an_unknown_walbox_variable_exits_3_naming_it_but_not_its_value() {
+    let mut run = owned(&[
+        ("WALBOX_POSTGRES_URL", "postgres://walbox@127.0.0.1:9/app"),
+        ("WALBOX_KAFKA_BROKERS", "127.0.0.1:9"),
+        ("WALBOX_HTTP_LISTEN", "off"),
+        // Not walbox run's, and accepted: the inbox's, the log filter, the test harness's.
+        ("WALBOX_INBOX_POSTGRES_URL", "postgres://x@127.0.0.1:9/x"),
+        ("WALBOX_LOG", "info"),
+        ("WALBOX_TEST_KAFKA_BROKERS", "127.0.0.1:9"),
+    ]);
+    run.push(("WALBOX_POSTGRES_SLOTT".into(), "typo".into()));
+    assert_config_error(
+        "run",
+        exit_and_output("run", &run),
+        &[
+            "WALBOX_POSTGRES_SLOTT",
+            "did you mean WALBOX_POSTGRES_SLOT?",
+        ],
+    );
+    run.retain(|(k, _)| k != "WALBOX_POSTGRES_SLOTT");
+    run.push((
+        "WALBOX_POSTGRES_URLL".into(),
+        format!("postgres://walbox:{SECRET}@db.internal/app"),
+    ));
+    assert_config_error(
+        "run",
+        exit_and_output("run", &run),
+        &["WALBOX_POSTGRES_URLL"],
+    );
+
+    let mut inbox = inbox_env("postgres://walbox@127.0.0.1:9/app");
+    inbox.push(("WALBOX_KAFKA_BROKERS".into(), "walbox run's".into()));
+    inbox.push(("WALBOX_INBOX_EFFECT_SQLL".into(), "SELECT 1".into()));
+    assert_config_error(
+        "inbox",
+        exit_and_output("inbox", &inbox),
+        &["WALBOX_INBOX_EFFECT_SQLL"],
+    );
+}

@@ -391,3 +391,51 @@ fn log_levels_must_be_levels() {
     let e = load(&[("WALBOX_LOG", "warning")]).unwrap_err().to_string();
     assert!(e.contains("WALBOX_LOG") && e.contains("not a level"), "{e}");
 }
+
+#[test]
+fn unknown_walbox_variables_are_errors_naming_them() {
+    let load = |vars: &[(&str, &str)]| {
+        load_from(Some(file(MINIMAL).path()), &mut env(vars).into_iter())
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    let e = load(&[("WALBOX_POSTGRES_SLOTT", "typo")]).unwrap_err();
+    assert!(
+        e.contains("unknown environment variable WALBOX_POSTGRES_SLOTT")
+            && e.contains("did you mean WALBOX_POSTGRES_SLOT?")
+            && !e.contains("typo"),
+        "{e}"
+    );
+    // The value is never shown: it may be a secret.
+    let e = load(&[("WALBOX_POSTGRES_URLL", "postgres://u:hunter2@h/d")]).unwrap_err();
+    assert!(
+        e.contains("WALBOX_POSTGRES_URLL") && !e.contains("hunter2"),
+        "{e}"
+    );
+    let e = load(&[("WALBOX_OUTBOX_MESSAGES_PREFIX", "x")]).unwrap_err();
+    assert!(e.contains("WALBOX_OUTBOX_MESSAGES_PREFIX"), "{e}");
+    // Not settings, or not walbox run's: accepted.
+    load(&[
+        ("WALBOX_CONFIG", "/etc/walbox.toml"),
+        ("WALBOX_LOG", "info"),
+        ("WALBOX_INBOX_POSTGRES_URL", "postgres://u@h/d"),
+        ("WALBOX_INBOX_ANYTHING", "x"),
+        ("WALBOX_TEST_KAFKA_BROKERS", "k:9092"),
+        ("WALBOX_BENCH_QUICK", "1"),
+        ("WALBOXER", "x"),
+        ("OTHER_WALBOX_X", "x"),
+        ("WALBOX_KAFKA_PROPERTY_COMPRESSION_TYPE", "lz4"),
+    ])
+    .unwrap();
+}
+
+#[test]
+fn edit_distances() {
+    assert_eq!(
+        edit_distance("WALBOX_POSTGRES_SLOTT", "WALBOX_POSTGRES_SLOT"),
+        1
+    );
+    assert_eq!(edit_distance("abc", "abc"), 0);
+    assert_eq!(edit_distance("kitten", "sitting"), 3);
+    assert_eq!(edit_distance("", "ab"), 2);
+}

@@ -8,9 +8,12 @@
 //! Every scalar setting `[section] key` can be set as `WALBOX_<SECTION>_<KEY>` (upper case),
 //! e.g. `WALBOX_POSTGRES_URL`, `WALBOX_KAFKA_BROKERS`, `WALBOX_OUTBOX_COLUMNS_PAYLOAD`. Producer
 //! properties are set as `WALBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`
-//! (`WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` sets `sasl.password`). `log.level` and `WALBOX_LOG`
-//! must be valid filters whose bare directives are levels: `EnvFilter` would take a misspelt
-//! level for a target and silence every line.
+//! (`WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` sets `sasl.password`). Any other `WALBOX_*` variable
+//! is an error naming it, like an unknown key in the file, except those that are not settings
+//! (`EnvLayout::accepted`: `WALBOX_CONFIG`, `WALBOX_LOG`) or belong to others
+//! (`EnvLayout::foreign`: `WALBOX_INBOX_*`, the tests' `WALBOX_TEST_*`, the benchmarks'
+//! `WALBOX_BENCH_*`). `log.level` and `WALBOX_LOG` must be valid filters whose bare directives
+//! are levels: `EnvFilter` would take a misspelt level for a target and silence every line.
 //!
 //! Secrets (the Postgres password, `sasl.password`, `ssl.key.password`, …) never appear in
 //! `Debug` output or error messages. Every message that could carry a value is redacted where it
@@ -65,6 +68,17 @@ pub enum ConfigError {
         var: String,
         /// What is wrong.
         message: String,
+    },
+    /// A variable in walbox's namespace that sets nothing: a typo, which would otherwise be
+    /// silently ignored. Its value is never shown.
+    #[error("unknown environment variable {var}: no setting has that name{hint}; settings are {prefix}_<SECTION>_<KEY>, librdkafka properties {prefix}_KAFKA_PROPERTY_<NAME>")]
+    UnknownEnv {
+        /// The variable.
+        var: String,
+        /// " (did you mean …?)" or "".
+        hint: String,
+        /// The command's prefix, e.g. `WALBOX`.
+        prefix: &'static str,
     },
     /// A value is out of range or inconsistent.
     #[error("invalid configuration: {0}")]
@@ -591,13 +605,76 @@ pub(crate) struct EnvLayout {
     pub prefix: &'static str,
     /// `(section path, key, kind)` of every settable key.
     pub scalars: &'static [(&'static [&'static str], &'static str, Kind)],
+    /// Variables with the prefix that this command reads but that set nothing here.
+    pub accepted: &'static [&'static str],
+    /// Prefixes within `<prefix>_` that belong to others (another command, the test and
+    /// benchmark harnesses). Every other `<prefix>_*` variable must be a setting: an unknown
+    /// one is an error, like an unknown key in the file.
+    pub foreign: &'static [&'static str],
 }
 
 /// The environment layout of `walbox run`'s configuration.
 const LAYOUT: EnvLayout = EnvLayout {
     prefix: "WALBOX",
     scalars: SCALARS,
+    // The config file (clap reads it) and the log filter override (main reads it).
+    accepted: &["WALBOX_CONFIG", LOG_ENV],
+    // `walbox inbox`'s, and the variables of the tests and benchmarks.
+    foreign: &["WALBOX_INBOX_", "WALBOX_TEST_", "WALBOX_BENCH_"],
 };
+
+impl EnvLayout {
+    /// `<prefix>_<PATH>_<KEY>` of a setting.
+    fn var(&self, path: &[&str], key: &str) -> String {
+        let mut name = String::from(self.prefix);
+        for p in path {
+            name.push('_');
+            name.push_str(&p.to_ascii_uppercase());
+        }
+        name.push('_');
+        name.push_str(&key.to_ascii_uppercase());
+        name
+    }
+
+    /// Whether `var` is in this command's namespace and yet not a variable it knows.
+    fn is_unknown(&self, var: &str) -> bool {
+        var.strip_prefix(self.prefix)
+            .is_some_and(|rest| rest.starts_with('_'))
+            && !self.accepted.contains(&var)
+            && !self.foreign.iter().any(|p| var.starts_with(p))
+    }
+
+    /// " (did you mean X?)" for the known variable closest to `var`, if close.
+    fn suggestion(&self, var: &str) -> String {
+        self.scalars
+            .iter()
+            .map(|(path, key, _)| self.var(path, key))
+            .chain(self.accepted.iter().map(|v| (*v).to_owned()))
+            .map(|known| (edit_distance(var, &known), known))
+            .filter(|(d, _)| *d <= 2)
+            .min()
+            .map(|(_, known)| format!(" (did you mean {known}?)"))
+            .unwrap_or_default()
+    }
+}
+
+/// Levenshtein distance between two ASCII-ish names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
 
 /// `(section path, key, kind)` of every scalar setting; `WALBOX_<PATH>_<KEY>` sets it.
 const SCALARS: &[(&[&str], &str, Kind)] = &[
@@ -688,16 +765,18 @@ fn apply_env(
             t.insert(key, toml::Value::String(value));
             continue;
         }
-        let Some((path, key, kind)) = layout.scalars.iter().find(|(path, key, _)| {
-            let mut name = String::from(layout.prefix);
-            for p in path.iter() {
-                name.push('_');
-                name.push_str(&p.to_ascii_uppercase());
+        let Some((path, key, kind)) = layout
+            .scalars
+            .iter()
+            .find(|(path, key, _)| layout.var(path, key) == var)
+        else {
+            if layout.is_unknown(&var) {
+                return Err(ConfigError::UnknownEnv {
+                    hint: layout.suggestion(&var),
+                    var,
+                    prefix: layout.prefix,
+                });
             }
-            name.push('_');
-            name.push_str(&key.to_ascii_uppercase());
-            name == var
-        }) else {
             continue;
         };
         let bad = |what: &str| ConfigError::Env {

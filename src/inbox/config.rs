@@ -8,7 +8,9 @@
 //! Every scalar setting `[section] key` can be set as `WALBOX_INBOX_<SECTION>_<KEY>`, e.g.
 //! `WALBOX_INBOX_POSTGRES_URL`, `WALBOX_INBOX_EFFECT_SQL`; `kafka.topics` takes a comma-separated
 //! list (`WALBOX_INBOX_KAFKA_TOPICS=a,b`). Consumer properties are set as
-//! `WALBOX_INBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`.
+//! `WALBOX_INBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`. Any other `WALBOX_INBOX_*`
+//! variable but `WALBOX_INBOX_CONFIG` is an error naming it; other `WALBOX_*` variables belong
+//! to `walbox run` and are ignored here.
 //!
 //! Secrets (the PostgreSQL password, `sasl.password`, …) never appear in `Debug` output nor in
 //! error messages, which are redacted where they are made, as the relay's are (see
@@ -289,6 +291,10 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
 const LAYOUT: EnvLayout = EnvLayout {
     prefix: "WALBOX_INBOX",
     scalars: SCALARS,
+    // The config file (clap reads it). Every other WALBOX_INBOX_* must be a setting; other
+    // WALBOX_* variables are walbox run's (WALBOX_LOG is checked by the shared loader).
+    accepted: &["WALBOX_INBOX_CONFIG"],
+    foreign: &[],
 };
 
 /// Loads the inbox configuration from an optional file and the process environment.
@@ -630,6 +636,27 @@ sql = "SELECT billing.apply_payment($payload)"
     fn unknown_keys_are_rejected() {
         let e = load_text(&format!("{MINIMAL}\n[retention]\nkeeep = \"1d\"\n"), &[]).unwrap_err();
         assert!(e.to_string().contains("keeep"), "{e}");
+    }
+
+    #[test]
+    fn unknown_inbox_variables_are_errors_and_walbox_run_variables_are_not_mine() {
+        let e = load_text(MINIMAL, &[("WALBOX_INBOX_EFFECT_SQLL", "SELECT 1")]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("WALBOX_INBOX_EFFECT_SQLL")
+                && msg.contains("did you mean WALBOX_INBOX_EFFECT_SQL?")
+                && !msg.contains("SELECT 1"),
+            "{msg}"
+        );
+        load_text(
+            MINIMAL,
+            &[
+                ("WALBOX_INBOX_CONFIG", "/etc/inbox.toml"),
+                ("WALBOX_POSTGRES_SLOTT", "walbox run's problem"),
+                ("WALBOX_LOG", "info"),
+            ],
+        )
+        .unwrap();
     }
 
     #[test]
