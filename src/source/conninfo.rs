@@ -22,6 +22,8 @@
 //!   never quote the connection string.
 //! * Unix sockets never use TLS (PostgreSQL does not offer it there); `sslmode` is ignored for them,
 //!   as libpq does.
+//! * A server without TLS under `sslmode` require, verify-ca or verify-full is
+//!   [`TlsError::NotSupported`] on both connections: fatal (exit status 4), never retried.
 //! * When `sslrootcert` is given, `sslmode=prefer|require` verify the certificate chain like
 //!   `verify-ca` (libpq's rule for an existing root certificate file). `sslrootcert=system` means
 //!   the system's trusted roots.
@@ -659,6 +661,11 @@ pub async fn connect_control(info: &ConnInfo) -> Result<tokio_postgres::Client, 
                         connect_control_with(control_config(info, false), tokio_postgres::NoTls)
                             .await
                     }
+                    // The same verdict as the replication connection's: a configuration
+                    // problem that every retry repeats, not a transient error.
+                    Err(ConnectError::Postgres(e)) if server_refused_tls(&e) => {
+                        Err(TlsError::NotSupported(info.sslmode).into())
+                    }
                     other => other,
                 }
             }
@@ -732,6 +739,12 @@ fn error_chain(e: &tokio_postgres::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// Whether tokio-postgres gave up because the server answered the SSLRequest with 'N' under
+/// `sslmode=require` (its only report of it is this message, in tokio-postgres 0.7).
+fn server_refused_tls(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.to_string() == "server does not support TLS")
 }
 
 /// Whether a tokio-postgres error came from the TLS handshake (OpenSSL).
