@@ -196,7 +196,7 @@ pub struct SendFailure {
 
 /// A record the broker failed.
 #[derive(Debug, thiserror::Error)]
-#[error("kafka failed to deliver event {id} at {lsn} to topic {topic:?}: {error}")]
+#[error("kafka failed to deliver event {id} at {lsn} to topic {topic:?}: {}", crate::sink::kafka::describe_delivery_error(.error))]
 pub struct DeliveryFailure {
     /// Event id (from the record's header).
     pub id: String,

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::time::Duration;
 
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use walbox::sandbox::broker::TopicReader;
 
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
@@ -117,6 +118,14 @@ fn message_larger_than_the_broker_accepts_exits_8_and_confirms_nothing_past_it()
         line.contains(&format!("event {big_id} ")) && line.contains("public.outbox"),
         "the error names the event: {line}"
     );
+    // librdkafka refused it in produce(), before any broker saw it: the message must say so,
+    // and name the setting to raise.
+    assert!(
+        line.contains("the producer's message.max.bytes")
+            && line.contains("[kafka.properties]")
+            && !line.contains("Broker:"),
+        "the error names the producer's own limit, not the broker: {line}"
+    );
     let commits = db.commits(&slot);
     assert_eq!(commits.len(), 3);
     let confirmed = db.confirmed(&slot);
@@ -147,6 +156,36 @@ fn message_larger_than_the_broker_accepts_exits_8_and_confirms_nothing_past_it()
     let (code, _) = run_to_exit(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
     assert_eq!(code, 8);
     assert_eq!(db.confirmed(&slot), confirmed);
+}
+
+#[test]
+fn message_the_broker_refuses_as_too_large_exits_8_naming_the_broker_limits() {
+    let db = TestDb::new("brokertoolarge");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    let Some(mock) = broker.mock_cluster() else {
+        return; // a real broker cannot be told to refuse a small record
+    };
+    broker.create_topic(&topic, 1).unwrap();
+    db.create_slot_and_publication(&slot);
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', '{topic}', 'x', '{{}}')"
+    ));
+    // The broker answers the first produce request as a broker over its size limit would.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let (code, line) = run_to_exit(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    assert_eq!(code, 8, "{line}");
+    assert!(
+        line.contains("event 1 ")
+            && line.contains("the broker refused")
+            && line.contains("max.message.bytes"),
+        "the error says the broker refused it and which limits to raise: {line}"
+    );
 }
 
 #[test]
