@@ -370,6 +370,8 @@ impl Relay {
         tracing::info!(slot = %pg.slot, start = %start, "streaming");
         self.health.set_ready(true);
         self.metrics.streaming.set(1);
+        // The slot is active: walbox streams from it (the monitor's reading may be older).
+        self.metrics.slot_active.set(1);
         self.metrics.confirmed_flush_lsn.set(start.as_u64() as i64);
         self.reached_streaming = true;
         let mut session = Session {
