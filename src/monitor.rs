@@ -5,6 +5,10 @@
 //! It never touches the replication connection and never blocks it: a failed reading is logged,
 //! counted (`walbox_slot_check_errors_total`) and retried at the next tick.
 //!
+//! `walbox_slot_active` is 1 from the moment walbox streams from the slot (the relay sets it
+//! with `walbox_streaming`), not only from the next reading; a reading never sets it to 0 while
+//! walbox itself streams. Other processes holding the slot are seen at the next reading.
+//!
 //! # Heartbeat
 //! With `slot.heartbeat_interval` set, the monitor writes
 //! `pg_logical_emit_message(true, 'walbox.heartbeat', '{"sent_at_us": …}')`. It must be
@@ -71,7 +75,20 @@ pub fn export(metrics: &Metrics, h: &SlotHealth, level: AlertLevel) {
             .set(on as i64);
     }
     metrics.slot_alert_level.set(level.value());
-    metrics.slot_active.set(h.active as i64);
+    export_active(metrics, h.active);
+}
+
+/// Sets `walbox_slot_active` from a reading. The relay sets it to 1 when it starts streaming
+/// (after `walbox_streaming`); a reading taken before that must not turn it back to 0, so
+/// walbox's own stream counts as active, checked again after the write in case the relay
+/// started streaming meanwhile.
+fn export_active(metrics: &Metrics, read_active: bool) {
+    let streaming = || metrics.streaming.get() == 1;
+    let active = read_active || streaming();
+    metrics.slot_active.set(active as i64);
+    if !active && streaming() {
+        metrics.slot_active.set(1);
+    }
 }
 
 /// State kept between readings.
@@ -227,4 +244,25 @@ pub async fn run(
         }
     }
     m.check().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reading_never_clears_slot_active_while_walbox_streams() {
+        let m = Metrics::new();
+        m.streaming.set(1);
+        m.slot_active.set(1);
+        // A reading taken before the relay reached streaming says inactive.
+        export_active(&m, false);
+        assert_eq!(m.slot_active.get(), 1);
+        // Not streaming: the reading decides, both ways.
+        m.streaming.set(0);
+        export_active(&m, false);
+        assert_eq!(m.slot_active.get(), 0);
+        export_active(&m, true);
+        assert_eq!(m.slot_active.get(), 1);
+    }
 }

@@ -276,7 +276,7 @@ pub struct SendFailure {
 
 /// A record the broker failed.
 #[derive(Debug, thiserror::Error)]
-#[error("kafka failed to deliver event {id} at {lsn} to topic {topic:?}: {error}")]
+#[error("kafka failed to deliver event {id} at {lsn} to topic {topic:?}: {}", crate::sink::kafka::describe_delivery_error(.error))]
 pub struct DeliveryFailure {
     /// Event id (from the record's header).
     pub id: String,
@@ -553,6 +553,8 @@ impl Relay {
         tracing::info!(slot = %pg.slot, start = %start, "streaming");
         self.health.set_ready(true);
         self.metrics.streaming.set(1);
+        // The slot is active: walbox streams from it (the monitor's reading may be older).
+        self.metrics.slot_active.set(1);
         self.metrics.confirmed_flush_lsn.set(start.as_u64() as i64);
         self.reached_streaming = true;
         self.write_progress(start, true);

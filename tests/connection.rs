@@ -4,6 +4,7 @@
 //! busy slot's SQLSTATE, and what a status update confirms).
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use openssl::asn1::Asn1Time;
@@ -14,7 +15,9 @@ use openssl::nid::Nid;
 use openssl::pkey::PKey;
 use openssl::x509::extension::{BasicConstraints, KeyUsage};
 use openssl::x509::{X509Name, X509};
-use walbox::sandbox::postgres::{MD5_ROLE, NOPRIVS_ROLE, PLAIN_ROLE, SUPERUSER};
+use walbox::sandbox::postgres::{
+    PgCluster, PgClusterOptions, MD5_ROLE, NOPRIVS_ROLE, PLAIN_ROLE, SUPERUSER,
+};
 use walbox::source::conninfo::{connect_control, ConnInfo, ConnectError};
 use walbox::source::lsn::Lsn;
 use walbox::source::pgoutput::{self, LogicalMessage};
@@ -49,6 +52,19 @@ fn tcp(
         s.push_str(&format!(" sslrootcert='{}'", root.display()));
     }
     s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+/// A second cluster, started on first use, that does not serve TLS at all (the shared one does).
+fn cluster_without_tls() -> &'static PgCluster {
+    static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        PgCluster::start(PgClusterOptions {
+            watchdog: true,
+            ssl: false,
+            ..Default::default()
+        })
+        .expect("start the PostgreSQL cluster without TLS")
+    })
 }
 
 fn superuser() -> (&'static str, &'static str) {
@@ -333,6 +349,28 @@ async fn control_connection_follows_the_same_tls_rules() {
     }
 }
 
+#[tokio::test]
+async fn a_server_without_tls_is_refused_under_require_and_used_in_plaintext_under_prefer() {
+    let cluster = cluster_without_tls();
+    let db = TestDb::on(cluster, "conn_notls");
+    let url = |mode: &str| parse(&cluster.url(&db.name).replace("disable", mode));
+    for mode in ["require", "verify-ca", "verify-full"] {
+        match connect_control(&url(mode)).await {
+            Err(ConnectError::Tls(TlsError::NotSupported(m))) => assert_eq!(m.as_str(), mode),
+            Err(e) => panic!("{mode}: expected TlsError::NotSupported, got {e}"),
+            Ok(_) => panic!("{mode}: connected without TLS"),
+        }
+        match ReplicationConnection::connect(&url(mode)).await {
+            Err(ReplicationError::Tls(TlsError::NotSupported(_))) => {}
+            Err(e) => panic!("{mode}: expected TlsError::NotSupported, got {e}"),
+            Ok(_) => panic!("{mode}: connected without TLS"),
+        }
+    }
+    connect_control(&url("prefer"))
+        .await
+        .expect("prefer falls back to plaintext");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Binary level: exit statuses and one-line errors
 // ---------------------------------------------------------------------------------------------
@@ -412,6 +450,41 @@ fn untrusted_server_certificate_exits_4() {
     let (code, line, log) = run_until_exit(&db, url);
     assert_eq!(code, Some(4), "{log}");
     assert!(line.contains("certificate"), "{line}");
+}
+
+#[test]
+fn sslmode_require_against_a_server_without_tls_exits_4() {
+    let cluster = cluster_without_tls();
+    let db = TestDb::on(cluster, "conn_exit_notls");
+    let url = cluster
+        .url(&db.name)
+        .replace("sslmode=disable", "sslmode=require");
+    assert!(url.contains("sslmode=require"), "{url}");
+    let (code, line, log) = run_until_exit(&db, url.clone());
+    assert_eq!(code, Some(4), "{log}");
+    assert!(
+        line.contains("server does not support TLS") && line.contains("sslmode=require"),
+        "{line}"
+    );
+    // walbox inbox connects through the same code: the same verdict.
+    let env: Vec<(String, String)> = [
+        ("WALBOX_INBOX_POSTGRES_URL", url.as_str()),
+        ("WALBOX_INBOX_KAFKA_BROKERS", "127.0.0.1:9"),
+        ("WALBOX_INBOX_KAFKA_GROUP_ID", "g"),
+        ("WALBOX_INBOX_KAFKA_TOPICS", "t"),
+        ("WALBOX_INBOX_HTTP_LISTEN", "off"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let mut inbox = Walbox::spawn_subcommand("inbox", &env);
+    let status = inbox.wait_exit(EXIT_WAIT);
+    assert_eq!(status.code(), Some(4), "{}", inbox.log());
+    assert!(
+        inbox.last_line().contains("server does not support TLS"),
+        "{}",
+        inbox.last_line()
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::time::Duration;
 
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use walbox::sandbox::broker::TopicReader;
 
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
@@ -117,6 +118,14 @@ fn message_larger_than_the_broker_accepts_exits_8_and_confirms_nothing_past_it()
         line.contains(&format!("event {big_id} ")) && line.contains("public.outbox"),
         "the error names the event: {line}"
     );
+    // librdkafka refused it in produce(), before any broker saw it: the message must say so,
+    // and name the setting to raise.
+    assert!(
+        line.contains("the producer's message.max.bytes")
+            && line.contains("[kafka.properties]")
+            && !line.contains("Broker:"),
+        "the error names the producer's own limit, not the broker: {line}"
+    );
     let commits = db.commits(&slot);
     assert_eq!(commits.len(), 3);
     let confirmed = db.confirmed(&slot);
@@ -150,6 +159,36 @@ fn message_larger_than_the_broker_accepts_exits_8_and_confirms_nothing_past_it()
 }
 
 #[test]
+fn message_the_broker_refuses_as_too_large_exits_8_naming_the_broker_limits() {
+    let db = TestDb::new("brokertoolarge");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    let Some(mock) = broker.mock_cluster() else {
+        return; // a real broker cannot be told to refuse a small record
+    };
+    broker.create_topic(&topic, 1).unwrap();
+    db.create_slot_and_publication(&slot);
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', '{topic}', 'x', '{{}}')"
+    ));
+    // The broker answers the first produce request as a broker over its size limit would.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let (code, line) = run_to_exit(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    assert_eq!(code, 8, "{line}");
+    assert!(
+        line.contains("event 1 ")
+            && line.contains("the broker refused")
+            && line.contains("max.message.bytes"),
+        "the error says the broker refused it and which limits to raise: {line}"
+    );
+}
+
+#[test]
 fn sigterm_drains_confirms_and_exits_0() {
     let db = TestDb::new("sigterm");
     let slot = db.name.clone();
@@ -172,5 +211,200 @@ fn sigterm_drains_confirms_and_exits_0() {
         db.confirmed(&slot) >= last,
         "final status update confirmed {} < {last}",
         db.confirmed(&slot)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration errors: exit 3, one line, and never a secret
+// ---------------------------------------------------------------------------------------------
+
+/// A password that must never be printed.
+const SECRET: &str = "S3cret-never-printed";
+
+/// Bound on a walbox that must refuse its configuration (it normally exits at once).
+const CONFIG_WAIT: Duration = Duration::from_secs(20);
+
+fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn config_file(text: &str) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    file
+}
+
+/// Runs `walbox <subcommand>` with exactly `env` until it exits (bounded); returns its exit
+/// code and everything it printed (stdout and stderr, including its log).
+fn exit_and_output(subcommand: &str, env: &[(String, String)]) -> (Option<i32>, String) {
+    let mut w = Walbox::spawn_subcommand(subcommand, env);
+    let status = w.wait_exit(CONFIG_WAIT);
+    (status.code(), w.log())
+}
+
+/// Exit status 3 with one line naming `needles`, and the secret nowhere.
+fn assert_config_error(what: &str, (code, out): (Option<i32>, String), needles: &[&str]) {
+    assert!(
+        !out.contains(SECRET),
+        "{what}: the output contains the secret:\n{out}"
+    );
+    assert_eq!(code, Some(3), "{what}:\n{out}");
+    assert_eq!(out.trim().lines().count(), 1, "{what}: one line:\n{out}");
+    for needle in needles {
+        assert!(
+            out.contains(needle),
+            "{what}: {needle:?} missing from {out:?}"
+        );
+    }
+}
+
+/// A minimal valid environment of `walbox inbox` for `url`.
+fn inbox_env(url: &str) -> Vec<(String, String)> {
+    owned(&[
+        ("WALBOX_INBOX_POSTGRES_URL", url),
+        ("WALBOX_INBOX_KAFKA_BROKERS", "127.0.0.1:9"),
+        ("WALBOX_INBOX_KAFKA_GROUP_ID", "g"),
+        ("WALBOX_INBOX_KAFKA_TOPICS", "t"),
+        ("WALBOX_INBOX_HTTP_LISTEN", "off"),
+    ])
+}
+
+#[test]
+fn a_toml_syntax_error_on_a_line_with_a_secret_exits_3_without_echoing_the_line() {
+    for (case, text) in [
+        (
+            "unterminated url",
+            format!("[postgres]\nurl = \"postgres://walbox:{SECRET}@db.internal/app\n"),
+        ),
+        (
+            "unquoted password",
+            format!("[kafka.properties]\n\"sasl.password\" = {SECRET}\n"),
+        ),
+    ] {
+        let file = config_file(&text);
+        let path = file.path().to_string_lossy().into_owned();
+        for (subcommand, var) in [("run", "WALBOX_CONFIG"), ("inbox", "WALBOX_INBOX_CONFIG")] {
+            assert_config_error(
+                &format!("{subcommand}, {case}"),
+                exit_and_output(subcommand, &owned(&[(var, &path)])),
+                &["line 2", &path],
+            );
+        }
+    }
+}
+
+#[test]
+fn a_malformed_postgres_url_exits_3_without_echoing_it() {
+    let url = format!("postgres:/walbox:{SECRET}@db.internal/app");
+    let run = owned(&[
+        ("WALBOX_POSTGRES_URL", &url),
+        ("WALBOX_KAFKA_BROKERS", "127.0.0.1:9"),
+    ]);
+    assert_config_error(
+        "run",
+        exit_and_output("run", &run),
+        &["postgres.url", "postgres://"],
+    );
+    assert_config_error(
+        "inbox",
+        exit_and_output("inbox", &inbox_env(&url)),
+        &["postgres.url", "postgres://"],
+    );
+}
+
+#[test]
+fn a_misspelt_kafka_property_exits_3_naming_it_but_not_its_value() {
+    // A database walbox inbox can start on, so that only the property can stop it.
+    let db = TestDb::new("cfg_property");
+    db.sql(include_str!("../migrations/inbox.sql"));
+    let file_text = format!("[kafka.properties]\n\"sasl.pasword\" = \"{SECRET}\"\n");
+    let file = config_file(&file_text);
+    let path = file.path().to_string_lossy().into_owned();
+
+    let mut run = owned(&[
+        ("WALBOX_POSTGRES_URL", &db.url()),
+        ("WALBOX_KAFKA_BROKERS", "127.0.0.1:9"),
+        ("WALBOX_HTTP_LISTEN", "off"),
+    ]);
+    let mut run_file = run.clone();
+    run_file.push(("WALBOX_CONFIG".into(), path.clone()));
+    run.push(("WALBOX_KAFKA_PROPERTY_SASL_PASWORD".into(), SECRET.into()));
+    let mut inbox = inbox_env(&db.url());
+    let mut inbox_file = inbox.clone();
+    inbox_file.push(("WALBOX_INBOX_CONFIG".into(), path));
+    inbox.push((
+        "WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD".into(),
+        SECRET.into(),
+    ));
+    for (what, subcommand, env) in [
+        ("run, file", "run", run_file),
+        ("run, environment", "run", run),
+        ("inbox, file", "inbox", inbox_file),
+        ("inbox, environment", "inbox", inbox),
+    ] {
+        assert_config_error(
+            what,
+            exit_and_output(subcommand, &env),
+            &["sasl.pasword", "kafka.properties"],
+        );
+    }
+}
+
+#[test]
+fn an_unknown_log_level_exits_3_instead_of_silencing_every_log_line() {
+    let env = owned(&[
+        ("WALBOX_POSTGRES_URL", "postgres://walbox@127.0.0.1:9/app"),
+        ("WALBOX_KAFKA_BROKERS", "127.0.0.1:9"),
+        ("WALBOX_HTTP_LISTEN", "off"),
+        ("WALBOX_LOG_LEVEL", "warning"),
+    ]);
+    assert_config_error(
+        "run",
+        exit_and_output("run", &env),
+        &["log.level", "\"warning\""],
+    );
+}
+
+#[test]
+fn an_unknown_walbox_variable_exits_3_naming_it_but_not_its_value() {
+    let mut run = owned(&[
+        ("WALBOX_POSTGRES_URL", "postgres://walbox@127.0.0.1:9/app"),
+        ("WALBOX_KAFKA_BROKERS", "127.0.0.1:9"),
+        ("WALBOX_HTTP_LISTEN", "off"),
+        // Not walbox run's, and accepted: the inbox's, the log filter, the test harness's.
+        ("WALBOX_INBOX_POSTGRES_URL", "postgres://x@127.0.0.1:9/x"),
+        ("WALBOX_LOG", "info"),
+        ("WALBOX_TEST_KAFKA_BROKERS", "127.0.0.1:9"),
+    ]);
+    run.push(("WALBOX_POSTGRES_SLOTT".into(), "typo".into()));
+    assert_config_error(
+        "run",
+        exit_and_output("run", &run),
+        &[
+            "WALBOX_POSTGRES_SLOTT",
+            "did you mean WALBOX_POSTGRES_SLOT?",
+        ],
+    );
+    run.retain(|(k, _)| k != "WALBOX_POSTGRES_SLOTT");
+    run.push((
+        "WALBOX_POSTGRES_URLL".into(),
+        format!("postgres://walbox:{SECRET}@db.internal/app"),
+    ));
+    assert_config_error(
+        "run",
+        exit_and_output("run", &run),
+        &["WALBOX_POSTGRES_URLL"],
+    );
+
+    let mut inbox = inbox_env("postgres://walbox@127.0.0.1:9/app");
+    inbox.push(("WALBOX_KAFKA_BROKERS".into(), "walbox run's".into()));
+    inbox.push(("WALBOX_INBOX_EFFECT_SQLL".into(), "SELECT 1".into()));
+    assert_config_error(
+        "inbox",
+        exit_and_output("inbox", &inbox),
+        &["WALBOX_INBOX_EFFECT_SQLL"],
     );
 }

@@ -51,3 +51,34 @@ fn metrics_health_and_readiness_reflect_the_relay() {
     }
     drop(walbox);
 }
+
+#[test]
+fn slot_active_is_1_as_soon_as_walbox_streams() {
+    let db = TestDb::new("http_active");
+    let slot = db.name.clone();
+    // The slot exists before walbox starts, so the monitor's first reading finds it inactive.
+    db.create_slot_and_publication(&slot);
+    let broker = support::broker();
+    let port = support::free_port();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    env.retain(|(k, _)| k != "WALBOX_HTTP_LISTEN");
+    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
+    // No second reading during the test: the gauge must not depend on it.
+    env.push(("WALBOX_SLOT_CHECK_INTERVAL".into(), "1h".into()));
+    let walbox = Walbox::spawn(&env);
+
+    let mut body = String::new();
+    wait_until(WAIT, "/metrics to report walbox_streaming 1", || {
+        body = get(port, "/metrics").map(|(_, b)| b).unwrap_or_default();
+        metric(&body, "walbox_streaming") == Some(1.0)
+    });
+    assert!(db.slot_active(&slot), "{}", walbox.log());
+    assert_eq!(
+        metric(&body, "walbox_slot_active"),
+        Some(1.0),
+        "walbox streams from the slot, so it is active:\n{body}"
+    );
+    let (_, later) = get(port, "/metrics").unwrap();
+    assert_eq!(metric(&later, "walbox_slot_active"), Some(1.0), "{later}");
+    drop(walbox);
+}

@@ -230,7 +230,12 @@ fn bad_routes_are_one_line_errors() {
             "[[outbox.tables]]\ntable = \"a\"\n[[outbox.tables]]\ntable = \"a\"",
             "twice",
         ),
-        ("[outbox]\nenvelope = {{ x = \"y\" }}", "envelope"),
+        // (Single braces: `extra` is not a format string. With `{{` this was a TOML syntax
+        // error, found only because toml's message quoted the line.)
+        (
+            "[outbox]\nenvelope = { x = \"y\" }",
+            "envelope needs format",
+        ),
         ("[outbox.messages]\ntable = \"x\"", "prefix"),
     ] {
         let f = file(&format!("{MINIMAL}\n{extra}\n"));
@@ -258,4 +263,179 @@ fn durations() {
     assert_eq!(parse_duration("14d"), Ok(Duration::from_secs(14 * 86_400)));
     assert!(parse_duration("5 parsecs").is_err());
     assert!(parse_duration("").is_err());
+}
+
+#[test]
+fn toml_syntax_errors_give_the_position_but_never_the_line() {
+    for (text, position) in [
+        (
+            "[postgres]\nurl = \"postgres://walbox:hunter2@db/app\n",
+            "line 2, column",
+        ),
+        (
+            "[kafka.properties]\n\"sasl.password\" = hunter2\n",
+            "line 2, column 19",
+        ),
+    ] {
+        let f = file(text);
+        let e = load_from(Some(f.path()), &mut std::iter::empty())
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(
+            e.contains(position) && e.contains("TOML syntax error"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+}
+
+#[test]
+fn kafka_properties_are_checked_at_load_time_without_showing_values() {
+    // A misspelt property, from the file or the environment: named, its value never shown.
+    let f = file(&format!(
+        "{MINIMAL}\n[kafka.properties]\n\"sasl.pasword\" = \"hunter2\"\n"
+    ));
+    let e = load_from(Some(f.path()), &mut std::iter::empty())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"sasl.pasword\"")
+            && e.contains("WALBOX_KAFKA_PROPERTY_SASL_PASWORD")
+            && e.contains("not a librdkafka property")
+            && !e.contains("hunter2"),
+        "{e}"
+    );
+    let e = load_from(
+        Some(file(MINIMAL).path()),
+        &mut env(&[("WALBOX_KAFKA_PROPERTY_SSL_KEY_PASWORD", "hunter2")]).into_iter(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("ssl.key.pasword") && !e.contains("hunter2"),
+        "{e}"
+    );
+    // An invalid value of an ordinary property: librdkafka's reason is given.
+    let e = load_from(
+        Some(file(MINIMAL).path()),
+        &mut env(&[("WALBOX_KAFKA_PROPERTY_LINGER_MS", "soon")]).into_iter(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("linger.ms") && e.contains("refuses: Invalid value"),
+        "{e}"
+    );
+    // Numbers and booleans are taken as librdkafka's text; other types are refused unquoted.
+    let f = file(&format!(
+        "{MINIMAL}\n[kafka.properties]\n\"linger.ms\" = 20\n\"enable.idempotence\" = true\n"
+    ));
+    let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
+    assert_eq!(c.kafka.properties["linger.ms"], "20");
+    assert_eq!(c.kafka.properties["enable.idempotence"], "true");
+    let f = file(&format!(
+        "{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = [\"hunter2\"]\n"
+    ));
+    let e = load_from(Some(f.path()), &mut std::iter::empty())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sasl.password") && !e.contains("hunter2"), "{e}");
+}
+
+#[test]
+fn a_webhook_url_is_never_quoted() {
+    let f = file(&format!(
+        "{MINIMAL}\n[alerts]\nwebhook_url = \"hooks.example.com/T0/hunter2\"\n"
+    ));
+    let e = load_from(Some(f.path()), &mut std::iter::empty())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("alerts.webhook_url") && !e.contains("hunter2"),
+        "{e}"
+    );
+}
+
+#[test]
+fn log_levels_must_be_levels() {
+    let load = |vars: &[(&str, &str)]| {
+        load_from(Some(file(MINIMAL).path()), &mut env(vars).into_iter()).map(|c| c.log.level)
+    };
+    for good in [
+        "info",
+        "WARN",
+        "info,librdkafka=warn,rdkafka=warn",
+        "warn,walbox=debug",
+        "walbox::relay=trace",
+        "off",
+    ] {
+        assert_eq!(load(&[("WALBOX_LOG_LEVEL", good)]).unwrap(), good);
+    }
+    for (bad, needle) in [
+        ("warning", "\"warning\" is not a level"),
+        ("info,walbox", "\"walbox\" is not a level"),
+        ("walbox=loud", "does not end with a level"),
+        ("", "empty"),
+        (" , ", "empty"),
+    ] {
+        let e = load(&[("WALBOX_LOG_LEVEL", bad)]).unwrap_err().to_string();
+        assert!(
+            e.contains("log.level") && e.contains(needle),
+            "{bad:?}: {e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+    }
+    // The WALBOX_LOG override is checked the same way.
+    assert!(load(&[("WALBOX_LOG", "debug,librdkafka=warn")]).is_ok());
+    let e = load(&[("WALBOX_LOG", "warning")]).unwrap_err().to_string();
+    assert!(e.contains("WALBOX_LOG") && e.contains("not a level"), "{e}");
+}
+
+#[test]
+fn unknown_walbox_variables_are_errors_naming_them() {
+    let load = |vars: &[(&str, &str)]| {
+        load_from(Some(file(MINIMAL).path()), &mut env(vars).into_iter())
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    let e = load(&[("WALBOX_POSTGRES_SLOTT", "typo")]).unwrap_err();
+    assert!(
+        e.contains("unknown environment variable WALBOX_POSTGRES_SLOTT")
+            && e.contains("did you mean WALBOX_POSTGRES_SLOT?")
+            && !e.contains("typo"),
+        "{e}"
+    );
+    // The value is never shown: it may be a secret.
+    let e = load(&[("WALBOX_POSTGRES_URLL", "postgres://u:hunter2@h/d")]).unwrap_err();
+    assert!(
+        e.contains("WALBOX_POSTGRES_URLL") && !e.contains("hunter2"),
+        "{e}"
+    );
+    let e = load(&[("WALBOX_OUTBOX_MESSAGES_PREFIX", "x")]).unwrap_err();
+    assert!(e.contains("WALBOX_OUTBOX_MESSAGES_PREFIX"), "{e}");
+    // Not settings, or not walbox run's: accepted.
+    load(&[
+        ("WALBOX_CONFIG", "/etc/walbox.toml"),
+        ("WALBOX_LOG", "info"),
+        ("WALBOX_INBOX_POSTGRES_URL", "postgres://u@h/d"),
+        ("WALBOX_INBOX_ANYTHING", "x"),
+        ("WALBOX_TEST_KAFKA_BROKERS", "k:9092"),
+        ("WALBOX_BENCH_QUICK", "1"),
+        ("WALBOXER", "x"),
+        ("OTHER_WALBOX_X", "x"),
+        ("WALBOX_KAFKA_PROPERTY_COMPRESSION_TYPE", "lz4"),
+    ])
+    .unwrap();
+}
+
+#[test]
+fn edit_distances() {
+    assert_eq!(
+        edit_distance("WALBOX_POSTGRES_SLOTT", "WALBOX_POSTGRES_SLOT"),
+        1
+    );
+    assert_eq!(edit_distance("abc", "abc"), 0);
+    assert_eq!(edit_distance("kitten", "sitting"), 3);
+    assert_eq!(edit_distance("", "ab"), 2);
 }

@@ -8,10 +8,20 @@
 //! Every scalar setting `[section] key` can be set as `WALBOX_<SECTION>_<KEY>` (upper case),
 //! e.g. `WALBOX_POSTGRES_URL`, `WALBOX_KAFKA_BROKERS`, `WALBOX_OUTBOX_COLUMNS_PAYLOAD`. Producer
 //! properties are set as `WALBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`
-//! (`WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` sets `sasl.password`).
+//! (`WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` sets `sasl.password`). Any other `WALBOX_*` variable
+//! is an error naming it, like an unknown key in the file, except those that are not settings
+//! (`EnvLayout::accepted`: `WALBOX_CONFIG`, `WALBOX_LOG`) or belong to others
+//! (`EnvLayout::foreign`: `WALBOX_INBOX_*`, the tests' `WALBOX_TEST_*`, the benchmarks'
+//! `WALBOX_BENCH_*`). `log.level` and `WALBOX_LOG` must be valid filters whose bare directives
+//! are levels: `EnvFilter` would take a misspelt level for a target and silence every line.
 //!
 //! Secrets (the Postgres password, `sasl.password`, `ssl.key.password`, …) never appear in
-//! `Debug` output or error messages.
+//! `Debug` output or error messages. Every message that could carry a value is redacted where it
+//! is made: a TOML syntax error gives the line, column and what is wrong, never the source line
+//! (toml's own message quotes it); a connection string error says which part is wrong, never the
+//! string; a librdkafka property librdkafka rejects is named, its value is not (librdkafka's own
+//! message repeats it). librdkafka properties are checked here, when the configuration is
+//! loaded, so a misspelt one is a configuration error (exit status 3) like an unknown key.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -19,6 +29,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaConfRes;
 use serde::Deserialize;
 
 use crate::source::conninfo::ConnInfo;
@@ -68,6 +81,17 @@ pub enum ConfigError {
         var: String,
         /// What is wrong.
         message: String,
+    },
+    /// A variable in walbox's namespace that sets nothing: a typo, which would otherwise be
+    /// silently ignored. Its value is never shown.
+    #[error("unknown environment variable {var}: no setting has that name{hint}; settings are {prefix}_<SECTION>_<KEY>, librdkafka properties {prefix}_KAFKA_PROPERTY_<NAME>")]
+    UnknownEnv {
+        /// The variable.
+        var: String,
+        /// " (did you mean …?)" or "".
+        hint: String,
+        /// The command's prefix, e.g. `WALBOX`.
+        prefix: &'static str,
     },
     /// A value is out of range or inconsistent.
     #[error("invalid configuration: {0}")]
@@ -183,7 +207,7 @@ pub struct RawKafka {
     /// `bootstrap.servers`.
     pub brokers: Option<String>,
     /// librdkafka producer properties.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_properties")]
     pub properties: BTreeMap<String, String>,
     /// Create missing topics through the admin API.
     pub create_topics: Option<bool>,
@@ -321,6 +345,45 @@ pub struct RawLog {
     pub level: Option<String>,
 }
 
+/// The variable that overrides `log.level` (read by `main`); checked like `log.level`.
+pub const LOG_ENV: &str = "WALBOX_LOG";
+
+/// Checks a `tracing` filter: comma-separated directives, each a level (`info`) or
+/// `target[span{field=value}]=level`. `EnvFilter` alone would take a misspelt level such as
+/// `warning` for a target name, and then log nothing at all, errors included: here a directive
+/// without `=` must be a level.
+pub fn check_log_filter(filter: &str) -> Result<(), String> {
+    const LEVELS: &str = "trace, debug, info, warn, error or off";
+    let mut directives = 0;
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        directives += 1;
+        let level = match directive.rsplit_once('=') {
+            _ if directive.ends_with(']') => "",
+            Some((_, level)) => level,
+            None => directive,
+        };
+        if level
+            .parse::<tracing::level_filters::LevelFilter>()
+            .is_err()
+        {
+            return Err(if level == directive {
+                format!(
+                    "{directive:?} is not a level ({LEVELS}); a target takes one, e.g. \"info,walbox=debug\""
+                )
+            } else {
+                format!("{directive:?} does not end with a level (=<{LEVELS}>)")
+            });
+        }
+    }
+    if directives == 0 {
+        return Err(format!("is empty; use a level ({LEVELS})"));
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(filter)
+        .map(drop)
+        .map_err(|e| one_line(&e.to_string()))
+}
+
 impl RawLog {
     /// Format and level, with their defaults.
     pub(crate) fn validate(self) -> Result<LogConfig, ConfigError> {
@@ -333,10 +396,10 @@ impl RawLog {
                 )))
             }
         };
-        Ok(LogConfig {
-            format,
-            level: self.level.unwrap_or_else(|| "info".into()),
-        })
+        let level = self.level.unwrap_or_else(|| "info".into());
+        check_log_filter(&level)
+            .map_err(|why| ConfigError::Invalid(format!("log.level {level:?}: {why}")))?;
+        Ok(LogConfig { format, level })
     }
 }
 
@@ -477,6 +540,66 @@ fn redact_properties(p: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
         .collect()
 }
 
+/// `[kafka.properties]` as written: strings, or numbers and booleans (librdkafka takes every
+/// value as text). A value of another type is refused without quoting it (serde's message
+/// would, and the value may be a password).
+pub(crate) fn scalar_properties<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    BTreeMap::<String, toml::Value>::deserialize(d)?
+        .into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                _ => {
+                    return Err(serde::de::Error::custom(format!(
+                        "kafka.properties.{k:?} must be a string, a number or a boolean"
+                    )))
+                }
+            };
+            Ok((k, text))
+        })
+        .collect()
+}
+
+/// Checks every property as librdkafka will when the client is created, so that a misspelt or
+/// invalid one is a configuration error at start-up. The error names the property and the
+/// variable that can set it (`<env_prefix>_KAFKA_PROPERTY_<NAME>`), never its value: librdkafka's
+/// own message repeats the value, which may be a secret.
+pub(crate) fn check_kafka_properties(
+    properties: &BTreeMap<String, String>,
+    env_prefix: &str,
+) -> Result<(), ConfigError> {
+    for (key, value) in properties {
+        let mut one = ClientConfig::new();
+        one.set(key, value);
+        let Err(e) = one.create_native_config() else {
+            continue;
+        };
+        let var = format!(
+            "{env_prefix}_KAFKA_PROPERTY_{}",
+            key.to_ascii_uppercase().replace('.', "_")
+        );
+        let why = match &e {
+            KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..) => {
+                "is not a librdkafka property: check its spelling against librdkafka's CONFIGURATION.md".to_owned()
+            }
+            KafkaError::ClientConfig(_, desc, ..) if !is_secret_property(key) => {
+                format!("has a value librdkafka refuses: {}", one_line(desc))
+            }
+            _ => "has a value librdkafka refuses (the value is not shown: it may be a secret)"
+                .to_owned(),
+        };
+        return Err(ConfigError::Invalid(format!(
+            "kafka.properties.{key:?} (or {var}) {why}"
+        )));
+    }
+    Ok(())
+}
+
 /// Kinds of values settable from the environment.
 #[derive(Clone, Copy)]
 pub(crate) enum Kind {
@@ -499,13 +622,76 @@ pub(crate) struct EnvLayout {
     pub prefix: &'static str,
     /// `(section path, key, kind)` of every settable key.
     pub scalars: &'static [(&'static [&'static str], &'static str, Kind)],
+    /// Variables with the prefix that this command reads but that set nothing here.
+    pub accepted: &'static [&'static str],
+    /// Prefixes within `<prefix>_` that belong to others (another command, the test and
+    /// benchmark harnesses). Every other `<prefix>_*` variable must be a setting: an unknown
+    /// one is an error, like an unknown key in the file.
+    pub foreign: &'static [&'static str],
 }
 
 /// The environment layout of `walbox run`'s configuration.
 const LAYOUT: EnvLayout = EnvLayout {
     prefix: "WALBOX",
     scalars: SCALARS,
+    // The config file (clap reads it) and the log filter override (main reads it).
+    accepted: &["WALBOX_CONFIG", LOG_ENV],
+    // `walbox inbox`'s, and the variables of the tests and benchmarks.
+    foreign: &["WALBOX_INBOX_", "WALBOX_TEST_", "WALBOX_BENCH_"],
 };
+
+impl EnvLayout {
+    /// `<prefix>_<PATH>_<KEY>` of a setting.
+    fn var(&self, path: &[&str], key: &str) -> String {
+        let mut name = String::from(self.prefix);
+        for p in path {
+            name.push('_');
+            name.push_str(&p.to_ascii_uppercase());
+        }
+        name.push('_');
+        name.push_str(&key.to_ascii_uppercase());
+        name
+    }
+
+    /// Whether `var` is in this command's namespace and yet not a variable it knows.
+    fn is_unknown(&self, var: &str) -> bool {
+        var.strip_prefix(self.prefix)
+            .is_some_and(|rest| rest.starts_with('_'))
+            && !self.accepted.contains(&var)
+            && !self.foreign.iter().any(|p| var.starts_with(p))
+    }
+
+    /// " (did you mean X?)" for the known variable closest to `var`, if close.
+    fn suggestion(&self, var: &str) -> String {
+        self.scalars
+            .iter()
+            .map(|(path, key, _)| self.var(path, key))
+            .chain(self.accepted.iter().map(|v| (*v).to_owned()))
+            .map(|known| (edit_distance(var, &known), known))
+            .filter(|(d, _)| *d <= 2)
+            .min()
+            .map(|(_, known)| format!(" (did you mean {known}?)"))
+            .unwrap_or_default()
+    }
+}
+
+/// Levenshtein distance between two ASCII-ish names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
 
 /// `(section path, key, kind)` of every scalar setting; `WALBOX_<PATH>_<KEY>` sets it.
 const SCALARS: &[(&[&str], &str, Kind)] = &[
@@ -579,6 +765,14 @@ fn apply_env(
 ) -> Result<(), ConfigError> {
     let property_prefix = format!("{}_KAFKA_PROPERTY_", layout.prefix);
     for (var, value) in env {
+        if var == LOG_ENV {
+            // Whichever command runs, main lets it override log.level: check it the same way.
+            check_log_filter(&value).map_err(|message| ConfigError::Env {
+                var: var.clone(),
+                message,
+            })?;
+            continue;
+        }
         if let Some(name) = var.strip_prefix(&property_prefix) {
             let key = name.to_ascii_lowercase().replace('_', ".");
             let t =
@@ -589,16 +783,18 @@ fn apply_env(
             t.insert(key, toml::Value::String(value));
             continue;
         }
-        let Some((path, key, kind)) = layout.scalars.iter().find(|(path, key, _)| {
-            let mut name = String::from(layout.prefix);
-            for p in path.iter() {
-                name.push('_');
-                name.push_str(&p.to_ascii_uppercase());
+        let Some((path, key, kind)) = layout
+            .scalars
+            .iter()
+            .find(|(path, key, _)| layout.var(path, key) == var)
+        else {
+            if layout.is_unknown(&var) {
+                return Err(ConfigError::UnknownEnv {
+                    hint: layout.suggestion(&var),
+                    var,
+                    prefix: layout.prefix,
+                });
             }
-            name.push('_');
-            name.push_str(&key.to_ascii_uppercase());
-            name == var
-        }) else {
             continue;
         };
         let bad = |what: &str| ConfigError::Env {
@@ -647,7 +843,7 @@ pub(crate) fn read_layers(
                 .parse::<toml::Table>()
                 .map_err(|e| ConfigError::Parse {
                     origin: origin.clone(),
-                    message: one_line(&e.to_string()),
+                    message: syntax_error(&text, &e),
                 })?;
             (table, origin)
         }
@@ -655,6 +851,26 @@ pub(crate) fn read_layers(
     };
     apply_env(&mut table, env, layout)?;
     Ok((table, origin))
+}
+
+/// A TOML syntax error as "line L, column C: what is wrong". toml's `Display` quotes the whole
+/// source line, which may hold a password: only its message is used.
+fn syntax_error(text: &str, e: &toml::de::Error) -> String {
+    let what = one_line(e.message());
+    let Some(span) = e.span() else {
+        return format!("TOML syntax error: {what}");
+    };
+    let before = &text.as_bytes()[..span.start.min(text.len())];
+    let line_start = before
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(0, |i| i + 1);
+    let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    format!("TOML syntax error at line {line}, column {column}: {what}")
 }
 
 /// Deserializes a layered table, naming the file in errors.
@@ -759,6 +975,7 @@ impl RawConfig {
                 )));
             }
         }
+        check_kafka_properties(&self.kafka.properties, LAYOUT.prefix)?;
 
         let max_in_flight = self.relay.max_in_flight.unwrap_or(10_000);
         if !(1..=1_000_000).contains(&max_in_flight) {
@@ -824,9 +1041,10 @@ impl RawConfig {
         }
         if let Some(url) = &self.alerts.webhook_url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(ConfigError::Invalid(format!(
-                    "alerts.webhook_url {url:?} must start with http:// or https://"
-                )));
+                // Not quoted: webhook URLs often embed a token.
+                return Err(ConfigError::Invalid(
+                    "alerts.webhook_url must start with http:// or https://".into(),
+                ));
             }
         }
         let alerts = AlertsConfig {

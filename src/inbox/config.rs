@@ -8,9 +8,13 @@
 //! Every scalar setting `[section] key` can be set as `WALBOX_INBOX_<SECTION>_<KEY>`, e.g.
 //! `WALBOX_INBOX_POSTGRES_URL`, `WALBOX_INBOX_EFFECT_SQL`; `kafka.topics` takes a comma-separated
 //! list (`WALBOX_INBOX_KAFKA_TOPICS=a,b`). Consumer properties are set as
-//! `WALBOX_INBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`.
+//! `WALBOX_INBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`. Any other `WALBOX_INBOX_*`
+//! variable but `WALBOX_INBOX_CONFIG` is an error naming it; other `WALBOX_*` variables belong
+//! to `walbox run` and are ignored here.
 //!
-//! Secrets (the PostgreSQL password, `sasl.password`, …) never appear in `Debug` output.
+//! Secrets (the PostgreSQL password, `sasl.password`, …) never appear in `Debug` output nor in
+//! error messages, which are redacted where they are made, as the relay's are (see
+//! [`crate::config`]); consumer properties are checked against librdkafka at load time.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,8 +25,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::config::{
-    deserialize, read_layers, ConfigError, EnvLayout, HumanDuration, Kind, LogConfig, RawHttp,
-    RawLog,
+    check_kafka_properties, deserialize, read_layers, ConfigError, EnvLayout, HumanDuration, Kind,
+    LogConfig, RawHttp, RawLog,
 };
 use crate::source::conninfo::ConnInfo;
 
@@ -91,7 +95,7 @@ pub struct RawKafka {
     /// How often processed offsets are committed.
     pub commit_interval: Option<HumanDuration>,
     /// librdkafka consumer properties.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::config::scalar_properties")]
     pub properties: BTreeMap<String, String>,
 }
 
@@ -287,6 +291,10 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
 const LAYOUT: EnvLayout = EnvLayout {
     prefix: "WALBOX_INBOX",
     scalars: SCALARS,
+    // The config file (clap reads it). Every other WALBOX_INBOX_* must be a setting; other
+    // WALBOX_* variables are walbox run's (WALBOX_LOG is checked by the shared loader).
+    accepted: &["WALBOX_INBOX_CONFIG"],
+    foreign: &[],
 };
 
 /// Loads the inbox configuration from an optional file and the process environment.
@@ -369,6 +377,7 @@ impl RawInboxConfig {
                 )));
             }
         }
+        check_kafka_properties(&k.properties, LAYOUT.prefix)?;
         let consumer = self.postgres.consumer.unwrap_or_else(|| group_id.clone());
         if consumer.is_empty() {
             return Err(invalid("postgres.consumer must not be empty"));
@@ -627,6 +636,55 @@ sql = "SELECT billing.apply_payment($payload)"
     fn unknown_keys_are_rejected() {
         let e = load_text(&format!("{MINIMAL}\n[retention]\nkeeep = \"1d\"\n"), &[]).unwrap_err();
         assert!(e.to_string().contains("keeep"), "{e}");
+    }
+
+    #[test]
+    fn unknown_inbox_variables_are_errors_and_walbox_run_variables_are_not_mine() {
+        let e = load_text(MINIMAL, &[("WALBOX_INBOX_EFFECT_SQLL", "SELECT 1")]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("WALBOX_INBOX_EFFECT_SQLL")
+                && msg.contains("did you mean WALBOX_INBOX_EFFECT_SQL?")
+                && !msg.contains("SELECT 1"),
+            "{msg}"
+        );
+        load_text(
+            MINIMAL,
+            &[
+                ("WALBOX_INBOX_CONFIG", "/etc/inbox.toml"),
+                ("WALBOX_POSTGRES_SLOTT", "walbox run's problem"),
+                ("WALBOX_LOG", "info"),
+            ],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn consumer_properties_and_log_levels_are_checked_at_load_time() {
+        let e = load_text(
+            MINIMAL,
+            &[("WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD", "hunter2")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("sasl.pasword")
+                && e.contains("WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD")
+                && !e.contains("hunter2"),
+            "{e}"
+        );
+        let e = load_text(MINIMAL, &[("WALBOX_INBOX_LOG_LEVEL", "warning")]).unwrap_err();
+        assert!(e.to_string().contains("log.level"), "{e}");
+        assert!(load_text(
+            MINIMAL,
+            &[(
+                "WALBOX_INBOX_LOG_LEVEL",
+                "info,librdkafka=warn,rdkafka=warn"
+            )]
+        )
+        .is_ok());
+        let e = load_text(MINIMAL, &[("WALBOX_LOG", "warning")]).unwrap_err();
+        assert!(e.to_string().contains("WALBOX_LOG"), "{e}");
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //! an [`AckQueue`] whose length the relay's in-flight cap bounds, and the relay takes the acks
 //! in batches.
 //!
+//! A record over the producer's own `message.max.bytes` is refused by librdkafka in `produce()`
+//! with the broker's error code; [`SinkError::Send`] says it was the producer's limit, and
+//! [`describe_delivery_error`] says when the broker refused a record on delivery.
+//!
 //! # Invariants
 //! - Every record handed to [`KafkaSink::send`] without error gets exactly one [`Ack`].
 //! - Records of one key are produced in the order `send` is called; the idempotent producer keeps
@@ -107,12 +111,41 @@ pub enum SinkError {
     /// librdkafka refused the configuration.
     #[error("kafka producer configuration rejected: {0}")]
     Config(#[source] KafkaError),
-    /// The record was refused before reaching the broker.
-    #[error("kafka refused the record: {0}")]
+    /// The record was refused by the producer itself, in `produce()`, before any broker saw
+    /// it; the message says which limit refused it (see [`refused_by_producer`]).
+    #[error("{}", refused_by_producer(.0))]
     Send(#[source] KafkaError),
     /// librdkafka's local queue is full; try again shortly.
     #[error("kafka producer queue is full")]
     QueueFull,
+}
+
+/// Why the producer refused a record in `produce()`. librdkafka reports its own size limit with
+/// the broker's error code (`MSG_SIZE_TOO_LARGE`, "Broker: Message size too large"), but no
+/// broker was involved: the record is over the producer's `message.max.bytes`.
+pub fn refused_by_producer(e: &KafkaError) -> String {
+    match e {
+        KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge) => {
+            "the producer refused the record before sending it: it is larger than the producer's \
+             message.max.bytes (librdkafka's default: 1000000 bytes); raise \"message.max.bytes\" \
+             in [kafka.properties], and check that the broker's message.max.bytes and the topic's \
+             max.message.bytes accept it too"
+                .to_owned()
+        }
+        e => format!("kafka refused the record: {e}"),
+    }
+}
+
+/// A record the broker failed, as the relay reports it: for a size limit, which limits to
+/// raise.
+pub fn describe_delivery_error(e: &KafkaError) -> String {
+    match e {
+        KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge) => format!(
+            "the broker refused the record as too large ({e}): raise the topic's \
+             max.message.bytes (or the broker's message.max.bytes)"
+        ),
+        e => e.to_string(),
+    }
 }
 
 /// Delivery reports waiting for the relay. librdkafka's polling thread pushes one per record;
@@ -390,5 +423,25 @@ mod tests {
         assert_eq!(classify(&p(C::MessageTimedOut)), Severity::Transient);
         assert_eq!(classify(&p(C::BrokerTransportFailure)), Severity::Transient);
         assert_eq!(classify(&p(C::NotEnoughReplicas)), Severity::Transient);
+    }
+
+    #[test]
+    fn size_refusals_name_the_limit_that_refused() {
+        let too_large = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        let producer = SinkError::Send(too_large.clone()).to_string();
+        assert!(
+            producer.contains("the producer's message.max.bytes") && !producer.contains("Broker:"),
+            "{producer}"
+        );
+        let broker = describe_delivery_error(&too_large);
+        assert!(
+            broker.contains("the broker refused") && broker.contains("max.message.bytes"),
+            "{broker}"
+        );
+        let other = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition);
+        assert!(SinkError::Send(other.clone())
+            .to_string()
+            .starts_with("kafka refused the record: "));
+        assert_eq!(describe_delivery_error(&other), other.to_string());
     }
 }

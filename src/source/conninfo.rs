@@ -17,9 +17,13 @@
 //! Invariants:
 //! * the password never appears in [`ConnInfoError`] messages, in [`ConnInfo::redacted`], nor in
 //!   `Debug` output. Error messages also hide every fragment of the input that could be part of
-//!   a mis-quoted password (URL authority and path, anything after a `password` parameter).
+//!   a mis-quoted password (URL authority and path, anything after a `password` parameter, a
+//!   word without `=` such as a URL with a mistyped scheme): they say which part is wrong, and
+//!   never quote the connection string.
 //! * Unix sockets never use TLS (PostgreSQL does not offer it there); `sslmode` is ignored for them,
 //!   as libpq does.
+//! * A server without TLS under `sslmode` require, verify-ca or verify-full is
+//!   [`TlsError::NotSupported`] on both connections: fatal (exit status 4), never retried.
 //! * When `sslrootcert` is given, `sslmode=prefer|require` verify the certificate chain like
 //!   `verify-ca` (libpq's rule for an existing root certificate file). `sslrootcert=system` means
 //!   the system's trusted roots.
@@ -36,6 +40,18 @@ use crate::source::tls::{TlsConfig, TlsError};
 const DEFAULT_SOCKET_DIR: &str = "/var/run/postgresql";
 /// Default application name reported to the server (`pg_stat_activity.application_name`).
 const DEFAULT_APPLICATION_NAME: &str = "walbox";
+/// The parameters walbox accepts.
+const KNOWN_PARAMETERS: &[&str] = &[
+    "host",
+    "port",
+    "user",
+    "password",
+    "dbname",
+    "sslmode",
+    "sslrootcert",
+    "application_name",
+    "connect_timeout",
+];
 
 /// How TLS is negotiated with the server (libpq's `sslmode`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -263,9 +279,9 @@ impl ConnInfo {
                 }
                 _ => {
                     return Err(ConnInfoError::UnknownParameter(format!(
-                        "{} (known: host, port, user, password, dbname, sslmode, sslrootcert, \
-                         application_name, connect_timeout)",
-                        show(&key, hidden)
+                        "{} (known: {})",
+                        show(&key, hidden),
+                        KNOWN_PARAMETERS.join(", ")
                     )))
                 }
             }
@@ -509,10 +525,23 @@ fn parse_keyword_value(s: &str) -> Result<Vec<Param>, ConnInfoError> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
-            return Err(ConnInfoError::Malformed(format!(
-                "missing '=' after {} (values with spaces need single quotes)",
-                show(&key, after_password)
-            )));
+            // Not echoed unless it is a parameter name: a word without '=' may be a password
+            // (a mistyped URL is one word holding the password).
+            return Err(ConnInfoError::Malformed(
+                if params.is_empty() && key.contains(':') {
+                    "not a URL starting with postgres:// or postgresql://, nor key=value pairs \
+                 (check the URL's scheme and the '//' after it)"
+                        .to_owned()
+                } else if KNOWN_PARAMETERS.contains(&key.as_str()) && !after_password {
+                    format!("missing '=' after {key:?} (values with spaces need single quotes)")
+                } else {
+                    format!(
+                    "missing '=' after word {} (not shown: it may be part of a password; values \
+                     with spaces need single quotes)",
+                    params.len() + 1
+                )
+                },
+            ));
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         let mut value = String::new();
@@ -632,6 +661,11 @@ pub async fn connect_control(info: &ConnInfo) -> Result<tokio_postgres::Client, 
                         connect_control_with(control_config(info, false), tokio_postgres::NoTls)
                             .await
                     }
+                    // The same verdict as the replication connection's: a configuration
+                    // problem that every retry repeats, not a transient error.
+                    Err(ConnectError::Postgres(e)) if server_refused_tls(&e) => {
+                        Err(TlsError::NotSupported(info.sslmode).into())
+                    }
                     other => other,
                 }
             }
@@ -705,6 +739,12 @@ fn error_chain(e: &tokio_postgres::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// Whether tokio-postgres gave up because the server answered the SSLRequest with 'N' under
+/// `sslmode=require` (its only report of it is this message, in tokio-postgres 0.7).
+fn server_refused_tls(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.to_string() == "server does not support TLS")
 }
 
 /// Whether a tokio-postgres error came from the TLS handshake (OpenSSL).

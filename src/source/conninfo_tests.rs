@@ -128,7 +128,10 @@ fn errors() {
         ("postgres://u@h:x/d", "port"),
         ("host=h user=u connect_timeout=-1", "connect_timeout"),
         ("host=h user=u password='abc", "unterminated"),
-        ("host=h user", "missing '='"),
+        ("host=h user", "missing '=' after \"user\""),
+        ("host=h user=u dbname", "missing '=' after \"dbname\""),
+        ("host=h user=u mydb", "missing '=' after word 3"),
+        ("postgres:/u@h/d", "postgres://"),
         ("postgres://u@h1,h2/d", "several hosts"),
         ("postgres://u@h/d?sslmode", "has no '='"),
         ("postgres://u@h/d%zz", "percent-encoding"),
@@ -153,6 +156,12 @@ fn errors_never_contain_the_password() {
         ("postgres://u:pw@h/d?password=hun&ter2=x", &["ter2"]),
         ("postgres://u:hunter2@h:hunter2/d", &["hunter2"]),
         ("postgres://u:hunter2@h/d?sslmode=hunter2", &["hunter2"]),
+        // A mistyped scheme makes the URL one key=value word without '='.
+        ("postgres:/u:hunter2@h/d", &["hunter2"]),
+        ("postgresql:u:hunter2@h/d", &["hunter2"]),
+        ("postgres//u:hunter2@h/d", &["hunter2"]),
+        // A stray word, not a parameter name, may be a password.
+        ("host=h user=u hunter2", &["hunter2"]),
     ] {
         let e = s.parse::<ConnInfo>().expect_err(s).to_string();
         for secret in secrets {

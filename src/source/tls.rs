@@ -54,7 +54,8 @@ pub enum TlsError {
     #[error("TLS handshake failed: the server certificate was rejected: {0}")]
     CertificateRejected(String),
     /// The server answered the SSLRequest with 'N' and the mode does not allow plaintext.
-    #[error("the server does not support TLS, but sslmode={0} requires it")]
+    /// Retrying cannot help.
+    #[error("the server does not support TLS, and sslmode={0} requires it: enable ssl on the server, or lower sslmode in postgres.url (prefer or disable) if plaintext is acceptable")]
     NotSupported(SslMode),
 }
 
