@@ -25,12 +25,12 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
+use crate::health::monitor::{self, FatalSignal};
+use crate::health::webhook::Webhook;
 use crate::metrics::{self, Health, Metrics};
-use crate::monitor::{self, FatalSignal};
 use crate::relay::{Relay, SessionEnd};
 use crate::sink::kafka::{AckQueue, KafkaSink};
 use crate::sink::topics::Topics;
-use crate::webhook::Webhook;
 
 /// Capped exponential backoff with full jitter in the upper half.
 #[derive(Debug)]

@@ -86,6 +86,13 @@ impl Failure {
     }
 }
 
+/// How an error is to be treated, said by the module that defines it; every caller (the relay,
+/// the one-shot commands, the inbox) uses this one classification.
+pub trait Classify {
+    /// `None` when retrying (reconnecting) can succeed; else the fatal failure.
+    fn failure(&self) -> Option<Failure>;
+}
+
 /// A fatal error: what happened, on one line, and how the process exits.
 #[derive(Debug)]
 pub struct FatalError {
@@ -102,6 +109,18 @@ impl fmt::Display for FatalError {
 }
 
 impl std::error::Error for FatalError {}
+
+impl FatalError {
+    /// The fatal error of a one-shot command (`status`, `recreate-slot`, `republish`), which
+    /// does not retry: `e`'s own classification, a transient cause (server down, network)
+    /// being [`Failure::Unavailable`].
+    pub fn of<E: Classify + fmt::Display>(e: &E) -> FatalError {
+        FatalError {
+            failure: e.failure().unwrap_or(Failure::Unavailable),
+            message: e.to_string(),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

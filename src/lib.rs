@@ -38,23 +38,19 @@
 //!                      + effect) → offset commit; retention guard (the consumer half)
 //! ```
 
-pub mod alert;
 pub mod app;
-pub mod checkpoint;
 pub mod cli;
 pub mod config;
-pub mod demo;
-pub mod envelope;
 pub mod failure;
+pub mod health;
 pub mod inbox;
+pub mod lsn;
 pub mod metrics;
-pub mod monitor;
 pub mod outbox;
+pub mod pg;
 pub mod relay;
 pub mod republish;
 pub mod sandbox;
 pub mod sink;
 pub mod source;
-pub mod status;
 pub mod timestamp;
-pub mod webhook;

@@ -89,7 +89,7 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish("status", runtime.block_on(walbox::status::status(&config, json)))
+                finish("status", runtime.block_on(walbox::health::status::status(&config, json)))
             }
         },
         Command::RecreateSlot { config, confirm_data_loss } => match load(config) {
@@ -100,7 +100,7 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish("recreate-slot", runtime.block_on(walbox::status::recreate_slot(&config)))
+                finish("recreate-slot", runtime.block_on(walbox::health::status::recreate_slot(&config)))
             }
         },
         Command::Republish {
@@ -130,7 +130,7 @@ fn main() -> ExitCode {
         },
         Command::Demo { aggregates, events } => {
             init_logging(LogFormat::Text, "warn");
-            match runtime.block_on(walbox::demo::run(aggregates, events)) {
+            match runtime.block_on(walbox::sandbox::demo::run(aggregates, events)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(Failure::Internal, format!("{e:#}")),
             }

@@ -26,13 +26,12 @@ use tokio_postgres::types::ToSql;
 
 use crate::config::{Config, OnInvalid, Route, RouteSource};
 use crate::failure::{Failure, FatalError};
+use crate::lsn::Lsn;
 use crate::outbox::{EventPosition, OutboxError, OutboxMapper};
-use crate::relay::connect_failure;
+use crate::pg::control::connect_control;
 use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError};
 use crate::sink::topics::Topics;
 use crate::source::catalog::quote_ident;
-use crate::source::conninfo::connect_control;
-use crate::source::lsn::Lsn;
 use crate::source::pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
 use crate::timestamp::pg_now_micros;
 
@@ -68,7 +67,7 @@ pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalErr
     }
     let client = connect_control(&config.postgres.conn)
         .await
-        .map_err(connect_failure)?;
+        .map_err(|e| FatalError::of(&e))?;
     let acks = Arc::new(AckQueue::default());
     let sink = KafkaSink::new(&config.kafka, acks.clone())
         .map_err(|e| fatal(Failure::Kafka, e.to_string()))?;

@@ -15,16 +15,17 @@ use openssl::nid::Nid;
 use openssl::pkey::PKey;
 use openssl::x509::extension::{BasicConstraints, KeyUsage};
 use openssl::x509::{X509Name, X509};
+use walbox::config::conninfo::ConnInfo;
+use walbox::lsn::Lsn;
+use walbox::pg::control::{connect_control, ConnectError};
+use walbox::pg::tls::TlsError;
 use walbox::sandbox::postgres::{
     PgCluster, PgClusterOptions, MD5_ROLE, NOPRIVS_ROLE, PLAIN_ROLE, SUPERUSER,
 };
-use walbox::source::conninfo::{connect_control, ConnInfo, ConnectError};
-use walbox::source::lsn::Lsn;
 use walbox::source::pgoutput::{self, LogicalMessage};
 use walbox::source::replication::{
     ReplicationConnection, ReplicationError, ReplicationMessage, StandbyStatus,
 };
-use walbox::source::tls::TlsError;
 
 use crate::support::{self, cluster, unique, walbox_env, TestDb, Walbox, WAIT};
 

@@ -5,8 +5,8 @@
 use std::collections::{BTreeSet, HashSet};
 use std::process::Command;
 
+use walbox::lsn::Lsn;
 use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
-use walbox::source::lsn::Lsn;
 
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
+use walbox::lsn::Lsn;
 use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
-use walbox::source::lsn::Lsn;
 
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 

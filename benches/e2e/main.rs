@@ -34,8 +34,8 @@ use anyhow::{bail, Context};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
+use walbox::lsn::Lsn;
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
-use walbox::source::lsn::Lsn;
 
 use broker::BenchBroker;
 use procs::WalboxChild;

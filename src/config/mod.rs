@@ -34,8 +34,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaConfRes;
 use serde::Deserialize;
 
-use crate::source::conninfo::ConnInfo;
+use crate::config::conninfo::ConnInfo;
 
+pub mod conninfo;
 pub mod outbox;
 
 use outbox::RawOutbox;

@@ -24,11 +24,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::config::conninfo::ConnInfo;
 use crate::config::{
     check_kafka_properties, deserialize, read_layers, ConfigError, EnvLayout, HumanDuration, Kind,
     LogConfig, RawHttp, RawLog,
 };
-use crate::source::conninfo::ConnInfo;
 
 use super::effect::EffectSql;
 

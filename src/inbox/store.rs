@@ -17,9 +17,11 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
+use crate::config::conninfo::ConnInfo;
+use crate::failure::Classify;
 use crate::failure::Failure;
+use crate::pg::control::{connect_control, ConnectError};
 use crate::source::catalog::quote_ident;
-use crate::source::conninfo::{connect_control, ConnInfo, ConnectError};
 
 use super::config::InboxConfig;
 use super::effect::{EffectSql, InvalidRecord, Record};
@@ -78,12 +80,10 @@ impl StoreError {
     pub fn class(&self) -> ErrorClass {
         match self {
             StoreError::Invalid(_) => ErrorClass::Invalid,
-            StoreError::Connect(ConnectError::Tls(_)) => ErrorClass::Fatal(Failure::Auth),
-            StoreError::Connect(e) => match e.sqlstate() {
-                Some(c) => match Failure::from_sqlstate(c, &e.to_string()) {
-                    Some(f) => ErrorClass::Fatal(f),
-                    None => ErrorClass::Transient,
-                },
+            // The relay's classification: an interrupted TLS handshake or a network outage is
+            // transient, never an authentication failure.
+            StoreError::Connect(e) => match e.failure() {
+                Some(f) => ErrorClass::Fatal(f),
                 None => ErrorClass::Transient,
             },
             StoreError::Inbox(e) => match e.code() {

@@ -3,4 +3,5 @@
 //! every trace of it when it is dropped.
 
 pub mod broker;
+pub mod demo;
 pub mod postgres;

@@ -36,6 +36,7 @@ use rdkafka::{ClientContext, Message};
 use tokio::sync::Notify;
 
 use crate::config::KafkaConfig;
+use crate::failure::{Classify, Failure};
 use crate::outbox::OutboxEvent;
 
 /// The broker's verdict on one record.
@@ -102,6 +103,26 @@ pub fn classify(err: &KafkaError) -> Severity {
         | C::Authentication
         | C::InvalidArgument => Severity::Fatal,
         _ => Severity::Transient,
+    }
+}
+
+impl Classify for KafkaError {
+    fn failure(&self) -> Option<Failure> {
+        match classify(self) {
+            Severity::Transient => None,
+            Severity::RecordRejected => Some(Failure::EventRejected),
+            Severity::Fatal => Some(Failure::Kafka),
+        }
+    }
+}
+
+impl Classify for SinkError {
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            SinkError::Send(e) => e.failure(),
+            SinkError::Config(_) => Some(Failure::Kafka),
+            SinkError::QueueFull => None,
+        }
     }
 }
 

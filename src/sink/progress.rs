@@ -31,7 +31,8 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use crate::config::KafkaConfig;
-use crate::source::lsn::Lsn;
+use crate::failure::{Classify, Failure};
+use crate::lsn::Lsn;
 use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros, rfc3339_now};
 
 /// Shortest gap between two progress records written because the frontier moved.
@@ -127,6 +128,13 @@ pub enum ProgressError {
     /// It took too long.
     #[error("cannot read progress topic {0:?} to its end in time")]
     Timeout(String),
+}
+
+impl Classify for ProgressError {
+    /// Retried: walbox waits until it can tell whether a missing slot existed.
+    fn failure(&self) -> Option<Failure> {
+        None
+    }
 }
 
 /// The newest record for `key` in the progress topic (blocking; reads every partition from

@@ -19,6 +19,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::KafkaConfig;
+use crate::failure::{Classify, Failure};
 use crate::sink::kafka::KafkaSink;
 
 /// How long one metadata lookup may take.
@@ -40,6 +41,13 @@ pub enum TopicError {
     /// Creation failed.
     #[error("cannot create topic {0:?}: {1}")]
     Create(String, String),
+}
+
+impl Classify for TopicError {
+    /// The event cannot go to its topic; its route's `on_invalid` policy decides what follows.
+    fn failure(&self) -> Option<Failure> {
+        Some(Failure::EventRejected)
+    }
 }
 
 impl Topics {

@@ -10,7 +10,8 @@
 use tokio_postgres::Client;
 
 use crate::config::{OutboxConfig, PostgresConfig, Route, RouteSource};
-use crate::source::lsn::Lsn;
+use crate::failure::{Classify, Failure};
+use crate::lsn::Lsn;
 
 /// Oldest supported server (`server_version_num`).
 pub const MIN_SERVER_VERSION: i32 = 130_000;
@@ -98,6 +99,18 @@ pub enum CatalogError {
         /// Its last confirmed position.
         confirmed: Lsn,
     },
+}
+
+impl Classify for CatalogError {
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            CatalogError::Query(e) => e
+                .code()
+                .and_then(|c| Failure::from_sqlstate(c.code(), &e.to_string())),
+            CatalogError::SlotLost { .. } => Some(Failure::SlotLost),
+            _ => Some(Failure::Schema),
+        }
+    }
 }
 
 /// The slot as found (or created) at start-up.

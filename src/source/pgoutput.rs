@@ -25,7 +25,15 @@
 
 use bytes::Bytes;
 
-use crate::source::lsn::Lsn;
+use crate::failure::{Classify, Failure};
+use crate::lsn::Lsn;
+
+impl Classify for DecodeError {
+    /// The server sent what walbox cannot read: a bug on one side, never retried.
+    fn failure(&self) -> Option<Failure> {
+        Some(Failure::Internal)
+    }
+}
 
 /// Why a pgoutput message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -53,9 +53,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 use tokio_openssl::SslStream;
 
-use crate::source::conninfo::{ConnInfo, Host, SslMode};
-use crate::source::lsn::Lsn;
-use crate::source::tls::{self, TlsConfig, TlsError};
+use crate::config::conninfo::{ConnInfo, Host, SslMode};
+use crate::failure::{Classify, Failure};
+use crate::lsn::Lsn;
+use crate::pg::tls::{self, TlsConfig, TlsError};
 
 /// Bytes reserved for the read buffer at a time (the buffer grows beyond it for large frames).
 const READ_CHUNK: usize = 128 * 1024;
@@ -134,6 +135,21 @@ pub enum ReplicationError {
     /// The server closed the connection without ending the command or stream cleanly.
     #[error("the server closed the replication connection unexpectedly")]
     ConnectionClosed,
+}
+
+impl Classify for ReplicationError {
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            ReplicationError::Tls(t) => t.failure(),
+            ReplicationError::UnsupportedAuth(_) | ReplicationError::PasswordRequired => {
+                Some(Failure::Auth)
+            }
+            ReplicationError::Protocol(_) => Some(Failure::Internal),
+            e => e
+                .sqlstate()
+                .and_then(|code| Failure::from_sqlstate(code, &e.to_string())),
+        }
+    }
 }
 
 impl ReplicationError {

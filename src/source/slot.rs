@@ -5,11 +5,11 @@
 //! (broker down, paused deployment), that WAL grows until the disk fills or, with
 //! `max_slot_wal_keep_size` set, until PostgreSQL invalidates the slot (`wal_status = lost`) and
 //! the events in the removed WAL can no longer be relayed. [`SlotHealth`] holds every number an
-//! operator needs to see that coming; `crate::alert` turns it into alert levels.
+//! operator needs to see that coming; `crate::health::alert` turns it into alert levels.
 
 use tokio_postgres::Client;
 
-use crate::source::lsn::Lsn;
+use crate::lsn::Lsn;
 
 /// One reading of the slot and the settings that bound it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

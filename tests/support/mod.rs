@@ -17,15 +17,15 @@ use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use walbox::lsn::Lsn;
 use walbox::sandbox::broker::Broker;
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
-use walbox::source::lsn::Lsn;
 
 /// Generous deadline for conditions that normally hold within a second.
 pub const WAIT: Duration = Duration::from_secs(60);
 
 /// The seeds' outbox table (`000_…`), plus a business table: the demo's schema.
-pub const OUTBOX_DDL: &str = walbox::demo::SCHEMA;
+pub const OUTBOX_DDL: &str = walbox::sandbox::demo::SCHEMA;
 
 /// The cluster shared by every test of this binary.
 pub fn cluster() -> &'static PgCluster {

@@ -20,6 +20,8 @@
 //! - Raw values are zero-copy slices of the replication buffer. The exceptions are bytea
 //!   payloads (decoded from hex text) and envelopes, which are built per event.
 
+pub mod envelope;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,10 +30,11 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use crate::config::{valid_topic, OutboxConfig, Route, RouteSource};
-use crate::envelope::{self, Payload, PayloadKind};
-use crate::source::lsn::Lsn;
+use crate::failure::{Classify, Failure};
+use crate::lsn::Lsn;
 use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
 use crate::timestamp::{self, pg_micros_to_unix_micros, pg_micros_to_unix_ms};
+use envelope::{Payload, PayloadKind};
 
 /// Type OIDs with a special meaning for payloads.
 const BYTEA_OID: u32 = 17;
@@ -102,6 +105,15 @@ pub enum OutboxError {
     /// An INSERT referenced a relation never announced: a protocol violation.
     #[error("INSERT for relation {0} that was never announced by a Relation message")]
     UnknownRelation(u32),
+}
+
+impl Classify for OutboxError {
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            OutboxError::InvalidEvent(_) => Some(Failure::EventRejected),
+            OutboxError::UnknownRelation(_) => Some(Failure::Internal),
+        }
+    }
 }
 
 /// A row that cannot become a record, with what a dead letter needs.
@@ -804,5 +816,4 @@ fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
 }
 
 #[cfg(test)]
-#[path = "outbox_tests.rs"]
 mod tests;

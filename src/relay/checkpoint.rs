@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 
-use crate::source::lsn::Lsn;
+use crate::lsn::Lsn;
 
 /// A transaction whose commit has been received but which is not yet confirmed.
 #[derive(Debug, Clone, Copy)]

@@ -8,12 +8,11 @@
 //! from the outbox table. When the slot is already gone, the old position comes from the
 //! progress record in Kafka (`sink::progress`).
 
-use crate::alert::{self, Assessment};
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
-use crate::relay::connect_failure;
+use crate::health::alert::{self, Assessment};
+use crate::pg::control::connect_control;
 use crate::sink::progress::{self, ProgressKey, ProgressRecord};
-use crate::source::conninfo::connect_control;
 use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
 
@@ -27,7 +26,7 @@ fn fatal(failure: Failure, message: impl ToString) -> FatalError {
 async fn read(config: &Config) -> Result<(tokio_postgres::Client, Option<SlotHealth>), FatalError> {
     let client = connect_control(&config.postgres.conn)
         .await
-        .map_err(connect_failure)?;
+        .map_err(|e| FatalError::of(&e))?;
     let health = slot::read(&client, &config.postgres.slot)
         .await
         .map_err(|e| fatal(Failure::Schema, format!("cannot read the slot: {e}")))?;

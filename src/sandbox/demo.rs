@@ -12,9 +12,9 @@ use tokio::sync::oneshot;
 
 use crate::app::{self, Handles};
 use crate::config;
+use crate::pg::control::connect_control;
 use crate::sandbox::broker::{read_topics, Broker};
 use crate::sandbox::postgres::{PgCluster, PgClusterOptions};
-use crate::source::conninfo::connect_control;
 
 /// The seed article's outbox table (plus the business table the transactions also write).
 pub const SCHEMA: &str = "
@@ -156,7 +156,7 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
         .iter()
         .filter_map(|r| {
             r.header_str("walbox.commit_lsn")?
-                .parse::<crate::source::lsn::Lsn>()
+                .parse::<crate::lsn::Lsn>()
                 .ok()
         })
         .max()
@@ -172,7 +172,7 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
             .await?;
         let text: String = row.get(0);
         if text
-            .parse::<crate::source::lsn::Lsn>()
+            .parse::<crate::lsn::Lsn>()
             .is_ok_and(|l| l > last_commit)
         {
             break text;

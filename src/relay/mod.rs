@@ -44,24 +44,26 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use crate::checkpoint::Checkpoint;
+pub mod checkpoint;
+
 use crate::config::Config;
 use crate::config::{OnChange, OnInvalid};
-use crate::failure::{Failure, FatalError};
+use crate::failure::{Classify, Failure, FatalError};
+use crate::health::monitor::HEARTBEAT_PREFIX;
+use crate::lsn::Lsn;
 use crate::metrics::{Health, Metrics};
-use crate::monitor::HEARTBEAT_PREFIX;
 use crate::outbox::{DeadLetter, EventPosition, OutboxError, OutboxEvent, OutboxMapper};
+use crate::pg::control::{connect_control, ConnectError};
 use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError, PROGRESS_ROUTE};
 use crate::sink::progress::{self, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
 use crate::sink::topics::{TopicError, Topics};
 use crate::source::catalog::{self, CatalogError};
-use crate::source::conninfo::{connect_control, ConnectError};
-use crate::source::lsn::Lsn;
 use crate::source::pgoutput::{self, DecodeError, LogicalMessage};
 use crate::source::replication::{
     ReplicationConnection, ReplicationError, ReplicationMessage, ReplicationStream, StandbyStatus,
 };
 use crate::timestamp::{pg_micros_to_unix_micros, pg_now_micros, rfc3339_micros};
+use checkpoint::Checkpoint;
 
 /// Why a session ended with an error.
 #[derive(Debug, thiserror::Error)]
@@ -142,59 +144,29 @@ pub enum RelayError {
     },
 }
 
-impl RelayError {
-    /// `None` for transient errors (reconnect), else the fatal failure kind.
-    pub fn failure(&self) -> Option<Failure> {
+impl Classify for RelayError {
+    fn failure(&self) -> Option<Failure> {
         match self {
-            RelayError::Control(ConnectError::Tls(t)) if t.is_transient() => None,
-            RelayError::Control(ConnectError::Tls(_)) => Some(Failure::Auth),
-            RelayError::Control(e) if e.certificate_rejected() => Some(Failure::Auth),
-            RelayError::Control(e) => e
-                .sqlstate()
-                .and_then(|c| Failure::from_sqlstate(c, &e.to_string())),
-            RelayError::Catalog(CatalogError::Query(e)) => e
-                .code()
-                .and_then(|c| Failure::from_sqlstate(c.code(), &e.to_string())),
-            RelayError::Catalog(CatalogError::SlotLost { .. }) => Some(Failure::SlotLost),
-            RelayError::Catalog(_) => Some(Failure::Schema),
-            RelayError::Replication(e) => match e {
-                ReplicationError::Tls(t) if t.is_transient() => None,
-                ReplicationError::Tls(_)
-                | ReplicationError::UnsupportedAuth(_)
-                | ReplicationError::PasswordRequired => Some(Failure::Auth),
-                ReplicationError::Protocol(_) => Some(Failure::Internal),
-                _ => e
-                    .sqlstate()
-                    .and_then(|code| Failure::from_sqlstate(code, &e.to_string())),
-            },
-            RelayError::Decode(_) => Some(Failure::Internal),
-            RelayError::Outbox(OutboxError::UnknownRelation(_)) => Some(Failure::Internal),
-            RelayError::Outbox(OutboxError::InvalidEvent(_)) => Some(Failure::EventRejected),
-            RelayError::Send(f) => match &f.source {
-                SinkError::Send(e) => match classify(e) {
-                    Severity::Transient => None,
-                    Severity::RecordRejected => Some(Failure::EventRejected),
-                    Severity::Fatal => Some(Failure::Kafka),
-                },
-                SinkError::Config(_) => Some(Failure::Kafka),
-                SinkError::QueueFull => None,
-            },
-            RelayError::Delivery(f) => match classify(&f.error) {
-                Severity::Transient => None,
-                Severity::RecordRejected => Some(Failure::EventRejected),
-                Severity::Fatal => Some(Failure::Kafka),
-            },
+            RelayError::Control(e) => e.failure(),
+            RelayError::Catalog(e) => e.failure(),
+            RelayError::Replication(e) => e.failure(),
+            RelayError::Decode(e) => e.failure(),
+            RelayError::Outbox(e) => e.failure(),
+            RelayError::Send(f) => f.source.failure(),
+            RelayError::Delivery(f) => f.error.failure(),
+            RelayError::Topic { error, .. } => error.failure(),
+            RelayError::ProgressTopic(_) => Some(Failure::Schema),
+            RelayError::Progress(e) => e.failure(),
             RelayError::StreamEnded => None,
-            RelayError::Topic { .. } => Some(Failure::EventRejected),
             RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
             RelayError::Protocol(_) => Some(Failure::Internal),
-            RelayError::ProgressTopic(_) => Some(Failure::Schema),
-            RelayError::Progress(_) => None,
             RelayError::SlotGone { .. } => Some(Failure::SlotLost),
         }
     }
+}
 
+impl RelayError {
     /// The commit LSN of the transaction holding an event that cannot be published, when this
     /// error is such a rejection.
     pub fn rejected_commit_lsn(&self) -> Option<Lsn> {
@@ -243,17 +215,6 @@ impl RejectedTxn {
                 "the end of its transaction (commit {commit}) could not be read in time: restart walbox to get the statement that drops exactly this transaction"
             ),
         }
-    }
-}
-
-/// The fatal error of a one-shot command (`status`, `recreate-slot`, `republish`) that could
-/// not open its control connection: classified like the relay's, a transient cause (server
-/// down, network) being [`Failure::Unavailable`], never an authentication failure.
-pub fn connect_failure(e: ConnectError) -> FatalError {
-    let e = RelayError::Control(e);
-    FatalError {
-        failure: e.failure().unwrap_or(Failure::Unavailable),
-        message: e.to_string(),
     }
 }
 

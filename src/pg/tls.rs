@@ -29,7 +29,8 @@ use openssl::x509::{X509VerifyResult, X509};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_openssl::SslStream;
 
-use crate::source::conninfo::SslMode;
+use crate::config::conninfo::SslMode;
+use crate::failure::{Classify, Failure};
 
 /// TLS could not be set up or negotiated.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,14 @@ impl TlsError {
     /// Whether retrying the connection could succeed (only an interrupted handshake).
     pub fn is_transient(&self) -> bool {
         matches!(self, TlsError::Handshake(_))
+    }
+}
+
+impl Classify for TlsError {
+    /// An interrupted handshake is transient; anything else (certificate, `sslrootcert`, a
+    /// server without TLS under `require`) is a configuration problem every retry repeats.
+    fn failure(&self) -> Option<Failure> {
+        (!self.is_transient()).then_some(Failure::Auth)
     }
 }
 

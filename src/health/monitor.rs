@@ -23,14 +23,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::alert::{self, AlertLevel};
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
+use crate::health::alert::{self, AlertLevel};
+use crate::health::webhook::Webhook;
 use crate::metrics::{Metrics, WAL_STATUSES};
-use crate::source::conninfo::connect_control;
+use crate::pg::control::connect_control;
 use crate::source::slot::{self, SlotHealth};
 use crate::timestamp::pg_now_micros;
-use crate::webhook::Webhook;
 
 /// Prefix of walbox's heartbeat messages.
 pub const HEARTBEAT_PREFIX: &str = "walbox.heartbeat";

@@ -222,7 +222,7 @@ pub fn webhook_payload(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::lsn::Lsn;
+    use crate::lsn::Lsn;
     use std::time::Duration;
 
     fn cfg() -> SlotConfig {
