@@ -53,14 +53,14 @@ use crate::health::monitor::HEARTBEAT_PREFIX;
 use crate::lsn::Lsn;
 use crate::metrics::{Health, Metrics};
 use crate::outbox::{DeadLetter, EventPosition, OutboxError, OutboxEvent, OutboxMapper};
-use crate::pg::control::{connect_control, ConnectError};
 use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError, PROGRESS_ROUTE};
 use crate::sink::progress::{self, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
 use crate::sink::topics::{TopicError, Topics};
-use crate::source::catalog::{self, CatalogError};
+use crate::source::catalog::CatalogError;
+use crate::source::session::{self, OpenError};
 use crate::source::pgoutput::{self, DecodeError, LogicalMessage};
 use crate::source::replication::{
-    ReplicationConnection, ReplicationError, ReplicationMessage, ReplicationStream, StandbyStatus,
+    ReplicationError, ReplicationMessage, ReplicationStream, StandbyStatus,
 };
 use crate::timestamp::{pg_micros_to_unix_micros, pg_now_micros, rfc3339_micros};
 use checkpoint::Checkpoint;
@@ -68,13 +68,10 @@ use checkpoint::Checkpoint;
 /// Why a session ended with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    /// The control connection failed.
-    #[error("postgres control connection: {0}")]
-    Control(#[from] ConnectError),
-    /// A start-up check failed.
+    /// Opening the session (connections, start-up checks, slot) failed.
     #[error(transparent)]
-    Catalog(#[from] CatalogError),
-    /// The replication connection failed.
+    Open(#[from] OpenError),
+    /// The replication connection failed while streaming.
     #[error("postgres replication: {0}")]
     Replication(#[from] ReplicationError),
     /// A pgoutput message could not be decoded.
@@ -147,8 +144,7 @@ pub enum RelayError {
 impl Classify for RelayError {
     fn failure(&self) -> Option<Failure> {
         match self {
-            RelayError::Control(e) => e.failure(),
-            RelayError::Catalog(e) => e.failure(),
+            RelayError::Open(e) => e.failure(),
             RelayError::Replication(e) => e.failure(),
             RelayError::Decode(e) => e.failure(),
             RelayError::Outbox(e) => e.failure(),
@@ -447,13 +443,10 @@ impl Relay {
     ) -> Result<SessionEnd, RelayError> {
         self.reached_streaming = false;
         let pg = &self.config.postgres;
-        let control = connect_control(&pg.conn).await?;
-        catalog::prepare(&control, pg, &self.config.outbox).await?;
-        let mut repl = ReplicationConnection::connect(&pg.conn).await?;
-        let identity = repl.identify_system().await?;
+        let mut open = session::open(pg, &self.config.outbox).await?;
         let key = ProgressKey {
-            system_identifier: identity.system_id,
-            database: identity.dbname.unwrap_or_default(),
+            system_identifier: open.identity.system_id.clone(),
+            database: open.identity.dbname.clone().unwrap_or_default(),
             slot: pg.slot.clone(),
         };
         let progress_topic = self.config.kafka.progress_topic.clone();
@@ -461,7 +454,7 @@ impl Relay {
             .ensure_progress(&self.sink, &progress_topic)
             .await
             .map_err(RelayError::ProgressTopic)?;
-        let slot = match catalog::slot_state(&control, &pg.slot).await? {
+        let slot = match open.slot {
             Some(s) => s,
             None => {
                 // A missing slot is created only when the progress topic proves it never
@@ -481,15 +474,9 @@ impl Relay {
                             topic: progress_topic,
                         })
                     }
-                    Ok(None) if pg.create_slot => {
-                        let at = repl.create_logical_slot(&pg.slot).await?;
-                        tracing::info!(slot = %pg.slot, consistent_point = %at, "created replication slot (the progress topic holds no record of it: it never existed)");
-                        catalog::slot_state(&control, &pg.slot)
-                            .await?
-                            .ok_or_else(|| CatalogError::MissingSlot(pg.slot.clone()))?
-                    }
+                    Ok(None) if pg.create_slot => open.create_slot(&pg.slot).await?,
                     Err(e) if pg.create_slot => return Err(RelayError::Progress(e)),
-                    _ => return Err(CatalogError::MissingSlot(pg.slot.clone()).into()),
+                    _ => return Err(OpenError::from(CatalogError::MissingSlot(pg.slot.clone())).into()),
                 }
             }
         };
@@ -497,21 +484,11 @@ impl Relay {
             self.progress_key = Some(key);
             self.progress_lsn = Lsn::ZERO;
         }
-        drop(control);
         let start = slot.confirmed_flush_lsn.max(self.acked_frontier);
-        let publication = pg.publication.clone();
-        let mut options = vec![
-            ("proto_version", "1"),
-            ("publication_names", publication.as_str()),
-        ];
-        // Logical messages reach pgoutput only on request, and only from PostgreSQL 14 on.
-        let wants_messages =
+        // Logical messages carry heartbeats and the table-less outbox.
+        let messages =
             self.config.slot.heartbeat_interval.is_some() || self.config.outbox.messages.is_some();
-        if wants_messages && repl.server_version_num() >= 140_000 {
-            options.push(("messages", "true"));
-        }
-        let stream = repl.start_logical(&pg.slot, start, &options).await?;
-        tracing::info!(slot = %pg.slot, start = %start, "streaming");
+        let stream = open.start(pg, start, messages).await?;
         self.health.set_ready(true);
         self.metrics.streaming.set(1);
         // The slot is active: walbox streams from it (the monitor's reading may be older).

@@ -1,0 +1,110 @@
+//! Opening a slot session: everything between "connect" and "streaming".
+//!
+//! ```text
+//! control connection ──catalog::prepare──▶ server, wal_level, tables, publication checked
+//! replication connection ──IDENTIFY_SYSTEM──▶ system identifier, database
+//! catalog::slot_state ──▶ the slot as found (None: missing)
+//!   [caller decides: create it, or stop — see relay and sink::progress]
+//! START_REPLICATION SLOT … LOGICAL <start> (proto_version, publication_names[, messages])
+//! ```
+//!
+//! # Invariants
+//! - Nothing here creates a slot on its own: [`OpenSession::create_slot`] is called only by a
+//!   caller that has proved the slot never existed.
+//! - Streaming starts at the position the caller gives (never below the slot's
+//!   `confirmed_flush_lsn`, which the caller reads from [`OpenSession::slot`]); `0/0` is never
+//!   sent, because PostgreSQL 15 would accept a lower position and move the slot backwards.
+//! - `messages` is requested only from PostgreSQL 14 on (pgoutput rejects it before).
+
+use crate::config::{OutboxConfig, PostgresConfig};
+use crate::failure::{Classify, Failure};
+use crate::lsn::Lsn;
+use crate::pg::control::{connect_control, ConnectError};
+use crate::source::catalog::{self, CatalogError, SlotState};
+use crate::source::replication::{
+    ReplicationConnection, ReplicationError, ReplicationStream, SystemIdentity,
+};
+
+/// Opening the session failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The control connection failed.
+    #[error("postgres control connection: {0}")]
+    Control(#[from] ConnectError),
+    /// A start-up check failed.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// The replication connection failed.
+    #[error("postgres replication: {0}")]
+    Replication(#[from] ReplicationError),
+}
+
+impl Classify for OpenError {
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            OpenError::Control(e) => e.failure(),
+            OpenError::Catalog(e) => e.failure(),
+            OpenError::Replication(e) => e.failure(),
+        }
+    }
+}
+
+/// A checked server with a replication connection, before streaming.
+pub struct OpenSession {
+    control: tokio_postgres::Client,
+    repl: ReplicationConnection,
+    /// What `IDENTIFY_SYSTEM` said.
+    pub identity: SystemIdentity,
+    /// The slot as found (`None`: it does not exist).
+    pub slot: Option<SlotState>,
+}
+
+/// Connects both connections, runs the start-up checks (creating the publication when
+/// configured), identifies the server and reads the slot.
+pub async fn open(pg: &PostgresConfig, outbox: &OutboxConfig) -> Result<OpenSession, OpenError> {
+    let control = connect_control(&pg.conn).await?;
+    catalog::prepare(&control, pg, outbox).await?;
+    let mut repl = ReplicationConnection::connect(&pg.conn).await?;
+    let identity = repl.identify_system().await?;
+    let slot = catalog::slot_state(&control, &pg.slot).await?;
+    Ok(OpenSession {
+        control,
+        repl,
+        identity,
+        slot,
+    })
+}
+
+impl OpenSession {
+    /// Creates the missing slot (pgoutput, no snapshot) and reads it back.
+    pub async fn create_slot(&mut self, slot: &str) -> Result<SlotState, OpenError> {
+        let at = self.repl.create_logical_slot(slot).await?;
+        tracing::info!(slot, consistent_point = %at, "created replication slot (the progress topic holds no record of it: it never existed)");
+        let state = catalog::slot_state(&self.control, slot)
+            .await?
+            .ok_or_else(|| CatalogError::MissingSlot(slot.to_owned()))?;
+        self.slot = Some(state);
+        Ok(state)
+    }
+
+    /// `START_REPLICATION` from `start`; `messages` asks for logical messages (heartbeats, the
+    /// table-less outbox) where the server supports them.
+    pub async fn start(
+        self,
+        pg: &PostgresConfig,
+        start: Lsn,
+        messages: bool,
+    ) -> Result<ReplicationStream, OpenError> {
+        drop(self.control);
+        let mut options = vec![
+            ("proto_version", "1"),
+            ("publication_names", pg.publication.as_str()),
+        ];
+        if messages && self.repl.server_version_num() >= 140_000 {
+            options.push(("messages", "true"));
+        }
+        let stream = self.repl.start_logical(&pg.slot, start, &options).await?;
+        tracing::info!(slot = %pg.slot, start = %start, "streaming");
+        Ok(stream)
+    }
+}
