@@ -120,9 +120,9 @@ pub struct SlotState {
     pub confirmed_flush_lsn: Lsn,
 }
 
-/// Quotes an identifier for SQL.
+/// Quotes an identifier for SQL (`"…"`, `"` doubled): postgres-protocol's `escape_identifier`.
 pub fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
+    postgres_protocol::escape::escape_identifier(s)
 }
 
 /// Checks server, tables and publication; creates the publication when asked.

@@ -1,5 +1,7 @@
-//! PostgreSQL logical replication client: the wire protocol of a `replication=database`
-//! connection, on top of `postgres-protocol` (message encoding, md5, SCRAM) and tokio.
+//! PostgreSQL logical replication client: the commands of a `replication=database` connection
+//! ([`ReplicationConnection`]: `IDENTIFY_SYSTEM`, `CREATE_REPLICATION_SLOT`, `START_REPLICATION`,
+//! SQL) and its CopyBoth stream ([`ReplicationStream`]: XLogData, keepalives, standby status
+//! updates).
 //!
 //! # Why our own client
 //! tokio-postgres 0.7 cannot open a replication connection (it rejects `replication=database`
@@ -9,95 +11,70 @@
 //! hot path under our control: no per-message allocation or copy between the socket and the
 //! pgoutput decoder.
 //!
+//! # Layers
+//! ```text
+//! pg::auth        socket, TLS, StartupMessage, authentication        → Session
+//! pg::wire        framed socket; postgres-protocol parses every backend message except 'W'
+//! this module     replication commands; inside CopyData: 'w' XLogData and 'k' keepalive
+//!                 (parsed here), 'r' standby status update (encoded here)
+//! ```
+//!
 //! # Data flow
 //! ```text
-//! socket ──read_buf──▶ BytesMut (≥ 64 KiB) ──split_to(frame).freeze()──▶ XLogData.data: Bytes
-//!                                                              (zero-copy slice of the read buffer)
+//! socket ──read_buf──▶ BytesMut (128 KiB chunks) ──Message::parse: split_to + freeze──▶ CopyData
+//!        ──skip the 25-byte XLogData header──▶ XLogData.data: Bytes (zero-copy slice of the read buffer)
 //! StandbyStatus ──▶ 39-byte CopyData('r') ──write──▶ socket (no write buffering)
 //! ```
-//! A frame is `tag: u8, length: i32` (length includes itself), then the body. The XLogData payload
-//! handed out is a slice of the read buffer's allocation, so a consumer that holds on to many
-//! payloads keeps their read chunks alive; that is the price of not copying ~200k messages/s.
+//! The XLogData payload handed out is a slice of the read buffer's allocation, so a consumer that
+//! holds on to many payloads keeps their read chunks alive; that is the price of not copying
+//! ~200k messages/s.
 //!
 //! # Invariants
-//! * [`ReplicationStream::next`] is cancel-safe: all bytes read live in the stream's own
-//!   `BytesMut`; a frame is taken out only once complete, synchronously. Dropping the future (e.g.
-//!   in `tokio::select!`) loses nothing.
+//! * [`ReplicationStream::next`] is cancel-safe: all bytes read live in the stream's own buffer
+//!   ([`Wire`]); a message is taken out only once complete, synchronously. Dropping the future
+//!   (e.g. in `tokio::select!`) loses nothing.
 //! * [`ReplicationStream::send_status`] keeps unsent bytes in its own buffer: if its future is
 //!   dropped, the rest of the message goes out first on the next call, so the stream never carries
 //!   half a message.
 //! * The other methods are not cancel-safe; a [`ReplicationConnection`] whose operation was
 //!   cancelled refuses further commands ([`ReplicationError::Protocol`]) instead of reading a
 //!   stale answer.
-//! * Wire bytes are never trusted: every read is bounds-checked and malformed input is a
+//! * Wire bytes are never trusted: postgres-protocol parses the messages ([`crate::pg::wire`]),
+//!   and the XLogData and keepalive payloads inside CopyData, which are not postgres-protocol
+//!   messages, are read here with bounds-checked `Buf::try_get_*`. Malformed input is a
 //!   [`ReplicationError::Protocol`], never a panic.
 //! * An `ErrorResponse` anywhere becomes [`ReplicationError::Server`] with its SQLSTATE;
 //!   `NoticeResponse`s are logged at debug level and skipped.
-//! * Unix sockets never use TLS. With `sslmode=prefer`, a refused or failed TLS negotiation falls
-//!   back to plaintext (libpq's behaviour); every other mode fails instead.
+//! * TLS and authentication follow [`crate::pg::auth`]: Unix sockets never use TLS; with
+//!   `sslmode=prefer`, a refused or failed TLS negotiation falls back to plaintext (libpq's
+//!   behaviour); every other mode fails instead.
 //! * Nothing here decides which LSN is safe to confirm: callers send [`StandbyStatus`] explicitly
 //!   (see the protocol notes: XLogData's `wal_end` is not a safe confirmation point).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use postgres_protocol::authentication::md5_hash;
-use postgres_protocol::authentication::sasl::{self, ChannelBinding, ScramSha256};
+use postgres_protocol::escape::escape_identifier;
+use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpSocket, TcpStream, UnixStream};
-use tokio_openssl::SslStream;
 
-use crate::config::conninfo::{ConnInfo, Host, SslMode};
+use crate::config::conninfo::ConnInfo;
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
-use crate::pg::tls::{self, TlsConfig, TlsError};
+use crate::pg::auth::{self, StartupError};
+use crate::pg::tls::TlsError;
+use crate::pg::wire::{
+    data_row_text, log_notice, server_error, tag_name, Backend, Wire, WireError, CLOSE_TIMEOUT,
+};
+use crate::timestamp::pg_now_micros;
 
-/// Bytes reserved for the read buffer at a time (the buffer grows beyond it for large frames).
-const READ_CHUNK: usize = 128 * 1024;
-/// Below this much free space the read buffer reserves a new chunk before reading.
-const MIN_READ_SPACE: usize = 16 * 1024;
-/// Seconds from the Unix epoch to PostgreSQL's epoch, 2000-01-01 00:00:00 UTC.
-const PG_EPOCH_UNIX_SECS: u64 = 946_684_800;
+pub use crate::pg::wire::DbError;
+
 /// How long [`ReplicationStream::finish`] waits for the server to end the copy.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a failing command waits for ReadyForQuery before closing the socket.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// An `ErrorResponse` from the server.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DbError {
-    /// `ERROR`, `FATAL` or `PANIC` (the non-localized severity when the server sends it).
-    pub severity: String,
-    /// SQLSTATE, e.g. `55006` (object in use).
-    pub code: String,
-    /// Primary message.
-    pub message: String,
-    /// Optional detail.
-    pub detail: Option<String>,
-    /// Optional hint.
-    pub hint: Option<String>,
-}
-
-impl fmt::Display for DbError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}: {}", self.severity, self.code, self.message)?;
-        if let Some(detail) = &self.detail {
-            write!(f, " (detail: {detail})")?;
-        }
-        if let Some(hint) = &self.hint {
-            write!(f, " (hint: {hint})")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for DbError {}
 
 /// Errors of the replication connection.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +112,30 @@ pub enum ReplicationError {
     /// The server closed the connection without ending the command or stream cleanly.
     #[error("the server closed the replication connection unexpectedly")]
     ConnectionClosed,
+}
+
+impl From<WireError> for ReplicationError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::Io(e) => ReplicationError::Io(e),
+            WireError::Server(e) => ReplicationError::Server(e),
+            WireError::Protocol(msg) => ReplicationError::Protocol(msg),
+            WireError::ConnectionClosed => ReplicationError::ConnectionClosed,
+        }
+    }
+}
+
+impl From<StartupError> for ReplicationError {
+    fn from(e: StartupError) -> Self {
+        match e {
+            StartupError::Connect { addr, source } => ReplicationError::Connect { addr, source },
+            StartupError::Tls(e) => ReplicationError::Tls(e),
+            StartupError::UnsupportedAuth(method) => ReplicationError::UnsupportedAuth(method),
+            StartupError::PasswordRequired => ReplicationError::PasswordRequired,
+            StartupError::Timeout => ReplicationError::Timeout,
+            StartupError::Wire(e) => e.into(),
+        }
+    }
 }
 
 impl Classify for ReplicationError {
@@ -228,398 +229,6 @@ pub struct StandbyStatus {
     pub reply_requested: bool,
 }
 
-/// The transport: plain TCP, Unix socket, or TLS over TCP.
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-    Tls(SslStream<TcpStream>),
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
-
-/// One backend message: its tag and body (without tag and length).
-struct Frame {
-    tag: u8,
-    body: BytesMut,
-}
-
-/// Takes one complete frame off the front of `buf`, or `None` if more bytes are needed (then
-/// reserves room for the rest of the frame). Synchronous, so cancel-safe callers stay cancel-safe.
-fn split_frame(buf: &mut BytesMut) -> Result<Option<Frame>, ReplicationError> {
-    let Some(header) = buf.get(..5) else {
-        return Ok(None);
-    };
-    let tag = header[0];
-    let len = i32::from_be_bytes([header[1], header[2], header[3], header[4]]);
-    let len = usize::try_from(len)
-        .ok()
-        .filter(|l| *l >= 4)
-        .ok_or_else(|| protocol(format!("invalid length {len} of message {}", tag_name(tag))))?;
-    let total = len + 1;
-    if buf.len() < total {
-        buf.reserve(total - buf.len());
-        return Ok(None);
-    }
-    let mut body = buf.split_to(total);
-    body.advance(5);
-    Ok(Some(Frame { tag, body }))
-}
-
-/// A printable name of a message tag for errors.
-fn tag_name(tag: u8) -> String {
-    if tag.is_ascii_graphic() {
-        format!("'{}'", char::from(tag))
-    } else {
-        format!("0x{tag:02x}")
-    }
-}
-
-/// Bounds-checked big-endian reader over a message body.
-struct Reader<'a> {
-    buf: &'a [u8],
-    what: &'static str,
-}
-
-impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8], what: &'static str) -> Self {
-        Reader { buf, what }
-    }
-
-    fn truncated(&self) -> ReplicationError {
-        protocol(format!("truncated {} message", self.what))
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ReplicationError> {
-        if self.buf.len() < n {
-            return Err(self.truncated());
-        }
-        let (head, tail) = self.buf.split_at(n);
-        self.buf = tail;
-        Ok(head)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], ReplicationError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N)?);
-        Ok(out)
-    }
-
-    fn u8(&mut self) -> Result<u8, ReplicationError> {
-        Ok(self.array::<1>()?[0])
-    }
-
-    fn i16(&mut self) -> Result<i16, ReplicationError> {
-        Ok(i16::from_be_bytes(self.array()?))
-    }
-
-    fn i32(&mut self) -> Result<i32, ReplicationError> {
-        Ok(i32::from_be_bytes(self.array()?))
-    }
-
-    fn i64(&mut self) -> Result<i64, ReplicationError> {
-        Ok(i64::from_be_bytes(self.array()?))
-    }
-
-    fn u64(&mut self) -> Result<u64, ReplicationError> {
-        Ok(u64::from_be_bytes(self.array()?))
-    }
-
-    /// A NUL-terminated string (lossily decoded: server messages may be in another encoding).
-    fn cstr(&mut self) -> Result<String, ReplicationError> {
-        let end = self
-            .buf
-            .iter()
-            .position(|b| *b == 0)
-            .ok_or_else(|| self.truncated())?;
-        let s = String::from_utf8_lossy(&self.buf[..end]).into_owned();
-        self.buf = &self.buf[end + 1..];
-        Ok(s)
-    }
-
-    fn rest(&mut self) -> &'a [u8] {
-        std::mem::take(&mut self.buf)
-    }
-}
-
-/// Parses the fields of an ErrorResponse or NoticeResponse.
-fn parse_error_fields(body: &[u8]) -> Result<DbError, ReplicationError> {
-    let mut r = Reader::new(body, "ErrorResponse");
-    let mut e = DbError {
-        severity: String::new(),
-        code: String::new(),
-        message: String::new(),
-        detail: None,
-        hint: None,
-    };
-    let mut localized_severity = String::new();
-    loop {
-        let field = r.u8()?;
-        if field == 0 {
-            break;
-        }
-        let value = r.cstr()?;
-        match field {
-            b'S' => localized_severity = value,
-            b'V' => e.severity = value,
-            b'C' => e.code = value,
-            b'M' => e.message = value,
-            b'D' => e.detail = Some(value),
-            b'H' => e.hint = Some(value),
-            _ => {}
-        }
-    }
-    if e.severity.is_empty() {
-        e.severity = localized_severity;
-    }
-    Ok(e)
-}
-
-fn server_error(body: &[u8]) -> ReplicationError {
-    match parse_error_fields(body) {
-        Ok(e) => ReplicationError::Server(e),
-        Err(e) => e,
-    }
-}
-
-fn log_notice(body: &[u8]) {
-    match parse_error_fields(body) {
-        Ok(n) => tracing::debug!(
-            severity = %n.severity,
-            code = %n.code,
-            detail = n.detail.as_deref().unwrap_or(""),
-            "PostgreSQL notice: {}",
-            n.message
-        ),
-        Err(e) => tracing::debug!(error = %e, "malformed NoticeResponse ignored"),
-    }
-}
-
-/// Parses a DataRow into text values.
-fn parse_data_row(body: &[u8]) -> Result<Vec<Option<String>>, ReplicationError> {
-    let mut r = Reader::new(body, "DataRow");
-    let n = r.i16()?;
-    let n = usize::try_from(n).map_err(|_| protocol("negative DataRow column count"))?;
-    let mut row = Vec::with_capacity(n);
-    for _ in 0..n {
-        let len = r.i32()?;
-        if len == -1 {
-            row.push(None);
-            continue;
-        }
-        let len = usize::try_from(len).map_err(|_| protocol("invalid DataRow value length"))?;
-        let value = std::str::from_utf8(r.take(len)?)
-            .map_err(|_| protocol("DataRow value is not UTF-8"))?;
-        row.push(Some(value.to_owned()));
-    }
-    Ok(row)
-}
-
-/// Parses a CopyData body of the replication stream. `XLogData.data` is a slice of `body`.
-fn parse_copy_data(mut body: BytesMut) -> Result<ReplicationMessage, ReplicationError> {
-    let mut r = Reader::new(&body, "CopyData");
-    match r.u8()? {
-        b'w' => {
-            r.what = "XLogData";
-            let wal_start = Lsn(r.u64()?);
-            let wal_end = Lsn(r.u64()?);
-            let send_time = r.i64()?;
-            body.advance(1 + 8 + 8 + 8);
-            Ok(ReplicationMessage::XLogData {
-                wal_start,
-                wal_end,
-                send_time,
-                data: body.freeze(),
-            })
-        }
-        b'k' => {
-            r.what = "primary keepalive";
-            let wal_end = Lsn(r.u64()?);
-            let send_time = r.i64()?;
-            let reply_requested = r.u8()? != 0;
-            Ok(ReplicationMessage::Keepalive {
-                wal_end,
-                send_time,
-                reply_requested,
-            })
-        }
-        t => Err(protocol(format!(
-            "unknown replication CopyData message {}",
-            tag_name(t)
-        ))),
-    }
-}
-
-/// Encodes a standby status update ('r' inside CopyData).
-fn encode_status(status: &StandbyStatus, client_time: i64, out: &mut BytesMut) {
-    out.reserve(39);
-    out.put_u8(b'd');
-    out.put_i32(4 + 34);
-    out.put_u8(b'r');
-    out.put_u64(status.write.0);
-    out.put_u64(status.flush.0);
-    out.put_u64(status.apply.0);
-    out.put_i64(client_time);
-    out.put_u8(u8::from(status.reply_requested));
-}
-
-/// Now, in µs since 2000-01-01 UTC.
-fn pg_now_micros() -> i64 {
-    let since_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let micros = since_unix.as_micros() as i128 - i128::from(PG_EPOCH_UNIX_SECS) * 1_000_000;
-    i64::try_from(micros).unwrap_or(0)
-}
-
-/// Quotes an identifier for a replication command: `"…"`, with `"` doubled.
-fn quote_ident(s: &str) -> Result<String, ReplicationError> {
-    if s.contains('\0') {
-        return Err(protocol("identifier contains a NUL byte"));
-    }
-    Ok(format!("\"{}\"", s.replace('"', "\"\"")))
-}
-
-/// Quotes a literal for a replication command: `'…'`, with `'` doubled. The replication
-/// command scanner takes backslashes literally.
-fn quote_literal(s: &str) -> Result<String, ReplicationError> {
-    if s.contains('\0') {
-        return Err(protocol("literal contains a NUL byte"));
-    }
-    Ok(format!("'{}'", s.replace('\'', "''")))
-}
-
-/// Parses `server_version` ("15.18 (Debian 15.18-1.pgdg120+1)", "9.6.24", "17devel") into
-/// PostgreSQL's numeric form (150018, 90624, 170000).
-fn parse_server_version(v: &str) -> Option<u32> {
-    let token = v
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .next()?;
-    let mut parts = token.split('.').map(|p| p.parse::<u32>().ok());
-    let major = parts.next()??;
-    let minor = parts.next().flatten().unwrap_or(0);
-    let patch = parts.next().flatten().unwrap_or(0);
-    if major >= 10 {
-        major.checked_mul(10_000)?.checked_add(minor)
-    } else {
-        Some(major * 10_000 + minor * 100 + patch)
-    }
-}
-
-/// Socket plus read and write buffers.
-struct Wire {
-    stream: Stream,
-    read_buf: BytesMut,
-    write_buf: BytesMut,
-}
-
-impl Wire {
-    fn new(stream: Stream) -> Self {
-        Wire {
-            stream,
-            read_buf: BytesMut::with_capacity(READ_CHUNK),
-            write_buf: BytesMut::with_capacity(256),
-        }
-    }
-
-    /// Next frame, `None` at a clean EOF. Cancel-safe: bytes read stay in `read_buf`.
-    async fn read_frame(&mut self) -> Result<Option<Frame>, ReplicationError> {
-        loop {
-            if let Some(frame) = split_frame(&mut self.read_buf)? {
-                return Ok(Some(frame));
-            }
-            if self.read_buf.capacity() - self.read_buf.len() < MIN_READ_SPACE {
-                self.read_buf.reserve(READ_CHUNK);
-            }
-            if self.stream.read_buf(&mut self.read_buf).await? == 0 {
-                if self.read_buf.is_empty() {
-                    return Ok(None);
-                }
-                return Err(ReplicationError::ConnectionClosed);
-            }
-        }
-    }
-
-    /// Next frame; EOF is an error.
-    async fn expect_frame(&mut self) -> Result<Frame, ReplicationError> {
-        self.read_frame()
-            .await?
-            .ok_or(ReplicationError::ConnectionClosed)
-    }
-
-    /// Writes out `write_buf`. If the future is dropped, the unsent rest stays in `write_buf`
-    /// (`AsyncWriteExt::write` writes nothing when cancelled) and goes out on the next call.
-    async fn flush_out(&mut self) -> Result<(), ReplicationError> {
-        while !self.write_buf.is_empty() {
-            let n = self.stream.write(&self.write_buf).await?;
-            if n == 0 {
-                return Err(io::Error::from(io::ErrorKind::WriteZero).into());
-            }
-            self.write_buf.advance(n);
-        }
-        self.stream.flush().await?;
-        Ok(())
-    }
-
-    /// After an error answer: skip to ReadyForQuery (briefly), send Terminate, shut down.
-    async fn close_after_error(&mut self) {
-        let drain = async {
-            loop {
-                match self.read_frame().await {
-                    Ok(Some(f)) if f.tag == b'Z' => break,
-                    Ok(Some(_)) => {}
-                    Ok(None) | Err(_) => return,
-                }
-            }
-            frontend::terminate(&mut self.write_buf);
-            let _ = self.flush_out().await;
-            let _ = self.stream.shutdown().await;
-        };
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, drain).await;
-    }
-}
-
 /// A replication connection (`replication=database`) in command mode: `IDENTIFY_SYSTEM`, slot
 /// commands, SQL; then [`ReplicationConnection::start_logical`] turns it into a
 /// [`ReplicationStream`].
@@ -647,83 +256,18 @@ impl ReplicationConnection {
     /// trust, cleartext password, md5 or SCRAM-SHA-256 (with `tls-server-end-point` channel binding
     /// over TLS when the server offers it). The whole sequence is bounded by `connect_timeout`.
     pub async fn connect(info: &ConnInfo) -> Result<Self, ReplicationError> {
-        match info.connect_timeout {
-            Some(limit) => tokio::time::timeout(limit, Self::connect_inner(info))
-                .await
-                .map_err(|_| ReplicationError::Timeout)?,
-            None => Self::connect_inner(info).await,
-        }
-    }
-
-    async fn connect_inner(info: &ConnInfo) -> Result<Self, ReplicationError> {
-        let tls = if info.tls_applies() {
-            TlsConfig::new(info.sslmode, info.sslrootcert.as_deref())?
-        } else {
-            None
-        };
-        match Self::attempt(info, tls.as_ref()).await {
-            Err(ReplicationError::Tls(
-                e @ (TlsError::Handshake(_) | TlsError::CertificateRejected(_)),
-            )) if info.sslmode == SslMode::Prefer => {
-                tracing::debug!(
-                    error = %e,
-                    "TLS handshake failed with sslmode=prefer; retrying without TLS"
-                );
-                Self::attempt(info, None).await
-            }
-            other => other,
-        }
-    }
-
-    async fn attempt(info: &ConnInfo, tls: Option<&TlsConfig>) -> Result<Self, ReplicationError> {
-        let (stream, channel_binding) = open_stream(info, tls).await?;
-        let mut wire = Wire::new(stream);
-        frontend::startup_message(
-            [
-                ("user", info.user.as_str()),
-                ("database", info.dbname.as_str()),
-                ("replication", "database"),
-                ("application_name", info.application_name.as_str()),
-                ("client_encoding", "UTF8"),
-            ],
-            &mut wire.write_buf,
-        )?;
-        wire.flush_out().await?;
-        authenticate(&mut wire, info, channel_binding).await?;
-
-        let mut parameters = HashMap::new();
-        let mut backend_pid = None;
-        loop {
-            let frame = wire.expect_frame().await?;
-            let mut r = Reader::new(&frame.body, "startup");
-            match frame.tag {
-                b'S' => {
-                    let name = r.cstr()?;
-                    let value = r.cstr()?;
-                    parameters.insert(name, value);
-                }
-                b'K' => backend_pid = Some(r.i32()?),
-                b'Z' => break,
-                b'E' => return Err(server_error(&frame.body)),
-                b'N' => log_notice(&frame.body),
-                t => {
-                    return Err(protocol(format!(
-                        "unexpected message {} during startup",
-                        tag_name(t)
-                    )))
-                }
-            }
-        }
-        let version = parameters
+        let session = auth::connect(info, &[("replication", "database")]).await?;
+        let version = session
+            .parameters
             .get("server_version")
             .ok_or_else(|| protocol("the server did not report server_version"))?;
         let server_version_num = parse_server_version(version)
             .ok_or_else(|| protocol(format!("cannot parse server_version {version:?}")))?;
         Ok(ReplicationConnection {
-            wire,
-            parameters,
+            wire: session.wire,
+            parameters: session.parameters,
             server_version_num,
-            backend_pid,
+            backend_pid: session.backend_pid,
             busy: false,
         })
     }
@@ -763,45 +307,43 @@ impl ReplicationConnection {
         sql: &str,
     ) -> Result<Vec<Vec<Option<String>>>, ReplicationError> {
         self.begin()?;
-        frontend::query(sql, &mut self.wire.write_buf)?;
+        frontend::query(sql, self.wire.write_buf())?;
         self.wire.flush_out().await?;
         let mut rows = Vec::new();
         let mut error = None;
         loop {
-            let frame = self.wire.expect_frame().await?;
-            match frame.tag {
-                b'T' | b'C' | b'I' => {}
-                b'D' => rows.push(parse_data_row(&frame.body)?),
-                b'E' => {
+            let message = match self.wire.expect_message().await? {
+                Backend::Message(m) => m,
+                Backend::CopyBothResponse(_) => return Err(starts_copy()),
+                other => return Err(unexpected(&other, "in a query response")),
+            };
+            match message {
+                Message::RowDescription(_)
+                | Message::CommandComplete(_)
+                | Message::EmptyQueryResponse => {}
+                Message::DataRow(row) => rows.push(data_row_text(&row)?),
+                Message::ErrorResponse(body) => {
                     if error.is_none() {
-                        error = Some(server_error(&frame.body));
+                        error = Some(server_error(&body).into());
                     }
                 }
-                b'N' => log_notice(&frame.body),
-                b'S' => {
-                    let mut r = Reader::new(&frame.body, "ParameterStatus");
-                    let name = r.cstr()?;
-                    let value = r.cstr()?;
-                    self.parameters.insert(name, value);
+                Message::NoticeResponse(body) => log_notice(&body),
+                Message::ParameterStatus(p) => {
+                    if let (Ok(name), Ok(value)) = (p.name(), p.value()) {
+                        self.parameters.insert(name.to_owned(), value.to_owned());
+                    }
                 }
-                b'Z' => {
+                Message::ReadyForQuery(_) => {
                     self.busy = false;
                     return match error {
                         Some(e) => Err(e),
                         None => Ok(rows),
                     };
                 }
-                b'W' | b'H' | b'G' => {
-                    return Err(protocol(
-                        "the command started a copy; use start_logical for START_REPLICATION",
-                    ))
+                Message::CopyInResponse(_) | Message::CopyOutResponse(_) => {
+                    return Err(starts_copy())
                 }
-                t => {
-                    return Err(protocol(format!(
-                        "unexpected message {} in a query response",
-                        tag_name(t)
-                    )))
-                }
+                other => return Err(unexpected(&Backend::Message(other), "in a query response")),
             }
         }
     }
@@ -883,31 +425,19 @@ impl ReplicationConnection {
             sql.push(')');
         }
         self.begin()?;
-        frontend::query(&sql, &mut self.wire.write_buf)?;
+        frontend::query(&sql, self.wire.write_buf())?;
         self.wire.flush_out().await?;
         loop {
-            let frame = self.wire.expect_frame().await?;
-            match frame.tag {
-                b'W' => {
-                    // CopyBothResponse: format i8, column count i16, formats.
-                    let mut r = Reader::new(&frame.body, "CopyBothResponse");
-                    r.u8()?;
-                    r.i16()?;
-                    break;
-                }
-                b'E' => {
-                    let e = server_error(&frame.body);
+            match self.wire.expect_message().await? {
+                Backend::CopyBothResponse(_) => break,
+                Backend::Message(Message::ErrorResponse(body)) => {
+                    let e = server_error(&body).into();
                     self.wire.close_after_error().await;
                     return Err(e);
                 }
-                b'N' => log_notice(&frame.body),
-                b'S' => {}
-                t => {
-                    return Err(protocol(format!(
-                        "unexpected message {} in response to START_REPLICATION",
-                        tag_name(t)
-                    )))
-                }
+                Backend::Message(Message::NoticeResponse(body)) => log_notice(&body),
+                Backend::Message(Message::ParameterStatus(_)) => {}
+                other => return Err(unexpected(&other, "in response to START_REPLICATION")),
             }
         }
         Ok(ReplicationStream {
@@ -918,11 +448,16 @@ impl ReplicationConnection {
 
     /// Ends the session politely (Terminate, then close the socket).
     pub async fn close(mut self) -> Result<(), ReplicationError> {
-        frontend::terminate(&mut self.wire.write_buf);
-        self.wire.flush_out().await?;
-        self.wire.stream.shutdown().await?;
-        Ok(())
+        Ok(self.wire.terminate().await?)
     }
+}
+
+fn starts_copy() -> ReplicationError {
+    protocol("the command started a copy; use start_logical for START_REPLICATION")
+}
+
+fn unexpected(message: &Backend, context: &str) -> ReplicationError {
+    protocol(format!("unexpected {} {context}", message.name()))
 }
 
 /// A replication connection in CopyBoth mode, streaming XLogData and keepalives.
@@ -935,7 +470,7 @@ pub struct ReplicationStream {
 impl fmt::Debug for ReplicationStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReplicationStream")
-            .field("buffered", &self.wire.read_buf.len())
+            .field("buffered", &self.wire.buffered())
             .field("ended", &self.ended)
             .finish_non_exhaustive()
     }
@@ -943,7 +478,7 @@ impl fmt::Debug for ReplicationStream {
 
 impl ReplicationStream {
     /// Next message from the server. MUST stay cancel-safe (it is used inside
-    /// `tokio::select!`): read bytes are kept in the stream's buffer, frames are taken out only
+    /// `tokio::select!`): read bytes are kept in the stream's buffer, messages are taken out only
     /// when complete. `None` = the server ended the copy stream cleanly (CopyDone or
     /// CommandComplete, e.g. at a server shutdown after everything was sent); an EOF without
     /// that is [`ReplicationError::ConnectionClosed`].
@@ -952,14 +487,14 @@ impl ReplicationStream {
             return Ok(None);
         }
         loop {
-            let Some(frame) = self.wire.read_frame().await? else {
+            let Some(message) = self.wire.read_message().await? else {
                 return if self.ended {
                     Ok(None)
                 } else {
                     Err(ReplicationError::ConnectionClosed)
                 };
             };
-            if let Some(result) = self.handle_frame(frame) {
+            if let Some(result) = self.handle(message) {
                 return result;
             }
         }
@@ -969,58 +504,65 @@ impl ReplicationStream {
     /// `Ok(None)` when nothing complete is buffered (or the stream ended; [`Self::next`] then
     /// says so). Lets the relay work through a burst of messages in one go.
     pub fn next_buffered(&mut self) -> Result<Option<ReplicationMessage>, ReplicationError> {
-        while let Some(frame) = split_frame(&mut self.wire.read_buf)? {
-            if let Some(result) = self.handle_frame(frame) {
+        while let Some(message) = self.wire.buffered_message()? {
+            if let Some(result) = self.handle(message) {
                 return result;
             }
         }
         Ok(None)
     }
 
-    /// One frame of the copy stream: `None` for frames that carry nothing for the caller.
-    fn handle_frame(
+    /// One message of the copy stream: `None` for messages that carry nothing for the caller.
+    #[inline]
+    fn handle(
         &mut self,
-        frame: Frame,
+        message: Backend,
     ) -> Option<Result<Option<ReplicationMessage>, ReplicationError>> {
-        match frame.tag {
-            b'd' => Some(parse_copy_data(frame.body).map(Some)),
-            b'c' | b'C' | b'Z' => {
+        let message = match message {
+            Backend::Message(m) => m,
+            other => return Some(Err(unexpected(&other, "in the replication stream"))),
+        };
+        match message {
+            Message::CopyData(body) => Some(parse_copy_data(body.into_bytes()).map(Some)),
+            Message::CopyDone | Message::CommandComplete(_) | Message::ReadyForQuery(_) => {
                 self.ended = true;
                 Some(Ok(None))
             }
-            b'E' => Some(Err(server_error(&frame.body))),
-            b'N' => {
-                log_notice(&frame.body);
+            Message::ErrorResponse(body) => Some(Err(server_error(&body).into())),
+            Message::NoticeResponse(body) => {
+                log_notice(&body);
                 None
             }
-            b'S' => None,
-            t => Some(Err(protocol(format!(
-                "unexpected message {} in the replication stream",
-                tag_name(t)
-            )))),
+            Message::ParameterStatus(_) => None,
+            other => Some(Err(unexpected(
+                &Backend::Message(other),
+                "in the replication stream",
+            ))),
         }
     }
 
     /// Sends a standby status update; `clientTime` is now. Written straight to the socket; if the
     /// future is dropped, the unsent rest goes out first on the next call.
     pub async fn send_status(&mut self, status: StandbyStatus) -> Result<(), ReplicationError> {
-        encode_status(&status, pg_now_micros(), &mut self.wire.write_buf);
-        self.wire.flush_out().await
+        encode_status(&status, pg_now_micros(), self.wire.write_buf());
+        Ok(self.wire.flush_out().await?)
     }
 
     /// Ends streaming: sends CopyDone, discards what the server still sends until ReadyForQuery
     /// or EOF (at most 10 s), then sends Terminate and closes the socket. Send the final status
     /// update before calling this.
     pub async fn finish(mut self) -> Result<(), ReplicationError> {
-        frontend::copy_done(&mut self.wire.write_buf);
+        frontend::copy_done(self.wire.write_buf());
         self.wire.flush_out().await?;
         let wire = &mut self.wire;
         let drained = tokio::time::timeout(FINISH_TIMEOUT, async {
             loop {
-                match wire.read_frame().await? {
+                match wire.read_message().await? {
                     None => return Ok(false),
-                    Some(f) if f.tag == b'Z' => return Ok(true),
-                    Some(f) if f.tag == b'E' => return Err(server_error(&f.body)),
+                    Some(Backend::Message(Message::ReadyForQuery(_))) => return Ok(true),
+                    Some(Backend::Message(Message::ErrorResponse(body))) => {
+                        return Err(ReplicationError::from(server_error(&body)))
+                    }
                     Some(_) => {}
                 }
             }
@@ -1028,13 +570,7 @@ impl ReplicationStream {
         .await;
         let open = matches!(drained, Ok(Ok(true)));
         if open {
-            frontend::terminate(&mut self.wire.write_buf);
-            let close = async {
-                self.wire.flush_out().await?;
-                self.wire.stream.shutdown().await?;
-                Ok::<_, ReplicationError>(())
-            };
-            if let Ok(Err(e)) = tokio::time::timeout(CLOSE_TIMEOUT, close).await {
+            if let Ok(Err(e)) = tokio::time::timeout(CLOSE_TIMEOUT, self.wire.terminate()).await {
                 tracing::debug!(error = %e, "closing the replication connection");
             }
         }
@@ -1046,204 +582,94 @@ impl ReplicationStream {
     }
 }
 
-/// Opens the socket and negotiates TLS. Returns the channel binding data when TLS is up.
-async fn open_stream(
-    info: &ConnInfo,
-    tls: Option<&TlsConfig>,
-) -> Result<(Stream, Option<Vec<u8>>), ReplicationError> {
-    let host = match &info.host {
-        Host::Unix(_) => {
-            let path = info.unix_socket_path().unwrap_or_default();
-            let stream =
-                UnixStream::connect(&path)
-                    .await
-                    .map_err(|source| ReplicationError::Connect {
-                        addr: path.display().to_string(),
-                        source,
-                    })?;
-            return Ok((Stream::Unix(stream), None));
+/// Parses a CopyData body of the replication stream (`'w'` XLogData or `'k'` primary keepalive;
+/// not postgres-protocol messages). `XLogData.data` is the rest of `body`, not a copy: the
+/// bounds-checked `try_get_*` reads advance the `Bytes` past the header.
+#[inline]
+fn parse_copy_data(mut body: Bytes) -> Result<ReplicationMessage, ReplicationError> {
+    let truncated = |what: &str| protocol(format!("truncated {what} message"));
+    match body.try_get_u8().map_err(|_| truncated("CopyData"))? {
+        b'w' => {
+            // Evaluated left to right: dataStart, walEnd, sendTime.
+            let (Ok(wal_start), Ok(wal_end), Ok(send_time)) =
+                (body.try_get_u64(), body.try_get_u64(), body.try_get_i64())
+            else {
+                return Err(truncated("XLogData"));
+            };
+            Ok(ReplicationMessage::XLogData {
+                wal_start: Lsn(wal_start),
+                wal_end: Lsn(wal_end),
+                send_time,
+                data: body,
+            })
         }
-        Host::Tcp(host) => host,
-    };
-    let mut tcp = connect_tcp(host, info.port).await?;
-    let Some(tls) = tls else {
-        return Ok((Stream::Tcp(tcp), None));
-    };
-    let mut request = BytesMut::new();
-    frontend::ssl_request(&mut request);
-    tcp.write_all(&request).await?;
-    // Exactly one byte: anything after 'S' belongs to the TLS handshake (CVE-2021-23222).
-    match tcp.read_u8().await? {
-        b'S' => {
-            let stream = tls.handshake(host, tcp).await?;
-            let binding = tls::tls_server_end_point(stream.ssl());
-            Ok((Stream::Tls(stream), binding))
+        b'k' => {
+            let (Ok(wal_end), Ok(send_time), Ok(reply_requested)) =
+                (body.try_get_u64(), body.try_get_i64(), body.try_get_u8())
+            else {
+                return Err(truncated("primary keepalive"));
+            };
+            Ok(ReplicationMessage::Keepalive {
+                wal_end: Lsn(wal_end),
+                send_time,
+                reply_requested: reply_requested != 0,
+            })
         }
-        b'N' if info.sslmode == SslMode::Prefer => Ok((Stream::Tcp(tcp), None)),
-        b'N' => Err(TlsError::NotSupported(info.sslmode).into()),
-        b'E' => Err(protocol(
-            "the server rejected the SSLRequest with an error (PostgreSQL older than 7.0?)",
-        )),
         t => Err(protocol(format!(
-            "unexpected answer {} to the SSLRequest",
+            "unknown replication CopyData message {}",
             tag_name(t)
         ))),
     }
 }
 
-/// Resolves `host` and connects to the first address that answers, with TCP keepalive and
-/// `TCP_NODELAY` on.
-async fn connect_tcp(host: &str, port: u16) -> Result<TcpStream, ReplicationError> {
-    let target = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
-    let addrs = tokio::net::lookup_host((host, port))
-        .await
-        .map_err(|source| ReplicationError::Connect {
-            addr: target.clone(),
-            source,
-        })?;
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address found");
-    for addr in addrs {
-        let socket = if addr.is_ipv4() {
-            TcpSocket::new_v4()
-        } else {
-            TcpSocket::new_v6()
-        };
-        let attempt = async {
-            let socket = socket?;
-            socket.set_keepalive(true)?;
-            let stream = socket.connect(addr).await?;
-            stream.set_nodelay(true)?;
-            Ok::<_, io::Error>(stream)
-        };
-        match attempt.await {
-            Ok(stream) => return Ok(stream),
-            Err(e) => {
-                tracing::debug!(%addr, error = %e, "cannot connect");
-                last = e;
-            }
-        }
-    }
-    Err(ReplicationError::Connect {
-        addr: target,
-        source: last,
-    })
+/// Encodes a standby status update ('r' inside CopyData).
+fn encode_status(status: &StandbyStatus, client_time: i64, out: &mut BytesMut) {
+    out.reserve(39);
+    out.put_u8(b'd');
+    out.put_i32(4 + 34);
+    out.put_u8(b'r');
+    out.put_u64(status.write.0);
+    out.put_u64(status.flush.0);
+    out.put_u64(status.apply.0);
+    out.put_i64(client_time);
+    out.put_u8(u8::from(status.reply_requested));
 }
 
-/// Runs the authentication exchange up to AuthenticationOk.
-async fn authenticate(
-    wire: &mut Wire,
-    info: &ConnInfo,
-    channel_binding: Option<Vec<u8>>,
-) -> Result<(), ReplicationError> {
-    let password = || {
-        info.password
-            .as_deref()
-            .ok_or(ReplicationError::PasswordRequired)
-    };
-    let mut scram: Option<ScramSha256> = None;
-    let mut channel_binding = channel_binding;
-    loop {
-        let frame = wire.expect_frame().await?;
-        match frame.tag {
-            b'R' => {}
-            b'E' => return Err(server_error(&frame.body)),
-            b'N' => {
-                log_notice(&frame.body);
-                continue;
-            }
-            t => {
-                return Err(protocol(format!(
-                    "unexpected message {} during authentication",
-                    tag_name(t)
-                )))
-            }
-        }
-        let mut r = Reader::new(&frame.body, "Authentication");
-        match r.i32()? {
-            0 => {
-                if scram.is_some() {
-                    return Err(protocol(
-                        "the server skipped the end of the SCRAM exchange (possible spoofing)",
-                    ));
-                }
-                return Ok(());
-            }
-            3 => {
-                frontend::password_message(password()?.as_bytes(), &mut wire.write_buf)?;
-                wire.flush_out().await?;
-            }
-            5 => {
-                let salt = r.array::<4>()?;
-                let hash = md5_hash(info.user.as_bytes(), password()?.as_bytes(), salt);
-                frontend::password_message(hash.as_bytes(), &mut wire.write_buf)?;
-                wire.flush_out().await?;
-            }
-            10 => {
-                let mut mechanisms = Vec::new();
-                loop {
-                    let m = r.cstr()?;
-                    if m.is_empty() {
-                        break;
-                    }
-                    mechanisms.push(m);
-                }
-                let has = |m: &str| mechanisms.iter().any(|x| x == m);
-                let (mechanism, binding) = match channel_binding.take() {
-                    Some(data) if has(sasl::SCRAM_SHA_256_PLUS) => (
-                        sasl::SCRAM_SHA_256_PLUS,
-                        ChannelBinding::tls_server_end_point(data),
-                    ),
-                    Some(_) if has(sasl::SCRAM_SHA_256) => {
-                        (sasl::SCRAM_SHA_256, ChannelBinding::unrequested())
-                    }
-                    None if has(sasl::SCRAM_SHA_256) => {
-                        (sasl::SCRAM_SHA_256, ChannelBinding::unsupported())
-                    }
-                    _ => {
-                        return Err(ReplicationError::UnsupportedAuth(format!(
-                            "SASL mechanisms {}",
-                            mechanisms.join(", ")
-                        )))
-                    }
-                };
-                tracing::debug!(mechanism, "SASL authentication");
-                let client = ScramSha256::new(password()?.as_bytes(), binding);
-                frontend::sasl_initial_response(mechanism, client.message(), &mut wire.write_buf)?;
-                wire.flush_out().await?;
-                scram = Some(client);
-            }
-            11 => {
-                let client = scram
-                    .as_mut()
-                    .ok_or_else(|| protocol("unexpected AuthenticationSASLContinue"))?;
-                client
-                    .update(r.rest())
-                    .map_err(|e| protocol(format!("SCRAM: {e}")))?;
-                frontend::sasl_response(client.message(), &mut wire.write_buf)?;
-                wire.flush_out().await?;
-            }
-            12 => {
-                let mut client = scram
-                    .take()
-                    .ok_or_else(|| protocol("unexpected AuthenticationSASLFinal"))?;
-                client
-                    .finish(r.rest())
-                    .map_err(|e| protocol(format!("SCRAM server signature: {e}")))?;
-            }
-            2 => return Err(ReplicationError::UnsupportedAuth("Kerberos V5".into())),
-            6 => return Err(ReplicationError::UnsupportedAuth("SCM credentials".into())),
-            7 | 8 => return Err(ReplicationError::UnsupportedAuth("GSSAPI".into())),
-            9 => return Err(ReplicationError::UnsupportedAuth("SSPI".into())),
-            code => {
-                return Err(ReplicationError::UnsupportedAuth(format!(
-                    "authentication request code {code}"
-                )))
-            }
-        }
+/// Quotes an identifier for a replication command (`escape_identifier`: `"…"`, `"` doubled).
+/// A NUL byte would end the query string early, so it is refused.
+fn quote_ident(s: &str) -> Result<String, ReplicationError> {
+    if s.contains('\0') {
+        return Err(protocol("identifier contains a NUL byte"));
+    }
+    Ok(escape_identifier(s))
+}
+
+/// Quotes a literal for a replication command: `'…'`, with `'` doubled; NUL refused.
+///
+/// Not `postgres_protocol::escape::escape_literal`: for a value with a backslash that writes the
+/// SQL escape-string form ` E'a\\b'`, which the replication command scanner does not know
+/// (PostgreSQL 15.18: `syntax error`); it takes `'a\b'` literally instead.
+fn quote_literal(s: &str) -> Result<String, ReplicationError> {
+    if s.contains('\0') {
+        return Err(protocol("literal contains a NUL byte"));
+    }
+    Ok(format!("'{}'", s.replace('\'', "''")))
+}
+
+/// Parses `server_version` ("15.18 (Debian 15.18-1.pgdg120+1)", "9.6.24", "17devel") into
+/// PostgreSQL's numeric form (150018, 90624, 170000).
+fn parse_server_version(v: &str) -> Option<u32> {
+    let token = v
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .next()?;
+    let mut parts = token.split('.').map(|p| p.parse::<u32>().ok());
+    let major = parts.next()??;
+    let minor = parts.next().flatten().unwrap_or(0);
+    let patch = parts.next().flatten().unwrap_or(0);
+    if major >= 10 {
+        major.checked_mul(10_000)?.checked_add(minor)
+    } else {
+        Some(major * 10_000 + minor * 100 + patch)
     }
 }
 

@@ -1,5 +1,9 @@
 use super::*;
-use tokio::net::TcpListener;
+use postgres_protocol::message::backend::Header;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::pg::wire::{parse_backend, Stream};
 
 fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
     let mut v = vec![tag];
@@ -25,14 +29,21 @@ fn keepalive_body(end: u64, time: i64, reply: bool) -> Vec<u8> {
     v
 }
 
+/// One CopyData message off the front of `buf` through the wire's parser, as the stream reads it.
+fn copy_data(buf: &mut BytesMut) -> Result<ReplicationMessage, ReplicationError> {
+    match parse_backend(buf)? {
+        Some(Backend::Message(Message::CopyData(body))) => parse_copy_data(body.into_bytes()),
+        Some(other) => panic!("parsed as {}", other.name()),
+        None => panic!("incomplete"),
+    }
+}
+
 #[test]
 fn parses_xlogdata_zero_copy() {
     let mut buf = BytesMut::from(&frame(b'd', &xlog_body(0x10, 0x20, 7, b"Ipayload"))[..]);
     buf.extend_from_slice(&frame(b'd', &keepalive_body(0x30, 8, true)));
     let before = buf.as_ptr() as usize;
-    let f = split_frame(&mut buf).unwrap().unwrap();
-    assert_eq!(f.tag, b'd');
-    match parse_copy_data(f.body).unwrap() {
+    match copy_data(&mut buf).unwrap() {
         ReplicationMessage::XLogData {
             wal_start,
             wal_end,
@@ -46,9 +57,8 @@ fn parses_xlogdata_zero_copy() {
         }
         other => panic!("{other:?}"),
     }
-    let f = split_frame(&mut buf).unwrap().unwrap();
     assert_eq!(
-        parse_copy_data(f.body).unwrap(),
+        copy_data(&mut buf).unwrap(),
         ReplicationMessage::Keepalive {
             wal_end: Lsn(0x30),
             send_time: 8,
@@ -56,7 +66,7 @@ fn parses_xlogdata_zero_copy() {
         }
     );
     assert!(buf.is_empty());
-    assert!(split_frame(&mut buf).unwrap().is_none());
+    assert!(parse_backend(&mut buf).unwrap().is_none());
 }
 
 #[test]
@@ -64,10 +74,13 @@ fn partial_frames_wait_for_more() {
     let whole = frame(b'd', &xlog_body(1, 1, 1, b"abc"));
     for cut in 0..whole.len() {
         let mut buf = BytesMut::from(&whole[..cut]);
-        assert!(split_frame(&mut buf).unwrap().is_none(), "cut {cut}");
+        assert!(parse_backend(&mut buf).unwrap().is_none(), "cut {cut}");
         assert_eq!(buf.len(), cut, "nothing consumed");
         buf.extend_from_slice(&whole[cut..]);
-        assert!(split_frame(&mut buf).unwrap().is_some());
+        assert!(matches!(
+            copy_data(&mut buf).unwrap(),
+            ReplicationMessage::XLogData { .. }
+        ));
     }
 }
 
@@ -84,41 +97,44 @@ fn truncated_or_garbage_is_an_error_not_a_panic() {
     ] {
         assert!(
             matches!(
-                parse_copy_data(BytesMut::from(body)),
+                parse_copy_data(Bytes::copy_from_slice(body)),
                 Err(ReplicationError::Protocol(_))
             ),
             "{body:?}"
         );
+        // The same through the wire's parser and the stream's error conversion.
+        let mut buf = BytesMut::from(&frame(b'd', body)[..]);
+        assert!(
+            matches!(copy_data(&mut buf), Err(ReplicationError::Protocol(_))),
+            "{body:?}"
+        );
     }
+    // An empty XLogData payload is fine.
+    assert!(matches!(
+        parse_copy_data(Bytes::from(xlog_body(1, 2, 3, b""))),
+        Ok(ReplicationMessage::XLogData { data, .. }) if data.is_empty()
+    ));
     // Negative and too-small lengths.
     for len in [-1i32, 0, 3, i32::MIN] {
         let mut buf = BytesMut::from(&[b'd'][..]);
         buf.extend_from_slice(&len.to_be_bytes());
-        assert!(split_frame(&mut buf).is_err(), "{len}");
+        assert!(parse_backend(&mut buf).is_err(), "{len}");
     }
-    // Malformed DataRow / ErrorResponse.
-    assert!(parse_data_row(&[0, 1, 0, 0, 0, 9, b'a']).is_err());
-    assert!(parse_data_row(&[0, 1, 0xff, 0xff, 0xff, 0xfe]).is_err());
-    assert!(parse_data_row(&[0xff, 0xff]).is_err());
-    assert!(parse_data_row(&[0]).is_err());
-    assert!(parse_error_fields(b"Sunterminated").is_err());
-    assert!(parse_error_fields(b"").is_err());
 }
 
 #[test]
-fn data_rows_and_errors() {
-    let mut body = vec![0, 3];
-    body.extend_from_slice(&2i32.to_be_bytes());
-    body.extend_from_slice(b"ab");
-    body.extend_from_slice(&(-1i32).to_be_bytes());
-    body.extend_from_slice(&0i32.to_be_bytes());
-    assert_eq!(
-        parse_data_row(&body).unwrap(),
-        vec![Some("ab".to_owned()), None, Some(String::new())]
+fn server_errors_keep_their_fields() {
+    let mut buf = BytesMut::from(
+        &frame(
+            b'E',
+            b"SERREUR\0VERROR\0C55006\0Mreplication slot \"s\" is active for PID 42\0Dd\0\0",
+        )[..],
     );
-    let e = server_error(
-        b"SERREUR\0VERROR\0C55006\0Mreplication slot \"s\" is active for PID 42\0Dd\0\0",
-    );
+    let Some(Backend::Message(Message::ErrorResponse(body))) = parse_backend(&mut buf).unwrap()
+    else {
+        panic!("expected ErrorResponse")
+    };
+    let e = ReplicationError::from(server_error(&body));
     assert_eq!(e.sqlstate(), Some("55006"));
     let db = e.db_error().unwrap();
     assert_eq!(db.severity, "ERROR");
@@ -127,6 +143,59 @@ fn data_rows_and_errors() {
     assert_eq!(
         e.to_string(),
         "PostgreSQL: ERROR 55006: replication slot \"s\" is active for PID 42 (detail: d)"
+    );
+    assert_eq!(e.failure(), Some(Failure::SlotInUse));
+}
+
+#[test]
+fn stream_messages_and_errors() {
+    let tcp_pair = async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap());
+        let (client, server) = tokio::join!(client, listener.accept());
+        (client.unwrap(), server.unwrap().0)
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, mut server) = rt.block_on(tcp_pair);
+    let mut stream = ReplicationStream {
+        wire: Wire::new(Stream::Tcp(client)),
+        ended: false,
+    };
+    let mut bytes = frame(b'N', b"SNOTICE\0C00000\0Mhello\0\0");
+    bytes.extend(frame(b'S', b"TimeZone\0UTC\0"));
+    bytes.extend(frame(b'd', &xlog_body(1, 1, 1, b"B")));
+    bytes.extend(frame(
+        b'E',
+        b"SERROR\0VERROR\0C55000\0Mcan no longer get changes\0\0",
+    ));
+    bytes.extend(frame(b'T', &[0, 0]));
+    bytes.extend(frame(b'W', &[0, 0, 0]));
+    bytes.extend(frame(b'c', b""));
+    rt.block_on(server.write_all(&bytes)).unwrap();
+    assert!(
+        stream.next_buffered().unwrap().is_none(),
+        "nothing read yet"
+    );
+    // Notice and ParameterStatus are skipped.
+    assert!(matches!(
+        rt.block_on(stream.next()).unwrap(),
+        Some(ReplicationMessage::XLogData { .. })
+    ));
+    let e = stream.next_buffered().unwrap_err();
+    assert_eq!(e.sqlstate(), Some("55000"));
+    assert_eq!(e.failure(), Some(Failure::SlotLost));
+    let e = stream.next_buffered().unwrap_err();
+    assert!(e.to_string().contains("unexpected RowDescription"), "{e}");
+    let e = stream.next_buffered().unwrap_err();
+    assert!(e.to_string().contains("unexpected CopyBothResponse"), "{e}");
+    assert_eq!(stream.next_buffered().unwrap(), None);
+    assert_eq!(
+        rt.block_on(stream.next()).unwrap(),
+        None,
+        "ended by CopyDone"
     );
 }
 
@@ -154,8 +223,18 @@ fn status_update_encoding() {
 #[test]
 fn quoting_and_versions() {
     assert_eq!(quote_ident("a\"b").unwrap(), "\"a\"\"b\"");
+    assert!(quote_ident("a\0").is_err());
     assert_eq!(quote_literal("it's \\").unwrap(), "'it''s \\'");
     assert!(quote_literal("a\0").is_err());
+    // Why quote_literal is not escape_literal: the replication command scanner rejects E'…'.
+    assert_eq!(
+        postgres_protocol::escape::escape_literal("it's \\"),
+        " E'it''s \\\\'"
+    );
+    assert_eq!(
+        quote_literal("it's").unwrap(),
+        postgres_protocol::escape::escape_literal("it's")
+    );
     assert_eq!(
         parse_server_version("15.18 (Debian 15.18-1.pgdg120+1)"),
         Some(150018)
@@ -249,10 +328,16 @@ async fn talks_to_a_fake_server() {
         s.write_all(&frame(b'R', &3i32.to_be_bytes()))
             .await
             .unwrap();
+        /// One frontend message (same framing as the backend's; postgres-protocol has no
+        /// frontend parser).
         async fn msg(s: &mut TcpStream, buf: &mut BytesMut) -> (u8, Vec<u8>) {
             loop {
-                if let Some(f) = split_frame(buf).unwrap() {
-                    return (f.tag, f.body.to_vec());
+                if let Some(h) = Header::parse(buf).unwrap() {
+                    let total = h.len() as usize + 1;
+                    if buf.len() >= total {
+                        let body = buf.split_to(total)[5..].to_vec();
+                        return (h.tag(), body);
+                    }
                 }
                 s.read_buf(buf).await.unwrap();
             }
