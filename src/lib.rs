@@ -7,35 +7,29 @@
 //! at-least-once; consumers deduplicate by the `id` header.
 //!
 //! # Layout
+//! The folders follow the pipeline: WAL → `source` → `outbox` → `relay` → `sink` (Kafka), with
+//! `health` watching the slot beside it.
 //! ```text
-//! cli.rs, main.rs      command line; main is thin
-//! config/              TOML + WALBOX_* environment → validated Config; outbox routes
+//! main.rs, cli.rs      command line; main is thin
 //! app.rs               wiring: HTTP, producer, reconnect loop, shutdown order
-//! relay.rs             one replication session: WAL → events → Kafka → confirmed LSN
-//! source/
-//!   conninfo.rs, tls.rs  connection strings, sslmode, the control connection
-//!   replication.rs       replication protocol client (CopyBoth, standby status)
-//!   pgoutput.rs          pgoutput decoder (bytes → messages), never panics
-//!   catalog.rs           start-up checks; publication and slot set-up
-//!   slot.rs              slot health readings (retained WAL, wal_status, safe_wal_size)
-//!   lsn.rs               log sequence numbers
-//! outbox.rs            relation cache + INSERT/message → OutboxEvent (topic, key, value, headers)
-//! envelope.rs          JSON and protobuf envelopes (proto/walbox/v1/envelope.proto)
-//! timestamp.rs         epochs, RFC 3339, timestamptz parsing
-//! sink/kafka.rs        producer: delivery reports, error classification
-//! sink/topics.rs       topic existence checks and creation
-//! sink/progress.rs     progress records: the evidence that a slot existed (kafka.progress_topic)
-//! checkpoint.rs        flush LSN = end of the longest fully acknowledged prefix
+//! failure.rs           fatal failures, exit statuses, the Classify trait every error implements
+//! lsn.rs, timestamp.rs log sequence numbers; epochs and RFC 3339
+//! config/              TOML + WALBOX_* environment → validated Config; outbox routes;
+//!                      connection strings (conninfo.rs)
+//! pg/                  PostgreSQL client shared by source, health and inbox: TLS, the control
+//!                      connection, wire framing on postgres-protocol, authentication
+//! source/              WAL → LogicalMessage: opening a slot session (session.rs), start-up
+//!                      checks (catalog.rs), the replication connection and CopyBoth stream,
+//!                      the pgoutput decoder, slot health readings
+//! outbox/              LogicalMessage → OutboxEvent: relation cache, mapping, envelopes
+//! relay/               the session loop (WAL → events → Kafka → confirmed LSN), RelayError,
+//!                      the checkpoint (flush LSN = end of the longest fully acknowledged prefix)
+//! sink/                Kafka producer, topics, progress records (the evidence a slot existed)
+//! health/              slot monitor, alert levels, webhook, `walbox status`/`recreate-slot`
+//! republish.rs         `walbox republish`: rows still in the outbox → Kafka, relay's mapping
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
-//! monitor.rs           slot health checks, alerts, heartbeat, lost-slot stop
-//! alert.rs, webhook.rs alert levels and their delivery
-//! status.rs            `walbox status`, `walbox recreate-slot`
-//! republish.rs         `walbox republish`: rows still in the outbox → Kafka, with the relay's mapping
-//! failure.rs           fatal failures and exit statuses
-//! sandbox/             throwaway PostgreSQL + Kafka-protocol broker (demo, tests, benches)
-//! demo.rs              `walbox demo`
-//! inbox/               `walbox inbox`: Kafka → one PostgreSQL transaction per record (inbox row
-//!                      + effect) → offset commit; retention guard (the consumer half)
+//! inbox/               `walbox inbox`: the consumer half
+//! sandbox/             throwaway PostgreSQL + Kafka-protocol broker, `walbox demo`
 //! ```
 
 pub mod app;

@@ -57,11 +57,11 @@ use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError
 use crate::sink::progress::{self, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
 use crate::sink::topics::{TopicError, Topics};
 use crate::source::catalog::CatalogError;
-use crate::source::session::{self, OpenError};
 use crate::source::pgoutput::{self, DecodeError, LogicalMessage};
 use crate::source::replication::{
     ReplicationError, ReplicationMessage, ReplicationStream, StandbyStatus,
 };
+use crate::source::session::{self, OpenError};
 use crate::timestamp::{pg_micros_to_unix_micros, pg_now_micros, rfc3339_micros};
 use checkpoint::Checkpoint;
 
@@ -476,7 +476,11 @@ impl Relay {
                     }
                     Ok(None) if pg.create_slot => open.create_slot(&pg.slot).await?,
                     Err(e) if pg.create_slot => return Err(RelayError::Progress(e)),
-                    _ => return Err(OpenError::from(CatalogError::MissingSlot(pg.slot.clone())).into()),
+                    _ => {
+                        return Err(
+                            OpenError::from(CatalogError::MissingSlot(pg.slot.clone())).into()
+                        )
+                    }
                 }
             }
         };
