@@ -57,6 +57,16 @@ fn since_in(text: &str) -> String {
     rest[..rest.find('\'').expect("closing quote")].to_owned()
 }
 
+/// `walbox republish --since <since> --time-column created_at`, which must succeed; its output.
+fn republish_since(since: &str, env: &[(String, String)]) -> String {
+    let (code, out) = walbox_cmd(
+        &["republish", "--since", since, "--time-column", "created_at"],
+        env,
+    );
+    assert_eq!(code, 0, "{out}");
+    out
+}
+
 fn slot_exists(db: &TestDb, slot: &str) -> bool {
     db.sql(&format!(
         "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}'"
@@ -124,17 +134,7 @@ fn a_dropped_slot_stops_with_exit_7_and_the_window_until_recreated_and_republish
         "recreate-slot prints the same window"
     );
     insert(&db, &topic, 3);
-    let (code, out) = walbox_cmd(
-        &[
-            "republish",
-            "--since",
-            &since,
-            "--time-column",
-            "created_at",
-        ],
-        &env,
-    );
-    assert_eq!(code, 0, "{out}");
+    republish_since(&since, &env);
     let mut walbox = Walbox::spawn(&env);
     let all = table_ids(&db);
     assert_eq!(all.len(), 12);
@@ -194,17 +194,7 @@ fn a_dropped_publication_exits_5_with_the_way_out_and_republish_fills_the_gap() 
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox to stream again", || db.streaming(&slot));
     insert(&db, &topic, 2);
-    let (code, out) = walbox_cmd(
-        &[
-            "republish",
-            "--since",
-            &since,
-            "--time-column",
-            "created_at",
-        ],
-        &env,
-    );
-    assert_eq!(code, 0, "{out}");
+    let out = republish_since(&since, &env);
     assert!(out.contains("republished"), "{out}");
     let all = table_ids(&db);
     assert_eq!(all.len(), 8);
