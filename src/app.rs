@@ -28,7 +28,7 @@ use crate::failure::{Failure, FatalError};
 use crate::health::monitor::{self, FatalSignal};
 use crate::health::webhook::Webhook;
 use crate::metrics::{self, Health, Metrics};
-use crate::relay::{Relay, SessionEnd};
+use crate::relay::{Relay, SessionEnd, Settings};
 use crate::sink::kafka::{AckQueue, KafkaSink};
 use crate::sink::topics::Topics;
 
@@ -127,7 +127,8 @@ pub async fn run_with(
     })?;
     let webhook_task = webhook.as_ref().map(Webhook::finished);
     let monitor_task = tokio::spawn(monitor::run(
-        config.clone(),
+        config.postgres.clone(),
+        config.slot.clone(),
         metrics.clone(),
         webhook,
         fatal.clone(),
@@ -139,7 +140,7 @@ pub async fn run_with(
         message: format!("kafka admin client: {e}"),
     })?;
     let mut relay = Relay::new(
-        config.clone(),
+        Settings::of(&config),
         sink,
         acks,
         metrics.clone(),

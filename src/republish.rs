@@ -24,10 +24,10 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio_postgres::types::ToSql;
 
-use crate::config::{Config, OnInvalid, Route, RouteSource};
+use crate::config::{Config, Route, RouteSource};
 use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
-use crate::outbox::{EventPosition, OutboxError, OutboxMapper};
+use crate::outbox::{dead_letter, EventPosition, OutboxError, OutboxMapper, Rejected};
 use crate::pg::control::connect_control;
 use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError};
 use crate::sink::topics::Topics;
@@ -115,17 +115,28 @@ pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalErr
                 commit_time: pg_now_micros(),
             };
             index = index.wrapping_add(1);
-            let event = match mapper.map_insert(&insert, position) {
+            let mut event = match mapper.map_insert(&insert, position) {
                 Ok(Some(event)) => event,
                 Ok(None) => continue,
-                Err(OutboxError::InvalidEvent(inv)) => match &route.on_invalid {
-                    OnInvalid::DeadLetter(dlq) => inv.dead_letter(dlq),
-                    OnInvalid::Fail => return Err(fatal(Failure::EventRejected, inv)),
-                },
+                Err(OutboxError::InvalidEvent(inv)) => {
+                    match dead_letter(&route.on_invalid, inv.rejected(), &inv.reason) {
+                        Some(letter) => letter,
+                        None => return Err(fatal(Failure::EventRejected, inv)),
+                    }
+                }
                 Err(e) => return Err(fatal(Failure::Internal, e)),
             };
             if let Err(e) = topics.ensure(&sink, &event.topic).await {
-                return Err(fatal(Failure::EventRejected, e));
+                let id = String::from_utf8_lossy(&event.id).into_owned();
+                let letter = dead_letter(
+                    &route.on_invalid,
+                    Rejected::event(&event, &id),
+                    &e.to_string(),
+                );
+                match letter {
+                    Some(letter) => event = letter,
+                    None => return Err(fatal(Failure::EventRejected, e)),
+                }
             }
             batch.send(&event, route_index).await?;
         }

@@ -23,7 +23,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::config::conninfo::ConnInfo;
+use crate::config::{PostgresConfig, SlotConfig};
 use crate::failure::{Failure, FatalError};
 use crate::health::alert::{self, AlertLevel};
 use crate::health::webhook::Webhook;
@@ -93,7 +94,12 @@ fn export_active(metrics: &Metrics, read_active: bool) {
 
 /// State kept between readings.
 struct Monitor {
-    config: Arc<Config>,
+    /// The control connection's settings.
+    conn: ConnInfo,
+    /// The slot watched.
+    slot_name: String,
+    /// Thresholds and intervals.
+    slot: SlotConfig,
     metrics: Arc<Metrics>,
     webhook: Option<Webhook>,
     fatal: FatalSignal,
@@ -106,7 +112,7 @@ struct Monitor {
 impl Monitor {
     async fn client(&mut self) -> Option<&tokio_postgres::Client> {
         if self.client.as_ref().is_none_or(|c| c.is_closed()) {
-            match connect_control(&self.config.postgres.conn).await {
+            match connect_control(&self.conn).await {
                 Ok(c) => self.client = Some(c),
                 Err(e) => {
                     self.metrics.slot_check_errors.inc();
@@ -136,7 +142,7 @@ impl Monitor {
 
     /// One reading: metrics, alert transitions, lost-slot stop. Returns the level, if read.
     async fn check(&mut self) -> Option<AlertLevel> {
-        let slot_name = self.config.postgres.slot.clone();
+        let slot_name = self.slot_name.clone();
         let c = self.client().await?;
         let health = match slot::read(c, &slot_name).await {
             Ok(h) => h,
@@ -151,15 +157,15 @@ impl Monitor {
             return None; // not created yet (create_slot = true and the relay has not started)
         }
         self.seen_slot = true;
-        let assessment = alert::assess(health.as_ref(), &self.config.slot);
+        let assessment = alert::assess(health.as_ref(), &self.slot);
         if let Some(h) = &health {
             export(&self.metrics, h, assessment.level);
             if h.max_slot_wal_keep_bytes.is_none() && !self.warned_unlimited {
                 self.warned_unlimited = true;
                 tracing::warn!(
                     slot = %slot_name,
-                    warning_bytes = self.config.slot.warning_bytes,
-                    critical_bytes = self.config.slot.critical_bytes,
+                    warning_bytes = self.slot.warning_bytes,
+                    critical_bytes = self.slot.critical_bytes,
                     "max_slot_wal_keep_size = -1: if walbox stops confirming, this slot retains WAL until the primary's disk is full; set max_slot_wal_keep_size, and alerts use the absolute slot.warning_bytes / slot.critical_bytes thresholds"
                 );
             }
@@ -203,23 +209,23 @@ impl Monitor {
 /// Runs until `stop` is raised, then takes one last reading (so a slot lost while walbox stops
 /// is still reported). Raises `fatal` when the slot is lost.
 pub async fn run(
-    config: Arc<Config>,
+    postgres: PostgresConfig,
+    slot: SlotConfig,
     metrics: Arc<Metrics>,
     webhook: Option<Webhook>,
     fatal: FatalSignal,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut check = tokio::time::interval(config.slot.check_interval);
+    let mut check = tokio::time::interval(slot.check_interval);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let heartbeat_on = config.slot.heartbeat_interval.is_some();
-    let every = config
-        .slot
-        .heartbeat_interval
-        .unwrap_or(Duration::from_secs(3600));
+    let heartbeat_on = slot.heartbeat_interval.is_some();
+    let every = slot.heartbeat_interval.unwrap_or(Duration::from_secs(3600));
     let mut heartbeat = tokio::time::interval(every);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut m = Monitor {
-        config,
+        conn: postgres.conn,
+        slot_name: postgres.slot,
+        slot,
         metrics,
         webhook,
         fatal,

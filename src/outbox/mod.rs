@@ -20,7 +20,9 @@
 //! - Raw values are zero-copy slices of the replication buffer. The exceptions are bytea
 //!   payloads (decoded from hex text) and envelopes, which are built per event.
 
+pub mod dead_letter;
 pub mod envelope;
+mod template;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -29,12 +31,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::config::{valid_topic, OutboxConfig, Route, RouteSource};
+use crate::config::{valid_topic, OnInvalid, OutboxConfig, Route, RouteSource};
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
 use crate::timestamp::{self, pg_micros_to_unix_micros, pg_micros_to_unix_ms};
+pub use dead_letter::{dead_letter, Rejected};
 use envelope::{Payload, PayloadKind};
+use template::{Template, Vars};
 
 /// Type OIDs with a special meaning for payloads.
 const BYTEA_OID: u32 = 17;
@@ -138,74 +142,17 @@ pub struct InvalidEvent {
     pub payload: Option<Bytes>,
 }
 
-/// What a dead-letter record says about the event it replaces.
-pub struct DeadLetter<'a> {
-    /// Dead-letter topic.
-    pub topic: &'a str,
-    /// Event id (`?` when unknown).
-    pub id: &'a str,
-    /// `schema.table` or `message:<prefix>`.
-    pub source: &'a str,
-    /// Where the event sits in the WAL.
-    pub position: EventPosition,
-    /// Why it could not be published.
-    pub error: &'a str,
-    /// Original key.
-    pub key: Option<Bytes>,
-    /// Original payload bytes.
-    pub payload: Option<Bytes>,
-}
-
-impl DeadLetter<'_> {
-    /// The record for the dead-letter topic: the original key and payload, with headers `id`,
-    /// `walbox.error`, `walbox.source`, `walbox.commit_lsn` and `walbox.index`.
-    pub fn into_event(self) -> OutboxEvent {
-        let id = Bytes::copy_from_slice(self.id.as_bytes());
-        OutboxEvent {
-            topic: self.topic.to_owned(),
-            partition: None,
-            key: self.key,
-            value: self.payload,
-            headers: vec![
-                (HeaderName::Static("id"), id.clone()),
-                (
-                    HeaderName::Static("walbox.error"),
-                    Bytes::copy_from_slice(self.error.as_bytes()),
-                ),
-                (
-                    HeaderName::Static("walbox.source"),
-                    Bytes::copy_from_slice(self.source.as_bytes()),
-                ),
-                (
-                    HeaderName::Static("walbox.commit_lsn"),
-                    Bytes::from(self.position.commit_lsn.to_string()),
-                ),
-                (
-                    HeaderName::Static("walbox.index"),
-                    Bytes::from(self.position.index.to_string()),
-                ),
-            ],
-            timestamp_ms: pg_micros_to_unix_ms(self.position.commit_time),
-            id,
-            position: self.position,
-            source: Arc::from(self.source),
-        }
-    }
-}
-
 impl InvalidEvent {
-    /// The dead-letter record for this event.
-    pub fn dead_letter(&self, topic: &str) -> OutboxEvent {
-        DeadLetter {
-            topic,
+    /// What the `on_invalid` policy needs to replace this event.
+    pub fn rejected(&self) -> Rejected<'_> {
+        Rejected {
+            topic: None,
             id: &self.id,
             source: &self.source_name,
             position: self.position,
-            error: &self.reason,
             key: self.key.clone(),
             payload: self.payload.clone(),
         }
-        .into_event()
     }
 }
 
@@ -280,6 +227,30 @@ impl OutboxMapper {
             relations: HashMap::new(),
             lsn_text: RefCell::new((Lsn::ZERO, Bytes::from_static(b"0/0"))),
         }
+    }
+
+    /// Every topic the config names outright: templates without variables, fallback topics and
+    /// dead-letter topics, each once. Topics rendered from row values are not among them.
+    pub fn known_topics(&self) -> Vec<String> {
+        let mut topics: Vec<String> = Vec::new();
+        let mut add = |t: &str| {
+            if !topics.iter().any(|k| k == t) {
+                topics.push(t.to_owned());
+            }
+        };
+        for (route, (topic, fallback)) in self.routes.iter().zip(&self.templates) {
+            for literal in [Some(topic), fallback.as_ref()]
+                .into_iter()
+                .flatten()
+                .filter_map(Template::literal)
+            {
+                add(literal);
+            }
+            if let OnInvalid::DeadLetter(dlq) = &route.on_invalid {
+                add(dlq);
+            }
+        }
+        topics
     }
 
     /// The route with this index.
@@ -727,72 +698,6 @@ impl OutboxMapper {
             position,
             source: r.name.clone(),
         })
-    }
-}
-
-/// Values a topic template may use.
-struct Vars<'a> {
-    aggregate_type: Option<&'a [u8]>,
-    event_type: Option<&'a [u8]>,
-    source: &'a RouteSource,
-}
-
-#[derive(Debug, Clone)]
-enum Segment {
-    Literal(String),
-    AggregateType,
-    EventType,
-    Table,
-    Schema,
-}
-
-/// A parsed topic template (`events.${aggregate_type}`); variables were checked by the config.
-#[derive(Debug, Clone)]
-struct Template(Vec<Segment>);
-
-impl Template {
-    fn parse(t: &str) -> Template {
-        let mut out = Vec::new();
-        let mut rest = t;
-        while let Some(i) = rest.find("${") {
-            if i > 0 {
-                out.push(Segment::Literal(rest[..i].to_owned()));
-            }
-            let after = &rest[i + 2..];
-            let end = after.find('}').unwrap_or(after.len());
-            out.push(match &after[..end] {
-                "aggregate_type" => Segment::AggregateType,
-                "event_type" => Segment::EventType,
-                "table" => Segment::Table,
-                _ => Segment::Schema,
-            });
-            rest = after.get(end + 1..).unwrap_or("");
-        }
-        if !rest.is_empty() {
-            out.push(Segment::Literal(rest.to_owned()));
-        }
-        Template(out)
-    }
-
-    /// `None` when a variable it uses is NULL (or not UTF-8).
-    fn render(&self, v: &Vars<'_>) -> Option<String> {
-        let mut s = String::with_capacity(48);
-        for seg in &self.0 {
-            match seg {
-                Segment::Literal(l) => s.push_str(l),
-                Segment::AggregateType => s.push_str(std::str::from_utf8(v.aggregate_type?).ok()?),
-                Segment::EventType => s.push_str(std::str::from_utf8(v.event_type?).ok()?),
-                Segment::Table => match v.source {
-                    RouteSource::Table { table, .. } => s.push_str(table),
-                    RouteSource::Messages { prefix } => s.push_str(prefix),
-                },
-                Segment::Schema => match v.source {
-                    RouteSource::Table { schema, .. } => s.push_str(schema),
-                    RouteSource::Messages { .. } => s.push_str("message"),
-                },
-            }
-        }
-        Some(s)
     }
 }
 

@@ -156,6 +156,14 @@ impl Checkpoint {
             .map(|c| c.end_lsn)
     }
 
+    /// The commit time of the pending transaction whose commit record is at `commit_lsn`.
+    pub fn pending_commit_time(&self, commit_lsn: Lsn) -> Option<i64> {
+        self.commits
+            .iter()
+            .find(|c| c.commit_lsn == commit_lsn)
+            .map(|c| c.commit_time)
+    }
+
     /// The newest transaction the frontier passed in this session, if any.
     pub fn newest_confirmed(&self) -> Option<Confirmed> {
         self.newest_confirmed

@@ -402,6 +402,20 @@ impl KafkaSink {
             .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty()))
     }
 
+    /// Every topic the cluster has (with at least one partition), in one metadata request.
+    pub fn existing_topics(
+        &self,
+        timeout: Duration,
+    ) -> Result<std::collections::HashSet<String>, KafkaError> {
+        let md = self.producer.client().fetch_metadata(None, timeout)?;
+        Ok(md
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+            .map(|t| t.name().to_owned())
+            .collect())
+    }
+
     /// Records handed to librdkafka and not yet reported.
     pub fn in_flight(&self) -> i32 {
         self.producer.in_flight_count()

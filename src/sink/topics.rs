@@ -1,17 +1,24 @@
 //! Which topics exist, and creating the missing ones when `kafka.create_topics` is on.
 //!
 //! walbox never relies on the broker's automatic topic creation: the producer runs with
-//! `allow.auto.create.topics=false`. The first time a route produces to a topic, walbox asks
-//! the cluster for it. If the topic is missing, walbox creates it through the admin API
+//! `allow.auto.create.topics=false`. Topics the config names outright (templates without
+//! variables, fallback and dead-letter topics) are resolved when a session starts, with one
+//! metadata request, before any WAL is read. A topic rendered from row values is looked up the
+//! first time an event goes to it. A missing topic is created through the admin API
 //! (`kafka.create_topics`, with `topic_partitions` and `topic_replication_factor`); otherwise
-//! the event is invalid and follows its table's `on_invalid` policy. Known topics are
-//! remembered, so the hot path asks nothing.
+//! the event is invalid and follows its table's `on_invalid` policy.
 //!
-//! When the cluster cannot be asked (brokers down), the event is produced anyway. librdkafka
-//! then holds it until the brokers answer, and the relay's backpressure applies.
+//! # Invariants
+//! - A topic found (or created) is remembered for the life of the process: the hot path asks
+//!   nothing.
+//! - A failed lookup is remembered too, so the WAL path pays for at most one lookup per topic
+//!   per [`RETRY_AFTER`]: a topic found missing stays missing for that long (creating it takes
+//!   effect within it); when the cluster cannot be asked (brokers down), events are produced
+//!   without asking for that long, librdkafka holds them until the brokers answer, and the
+//!   relay's backpressure applies.
 
-use std::collections::HashSet;
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -25,15 +32,27 @@ use crate::sink::kafka::KafkaSink;
 /// How long one metadata lookup may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a failed lookup is remembered; see the module docs.
+pub const RETRY_AFTER: Duration = Duration::from_secs(10);
+
 /// The topic cache; see the module docs.
 pub struct Topics {
     known: HashSet<String>,
+    /// Topics found missing or that could not be created: when, and why.
+    failed: HashMap<String, (Instant, TopicError)>,
+    /// When the cluster last could not be asked.
+    unreachable_at: Option<Instant>,
+    /// [`LOOKUP_TIMEOUT`] and [`RETRY_AFTER`] (shorter in tests).
+    lookup_timeout: Duration,
+    retry_after: Duration,
+    /// Metadata requests made.
+    lookups: u64,
     create: Option<(i32, i32)>,
     admin: Option<AdminClient<DefaultClientContext>>,
 }
 
 /// A topic that does not exist and may not be created.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum TopicError {
     /// Missing, and `kafka.create_topics` is off.
     #[error("topic {0:?} does not exist (create it, or set kafka.create_topics = true)")]
@@ -66,9 +85,52 @@ impl Topics {
         };
         Ok(Topics {
             known: HashSet::new(),
+            failed: HashMap::new(),
+            unreachable_at: None,
+            lookup_timeout: LOOKUP_TIMEOUT,
+            retry_after: RETRY_AFTER,
+            lookups: 0,
             create: config.create_topics,
             admin,
         })
+    }
+
+    /// Resolves `topics` (those the config names) with one metadata request: the ones that
+    /// exist are remembered, missing ones are created when `kafka.create_topics` is on, and
+    /// the rest are remembered as missing (with a warning: their events follow `on_invalid`).
+    /// When the cluster cannot be asked, nothing is remembered and each topic is looked up
+    /// when its first event comes.
+    pub async fn resolve(&mut self, sink: &KafkaSink, topics: &[String]) {
+        let unknown: Vec<String> = topics
+            .iter()
+            .filter(|t| !self.known.contains(*t))
+            .cloned()
+            .collect();
+        if unknown.is_empty() {
+            return;
+        }
+        let probe = sink.clone();
+        let timeout = self.lookup_timeout;
+        self.lookups += 1;
+        let existing = tokio::task::spawn_blocking(move || probe.existing_topics(timeout)).await;
+        let existing = match existing {
+            Ok(Ok(existing)) => existing,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot list the topics; each is looked up when first used");
+                return;
+            }
+            Err(_) => return,
+        };
+        for topic in unknown {
+            if existing.contains(&topic) {
+                self.known.insert(topic);
+                continue;
+            }
+            let created = self.create_missing(&topic, None).await;
+            if let Err(e) = self.remember(&topic, created) {
+                tracing::warn!(error = %e, "a topic named in the config is missing; events for it follow their table's on_invalid policy");
+            }
+        }
     }
 
     /// Makes sure `topic` exists, or says why it cannot be used.
@@ -94,13 +156,52 @@ impl Topics {
         topic: &str,
         compacted_partitions: Option<i32>,
     ) -> Result<(), TopicError> {
+        if let Some((at, error)) = self.failed.get(topic) {
+            if at.elapsed() < self.retry_after {
+                return Err(error.clone());
+            }
+        }
+        let result = self.lookup(sink, topic, compacted_partitions).await;
+        self.remember(topic, result)
+    }
+
+    /// Remembers the outcome of looking `topic` up (a failure for [`Topics::retry_after`]).
+    fn remember(&mut self, topic: &str, result: Result<(), TopicError>) -> Result<(), TopicError> {
+        match &result {
+            Ok(()) => {
+                self.failed.remove(topic);
+            }
+            Err(e) => {
+                self.failed
+                    .insert(topic.to_owned(), (Instant::now(), e.clone()));
+            }
+        }
+        result
+    }
+
+    /// Looks `topic` up (and creates it when allowed); [`Topics::ensure_as`] remembers the
+    /// outcome.
+    async fn lookup(
+        &mut self,
+        sink: &KafkaSink,
+        topic: &str,
+        compacted_partitions: Option<i32>,
+    ) -> Result<(), TopicError> {
         if self.known.contains(topic) {
+            return Ok(());
+        }
+        if self
+            .unreachable_at
+            .is_some_and(|at| at.elapsed() < self.retry_after)
+        {
             return Ok(());
         }
         let probe = sink.clone();
         let name = topic.to_owned();
+        let timeout = self.lookup_timeout;
+        self.lookups += 1;
         tracing::debug!(topic, "looking the topic up");
-        let exists = tokio::task::spawn_blocking(move || probe.topic_exists(&name, LOOKUP_TIMEOUT))
+        let exists = tokio::task::spawn_blocking(move || probe.topic_exists(&name, timeout))
             .await
             .unwrap_or(Ok(false));
         match exists {
@@ -110,40 +211,125 @@ impl Topics {
             }
             Err(e) => {
                 tracing::debug!(topic, error = %e, "cannot look the topic up; producing anyway");
+                self.unreachable_at = Some(Instant::now());
                 Ok(())
             }
-            Ok(false) => match (&self.admin, self.create) {
-                (Some(admin), Some((partitions, replication))) => {
-                    let partitions = compacted_partitions.unwrap_or(partitions);
-                    let mut spec =
-                        NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
-                    if compacted_partitions.is_some() {
-                        spec = spec.set("cleanup.policy", "compact");
-                    }
-                    let options = AdminOptions::new()
-                        .request_timeout(Some(LOOKUP_TIMEOUT))
-                        .operation_timeout(Some(LOOKUP_TIMEOUT));
-                    tracing::debug!(topic, "creating topic");
-                    let results = admin
-                        .create_topics([&spec], &options)
-                        .await
-                        .map_err(|e| TopicError::Create(topic.to_owned(), e.to_string()))?;
-                    for r in results {
-                        match r {
-                            Ok(_) => {
-                                tracing::info!(topic, partitions, replication, "created topic")
-                            }
-                            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                            Err((_, code)) => {
-                                return Err(TopicError::Create(topic.to_owned(), code.to_string()))
-                            }
-                        }
-                    }
-                    self.known.insert(topic.to_owned());
-                    Ok(())
-                }
-                _ => Err(TopicError::Missing(topic.to_owned())),
-            },
+            Ok(false) => self.create_missing(topic, compacted_partitions).await,
         }
+    }
+
+    /// Creates the missing `topic` when `kafka.create_topics` is on (compacted, with
+    /// `compacted_partitions` partitions, when given); otherwise says it is missing.
+    async fn create_missing(
+        &mut self,
+        topic: &str,
+        compacted_partitions: Option<i32>,
+    ) -> Result<(), TopicError> {
+        let (Some(admin), Some((partitions, replication))) = (&self.admin, self.create) else {
+            return Err(TopicError::Missing(topic.to_owned()));
+        };
+        let partitions = compacted_partitions.unwrap_or(partitions);
+        let mut spec = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+        if compacted_partitions.is_some() {
+            spec = spec.set("cleanup.policy", "compact");
+        }
+        let options = AdminOptions::new()
+            .request_timeout(Some(self.lookup_timeout))
+            .operation_timeout(Some(self.lookup_timeout));
+        tracing::debug!(topic, "creating topic");
+        let results = admin
+            .create_topics([&spec], &options)
+            .await
+            .map_err(|e| TopicError::Create(topic.to_owned(), e.to_string()))?;
+        for r in results {
+            match r {
+                Ok(_) => tracing::info!(topic, partitions, replication, "created topic"),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) => {
+                    return Err(TopicError::Create(topic.to_owned(), code.to_string()))
+                }
+            }
+        }
+        self.known.insert(topic.to_owned());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::DefaultProducerContext;
+
+    use super::*;
+    use crate::sink::kafka::AckQueue;
+
+    fn config(brokers: String) -> KafkaConfig {
+        KafkaConfig {
+            brokers,
+            properties: BTreeMap::new(),
+            create_topics: None,
+            progress_topic: "walbox.progress".into(),
+        }
+    }
+
+    fn sink(config: &KafkaConfig) -> KafkaSink {
+        KafkaSink::new(config, Arc::new(AckQueue::default())).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn config_topics_resolve_at_start_and_a_miss_is_remembered() {
+        let cluster = MockCluster::<DefaultProducerContext>::new(1).unwrap();
+        cluster.create_topic("orders", 2, 1).unwrap();
+        let config = config(cluster.bootstrap_servers());
+        let sink = sink(&config);
+        let mut topics = Topics::new(&config).unwrap();
+
+        topics
+            .resolve(&sink, &["orders".into(), "payments".into()])
+            .await;
+        assert_eq!(
+            topics.lookups, 1,
+            "one metadata request for every config topic"
+        );
+        topics.ensure(&sink, "orders").await.unwrap();
+        let miss = topics.ensure(&sink, "payments").await.unwrap_err();
+        assert!(matches!(miss, TopicError::Missing(ref t) if t == "payments"));
+        assert_eq!(topics.lookups, 1, "the WAL path asked nothing");
+
+        // Created meanwhile: still missing until the remembered miss expires, then found.
+        cluster.create_topic("payments", 1, 1).unwrap();
+        assert!(topics.ensure(&sink, "payments").await.is_err());
+        assert_eq!(topics.lookups, 1);
+        topics.retry_after = Duration::ZERO;
+        topics.ensure(&sink, "payments").await.unwrap();
+        assert_eq!(topics.lookups, 2);
+        topics.ensure(&sink, "payments").await.unwrap();
+        assert_eq!(topics.lookups, 2, "a found topic is never asked for again");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn an_unreachable_cluster_is_asked_once_per_retry_interval() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let config = config(addr.to_string());
+        let sink = sink(&config);
+        let mut topics = Topics::new(&config).unwrap();
+        topics.lookup_timeout = Duration::from_millis(200);
+
+        topics.resolve(&sink, &["orders".into()]).await;
+        assert_eq!(topics.lookups, 1);
+        // Events are produced without asking (librdkafka holds them until brokers answer).
+        topics.ensure(&sink, "orders").await.unwrap();
+        assert_eq!(topics.lookups, 2);
+        topics.ensure(&sink, "orders").await.unwrap();
+        topics.ensure(&sink, "customers").await.unwrap();
+        assert_eq!(
+            topics.lookups, 2,
+            "no lookup while the cluster is known unreachable"
+        );
     }
 }

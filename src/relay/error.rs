@@ -1,0 +1,205 @@
+//! How a relay session ends with an error, and what the operator is told about it.
+//!
+//! Every variant says through [`Classify`] whether it is transient (the supervisor reconnects)
+//! or which [`Failure`] (exit status) it is; the classification of a stage's own error is the
+//! stage's, never re-decided here.
+
+use crate::failure::{Classify, Failure};
+use crate::lsn::Lsn;
+use crate::outbox::{OutboxError, OutboxEvent};
+use crate::sink::kafka::SinkError;
+use crate::sink::progress::{ProgressError, ProgressRecord};
+use crate::sink::topics::TopicError;
+use crate::source::pgoutput::DecodeError;
+use crate::source::replication::ReplicationError;
+use crate::source::session::OpenError;
+
+/// Why a session ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// Opening the session (connections, start-up checks, slot) failed.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The replication connection failed while streaming.
+    #[error("postgres replication: {0}")]
+    Replication(#[from] ReplicationError),
+    /// A pgoutput message could not be decoded.
+    #[error("cannot decode pgoutput message: {0}")]
+    Decode(#[from] DecodeError),
+    /// A row could not be mapped to an event.
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+    /// The producer refused an event.
+    #[error(transparent)]
+    Send(Box<SendFailure>),
+    /// The broker failed a record.
+    #[error(transparent)]
+    Delivery(Box<DeliveryFailure>),
+    /// The server ended the replication stream.
+    #[error("postgres ended the replication stream")]
+    StreamEnded,
+    /// A topic is missing (or could not be created) and the event cannot be dead-lettered.
+    #[error("cannot publish event {id} of {source_name} at {lsn}: {error}")]
+    Topic {
+        /// Event id.
+        id: String,
+        /// `schema.table`.
+        source_name: String,
+        /// Commit LSN.
+        lsn: Lsn,
+        /// The cause.
+        error: TopicError,
+    },
+    /// The publication sends UPDATE/DELETE/TRUNCATE of an outbox table with `on_change = "fail"`.
+    #[error("{op} on outbox table {table}: an outbox is insert-only (on_change = \"fail\"); publish only inserts: ALTER PUBLICATION … SET (publish = 'insert')")]
+    Change {
+        /// The operation.
+        op: &'static str,
+        /// `schema.table`.
+        table: String,
+    },
+    /// An outbox message was emitted outside a transaction: it has no commit to be confirmed
+    /// with, and is not rolled back with the business change.
+    #[error("non-transactional logical message with prefix {prefix:?} at {lsn}: emit outbox messages with pg_logical_emit_message(true, …) (walbox.emit does)")]
+    NonTransactionalMessage {
+        /// The prefix.
+        prefix: String,
+        /// Its LSN.
+        lsn: Lsn,
+    },
+    /// The stream broke the protocol's rules.
+    #[error("replication protocol violation: {0}")]
+    Protocol(String),
+    /// The progress topic is missing and may not be created.
+    #[error("kafka.progress_topic: {0}; walbox keeps there the evidence that its slot existed (create it with one partition and cleanup.policy=compact)")]
+    ProgressTopic(TopicError),
+    /// The progress topic could not be read, so a missing slot cannot be told from a new one.
+    #[error("replication slot is missing and {0}, so walbox cannot tell whether the slot existed before; not creating it")]
+    Progress(ProgressError),
+    /// The slot is missing but a progress record shows it existed: it was dropped (or the
+    /// server was restored or replaced), and the events since its last confirmed position are
+    /// not in any slot.
+    #[error("replication slot {slot:?} existed and is gone: walbox confirmed up to {} (newest confirmed commit at {}, recorded at {} in kafka topic {topic:?}); events committed after that were not relayed and no slot holds them. walbox does not recreate a slot that existed: run `walbox recreate-slot --confirm-data-loss`, then `walbox republish --since '{}'` to republish the window from the outbox table (runbook \"Slot lost\")", record.confirmed_lsn, record.confirmed_commit_time(), record.written_at, record.republish_since())]
+    SlotGone {
+        /// The slot.
+        slot: String,
+        /// The newest progress record.
+        record: Box<ProgressRecord>,
+        /// The progress topic.
+        topic: String,
+    },
+}
+
+impl Classify for RelayError {
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            RelayError::Open(e) => e.failure(),
+            RelayError::Replication(e) => e.failure(),
+            RelayError::Decode(e) => e.failure(),
+            RelayError::Outbox(e) => e.failure(),
+            RelayError::Send(f) => f.source.failure(),
+            RelayError::Delivery(f) => f.error.failure(),
+            RelayError::Topic { error, .. } => error.failure(),
+            RelayError::ProgressTopic(_) => Some(Failure::Schema),
+            RelayError::Progress(e) => e.failure(),
+            RelayError::StreamEnded => None,
+            RelayError::Change { .. } => Some(Failure::Schema),
+            RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
+            RelayError::Protocol(_) => Some(Failure::Internal),
+            RelayError::SlotGone { .. } => Some(Failure::SlotLost),
+        }
+    }
+}
+
+impl RelayError {
+    /// The commit LSN of the transaction holding an event that cannot be published, when this
+    /// error is such a rejection.
+    pub fn rejected_commit_lsn(&self) -> Option<Lsn> {
+        if self.failure() != Some(Failure::EventRejected) {
+            return None;
+        }
+        match self {
+            RelayError::Send(f) => Some(f.lsn),
+            RelayError::Delivery(f) => f.lsn.parse().ok(),
+            RelayError::Outbox(OutboxError::InvalidEvent(inv)) => Some(inv.lsn),
+            RelayError::Topic { lsn, .. } => Some(*lsn),
+            _ => None,
+        }
+    }
+
+    /// Whether the server stopped decoding because the publication does not exist (SQLSTATE
+    /// 42704 from the walsender, e.g. after `DROP PUBLICATION` while streaming).
+    pub fn publication_missing(&self) -> bool {
+        matches!(self, RelayError::Replication(e)
+            if e.sqlstate() == Some("42704") && e.to_string().contains("publication"))
+    }
+}
+
+/// The transaction of an event that cannot be published, located for the operator.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RejectedTxn {
+    pub(super) commit_lsn: Lsn,
+    /// Its commit end LSN: advancing the slot there skips it.
+    pub(super) end_lsn: Option<Lsn>,
+    /// Every transaction before it is confirmed, so the advance skips nothing else.
+    pub(super) exact: bool,
+}
+
+impl RejectedTxn {
+    pub(super) fn advice(&self, slot: &str) -> String {
+        let commit = self.commit_lsn;
+        match self.end_lsn {
+            Some(end) if self.exact => format!(
+                "to drop exactly this transaction (commit {commit}, end {end}) and nothing else, with walbox stopped run: SELECT pg_replication_slot_advance({}, '{end}'); then start walbox",
+                postgres_protocol::escape::escape_literal(slot)
+            ),
+            Some(end) => format!(
+                "its transaction ends at {end}, but the transactions before it were not all acknowledged yet: restart walbox once (it stops here again with everything before it confirmed) to get the statement that drops exactly this transaction (commit {commit})"
+            ),
+            None => format!(
+                "the end of its transaction (commit {commit}) could not be read in time: restart walbox to get the statement that drops exactly this transaction"
+            ),
+        }
+    }
+}
+
+/// An event the producer refused before it reached the broker.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot publish event {id} of {table} at {lsn} to topic {topic:?}: {source}")]
+pub struct SendFailure {
+    /// `schema.table`.
+    pub table: String,
+    /// Event id.
+    pub id: String,
+    /// Commit LSN.
+    pub lsn: Lsn,
+    /// Topic.
+    pub topic: String,
+    /// The producer's error.
+    #[source]
+    pub source: SinkError,
+}
+
+/// A record the broker failed.
+#[derive(Debug, thiserror::Error)]
+#[error("kafka failed to deliver event {id} at {lsn} to topic {topic:?}: {}", crate::sink::kafka::describe_delivery_error(.error))]
+pub struct DeliveryFailure {
+    /// Event id (from the record's header).
+    pub id: String,
+    /// Commit LSN (from the record's header).
+    pub lsn: String,
+    /// Topic.
+    pub topic: String,
+    /// The error.
+    pub error: rdkafka::error::KafkaError,
+}
+
+pub(super) fn send_failure(event: &OutboxEvent, source: SinkError) -> RelayError {
+    RelayError::Send(Box::new(SendFailure {
+        table: event.source.to_string(),
+        id: String::from_utf8_lossy(&event.id).into_owned(),
+        lsn: event.position.commit_lsn,
+        topic: event.topic.clone(),
+        source,
+    }))
+}

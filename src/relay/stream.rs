@@ -1,0 +1,371 @@
+//! The session loop: one `tokio::select!` over shutdown, acks, status deadlines and WAL, and
+//! what each message does to the checkpoint. See the invariants in the [`super`] docs.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::error::{DeliveryFailure, RelayError};
+use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
+use crate::config::OnChange;
+use crate::health::monitor::HEARTBEAT_PREFIX;
+use crate::lsn::Lsn;
+use crate::outbox::EventPosition;
+use crate::sink::kafka::{classify, Ack, Severity, PROGRESS_ROUTE};
+use crate::source::pgoutput::{self, LogicalMessage};
+use crate::source::replication::{ReplicationMessage, StandbyStatus};
+use crate::timestamp::pg_now_micros;
+
+impl Relay {
+    pub(super) async fn stream_loop(
+        &mut self,
+        s: &mut Session,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<SessionEnd, RelayError> {
+        let status_interval = self.settings.postgres.status_interval;
+        let mut status_tick = tokio::time::interval(status_interval);
+        status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let max_in_flight = self.settings.relay.max_in_flight;
+        // Once shutdown is requested, intake continues only to the end of the open transaction
+        // (bounded by `relay.shutdown_timeout`): its acknowledged events are then confirmed and
+        // not sent again after the restart.
+        let mut draining: Option<Instant> = None;
+        loop {
+            if draining.is_none() && *shutdown.borrow() {
+                draining = Some(Instant::now() + self.settings.relay.shutdown_timeout);
+            }
+            if let Some(deadline) = draining {
+                if s.txn.is_none() {
+                    return Ok(SessionEnd::Shutdown);
+                }
+                if Instant::now() >= deadline {
+                    tracing::warn!("stopping in the middle of a transaction; its events are sent again after restart");
+                    return Ok(SessionEnd::Shutdown);
+                }
+            }
+            let drain_deadline = draining.unwrap_or_else(Instant::now);
+            tokio::select! {
+                biased;
+                changed = shutdown.changed(), if draining.is_none() => {
+                    if changed.is_err() {
+                        // The sender is gone: nobody can ask any more, so stop as asked.
+                        draining = Some(Instant::now() + self.settings.relay.shutdown_timeout);
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep_until(drain_deadline.into()), if draining.is_some() => continue,
+                _ = self.acks.wait() => {
+                    self.take_acks(s)?;
+                }
+                // Confirm progress promptly (releasing WAL sooner), but at most every
+                // EAGER_STATUS_GAP: never a status update per event.
+                _ = tokio::time::sleep_until((s.last_status_at + EAGER_STATUS_GAP).into()),
+                    if s.checkpoint.frontier() > s.last_status =>
+                {
+                    self.send_status(s, false).await?;
+                }
+                _ = status_tick.tick() => {
+                    // Acks are normally taken when signalled; taking them here too bounds the
+                    // delay of any report whose wake-up was consumed by a cancelled branch.
+                    self.take_acks(s)?;
+                    self.send_status(s, false).await?;
+                }
+                msg = s.stream.next(), if s.checkpoint.in_flight() < max_in_flight => {
+                    let Some(msg) = msg? else {
+                        return Err(RelayError::StreamEnded);
+                    };
+                    self.on_message(s, msg).await?;
+                    // Work through what the last read already buffered before polling again:
+                    // one wake-up per burst of messages, not per message.
+                    // The burst yields to shutdown and to a due status update.
+                    let mut burst = 0;
+                    while burst < MAX_BURST
+                        && s.checkpoint.in_flight() < max_in_flight
+                        && !(draining.is_some() && s.txn.is_none())
+                        && !(draining.is_none() && *shutdown.borrow())
+                        && s.last_status_at.elapsed() < status_interval
+                    {
+                        match s.stream.next_buffered()? {
+                            Some(msg) => self.on_message(s, msg).await?,
+                            None => break,
+                        }
+                        burst += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_message(
+        &mut self,
+        s: &mut Session,
+        msg: ReplicationMessage,
+    ) -> Result<(), RelayError> {
+        match msg {
+            ReplicationMessage::XLogData { data, .. } => self.on_wal(s, data).await,
+            ReplicationMessage::Keepalive {
+                wal_end,
+                reply_requested,
+                ..
+            } => {
+                s.checkpoint.keepalive(wal_end);
+                if reply_requested {
+                    self.send_status(s, false).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Handles every waiting delivery report. All of them are accounted for even when one
+    /// fails (the first failure is returned).
+    pub(super) fn take_acks(&mut self, s: &mut Session) -> Result<(), RelayError> {
+        let mut batch = std::mem::take(&mut self.ack_batch);
+        self.acks.drain_into(&mut batch);
+        let mut first_error = None;
+        for ack in batch.drain(..) {
+            if ack.route == PROGRESS_ROUTE {
+                if let Err(e) = ack.result {
+                    // Written again at the next opportunity.
+                    self.progress_lsn = Lsn::ZERO;
+                    tracing::warn!(error = %e, topic = %self.settings.kafka.progress_topic, "kafka failed a progress record; writing it again");
+                }
+                continue;
+            }
+            if let Err(e) = self.on_ack(s, ack) {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.ack_batch = batch;
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn on_ack(&mut self, s: &mut Session, ack: Ack) -> Result<(), RelayError> {
+        if !s.checkpoint.owns(ack.seq) {
+            return Ok(()); // from an earlier session
+        }
+        s.outstanding = s.outstanding.saturating_sub(1);
+        match ack.result {
+            Ok(()) => {
+                self.metrics.events_published.inc();
+                if s.checkpoint.ack(ack.seq) > 0 {
+                    self.observe_confirmed(s);
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.metrics.delivery_errors.inc();
+                let failed = ack.failed.unwrap_or_default();
+                if classify(&error) == Severity::RecordRejected {
+                    if let Some(outcome) =
+                        self.on_rejected_delivery(s, ack.seq, ack.route, &failed, &error)
+                    {
+                        return outcome;
+                    }
+                }
+                Err(RelayError::Delivery(Box::new(DeliveryFailure {
+                    id: failed.id,
+                    lsn: failed.lsn,
+                    topic: failed.topic,
+                    error,
+                })))
+            }
+        }
+    }
+
+    fn observe_confirmed(&mut self, s: &mut Session) {
+        let now = pg_now_micros();
+        for c in s.checkpoint.drain_confirmed() {
+            self.confirmed_commit_time = Some(c.commit_time);
+            self.metrics.transactions.inc();
+            self.metrics
+                .commit_to_ack
+                .observe((now - c.commit_time).max(0) as f64 / 1e6);
+        }
+    }
+
+    async fn on_wal(&mut self, s: &mut Session, data: Bytes) -> Result<(), RelayError> {
+        let message = pgoutput::decode(data)?;
+        tracing::trace!(?message, "pgoutput");
+        match message {
+            LogicalMessage::Begin(b) => {
+                s.checkpoint.begin();
+                s.txn = Some(OpenTxn {
+                    commit_lsn: b.final_lsn,
+                    commit_time: b.commit_time,
+                    next_index: 0,
+                });
+                self.metrics.received_lsn.set(b.final_lsn.as_u64() as i64);
+            }
+            LogicalMessage::Commit(c) => {
+                s.txn = None;
+                if s.checkpoint.commit(c.commit_lsn, c.end_lsn, c.commit_time) > 0 {
+                    self.observe_confirmed(s);
+                }
+            }
+            LogicalMessage::Relation(r) => s.mapper.relation(&r),
+            LogicalMessage::Insert(ins) => {
+                let Some(route) = s.mapper.route_of(ins.relation_id) else {
+                    // Not an outbox table (or an unannounced relation: the mapper says which).
+                    s.mapper.map_insert(&ins, EventPosition::default())?;
+                    return Ok(());
+                };
+                let position = match s.txn.as_mut() {
+                    Some(txn) => txn.next_position(),
+                    None => {
+                        return Err(RelayError::Protocol("INSERT outside a transaction".into()))
+                    }
+                };
+                let mapped = s.mapper.map_insert(&ins, position);
+                self.publish(s, mapped, route).await?;
+            }
+            LogicalMessage::Update(u) => self.outbox_change(s, u.relation_id, "UPDATE")?,
+            LogicalMessage::Delete(d) => self.outbox_change(s, d.relation_id, "DELETE")?,
+            LogicalMessage::Truncate(t) => {
+                for id in t.relation_ids {
+                    self.outbox_change(s, id, "TRUNCATE")?;
+                }
+            }
+            LogicalMessage::Message(m) if m.prefix == HEARTBEAT_PREFIX => {
+                self.on_heartbeat(&m.content)
+            }
+            LogicalMessage::Message(m) => {
+                let Some(route) = s.mapper.message_route(&m.prefix) else {
+                    return Ok(());
+                };
+                let position = match (m.transactional, s.txn.as_mut()) {
+                    (true, Some(txn)) => txn.next_position(),
+                    _ => {
+                        return Err(RelayError::NonTransactionalMessage {
+                            prefix: m.prefix.clone(),
+                            lsn: m.lsn,
+                        })
+                    }
+                };
+                let mapped = s.mapper.map_message(&m, position);
+                self.publish(s, mapped, route).await?;
+            }
+            LogicalMessage::Type(_) | LogicalMessage::Origin(_) => {}
+        }
+        Ok(())
+    }
+
+    fn on_heartbeat(&self, content: &[u8]) {
+        self.metrics.heartbeats_received.inc();
+        let sent = serde_json::from_slice::<serde_json::Value>(content)
+            .ok()
+            .and_then(|v| v.get("sent_at_us").and_then(serde_json::Value::as_i64));
+        if let Some(sent) = sent {
+            let rtt = (pg_now_micros() - sent).max(0) as f64 / 1e6;
+            self.metrics.heartbeat_round_trip.observe(rtt);
+            tracing::debug!(round_trip_s = rtt, "heartbeat received");
+        }
+    }
+
+    /// An UPDATE, DELETE or TRUNCATE: never an event. Warns (once a minute per table) or fails,
+    /// per the table's `on_change`.
+    fn outbox_change(
+        &self,
+        s: &mut Session,
+        relation_id: u32,
+        op: &'static str,
+    ) -> Result<(), RelayError> {
+        let Some(route) = s.mapper.route_of(relation_id) else {
+            return Ok(());
+        };
+        let r = s.mapper.route(route);
+        if r.on_change == OnChange::Fail {
+            return Err(RelayError::Change {
+                op,
+                table: r.name.to_string(),
+            });
+        }
+        let now = Instant::now();
+        let due = s
+            .change_warned
+            .get(&route)
+            .is_none_or(|at| now.duration_since(*at) >= Duration::from_secs(60));
+        if due {
+            s.change_warned.insert(route, now);
+            tracing::warn!(table = %r.name, op, "change to an outbox table is not an event; ignored (repeats are logged once a minute; publish only inserts: ALTER PUBLICATION … SET (publish = 'insert'))");
+        }
+        Ok(())
+    }
+
+    pub(super) async fn send_status(
+        &mut self,
+        s: &mut Session,
+        reply: bool,
+    ) -> Result<(), RelayError> {
+        let frontier = s.checkpoint.frontier();
+        self.update_gauges(s);
+        if frontier == Lsn::ZERO {
+            return Ok(());
+        }
+        s.stream
+            .send_status(StandbyStatus {
+                write: frontier,
+                flush: frontier,
+                apply: frontier,
+                reply_requested: reply,
+            })
+            .await?;
+        s.last_status_at = Instant::now();
+        if frontier != s.last_status {
+            tracing::debug!(lsn = %frontier, "confirmed");
+            s.last_status = frontier;
+        }
+        self.write_progress(frontier, false);
+        Ok(())
+    }
+
+    fn update_gauges(&self, s: &Session) {
+        let m = &self.metrics;
+        m.inflight.set(s.checkpoint.in_flight() as i64);
+        m.confirmed_flush_lsn
+            .set(s.checkpoint.frontier().as_u64() as i64);
+        let lag = if s.checkpoint.is_idle() {
+            0.0
+        } else {
+            s.checkpoint
+                .newest_confirmed()
+                .map(|c| (pg_now_micros() - c.commit_time).max(0) as f64 / 1e6)
+                .unwrap_or(0.0)
+        };
+        m.replication_lag.set(lag);
+    }
+
+    /// Stops intake, waits (bounded) for outstanding delivery reports, and — when the
+    /// connection is still usable — sends a final status update and ends the stream.
+    pub(super) async fn wind_down(&mut self, s: &mut Session, connection_alive: bool) {
+        let deadline = Instant::now() + self.settings.relay.shutdown_timeout;
+        loop {
+            if let Err(e) = self.take_acks(s) {
+                tracing::warn!(error = %e, "delivery failed while stopping; the event will be sent again after restart");
+            }
+            if s.outstanding == 0 {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let acks = self.acks.clone();
+            match tokio::time::timeout(left, acks.wait()).await {
+                Ok(()) => {}
+                Err(_) => {
+                    tracing::warn!(
+                        outstanding = s.outstanding,
+                        "gave up waiting for kafka acknowledgements; unacknowledged events will be sent again after restart"
+                    );
+                    break;
+                }
+            }
+        }
+        self.update_gauges(s);
+        if connection_alive {
+            if let Err(e) = self.send_status(s, false).await {
+                tracing::debug!(error = %e, "final status update failed");
+            }
+        }
+        tracing::info!(confirmed = %s.checkpoint.frontier(), "replication session ended");
+    }
+}
