@@ -20,9 +20,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::Rng;
 use tokio::sync::watch;
 
+use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
 use crate::health::monitor::{self, FatalSignal};
@@ -31,38 +31,6 @@ use crate::metrics::{self, Health, Metrics};
 use crate::relay::{Relay, SessionEnd, Settings};
 use crate::sink::kafka::{AckQueue, KafkaSink};
 use crate::sink::topics::Topics;
-
-/// Capped exponential backoff with full jitter in the upper half.
-#[derive(Debug)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    current: Duration,
-}
-
-impl Backoff {
-    /// Starts at `initial`, doubles up to `max`.
-    pub fn new(initial: Duration, max: Duration) -> Self {
-        Backoff {
-            initial,
-            max,
-            current: initial,
-        }
-    }
-
-    /// The next delay: between half and all of the current step, which then doubles.
-    pub fn next_delay(&mut self) -> Duration {
-        let step = self.current;
-        self.current = (self.current * 2).min(self.max);
-        let half = step / 2;
-        half + rand::rng().random_range(Duration::ZERO..=step - half)
-    }
-
-    /// Back to the initial delay.
-    pub fn reset(&mut self) {
-        self.current = self.initial;
-    }
-}
 
 /// Handles the running relay shares with its caller.
 #[derive(Clone, Default)]
@@ -219,26 +187,4 @@ fn probe_brokers(sink: KafkaSink, brokers: String) -> tokio::task::JoinHandle<()
             "kafka brokers not reachable yet; events will wait for them"
         ),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_is_capped_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        let mut prev_cap = Duration::ZERO;
-        for _ in 0..10 {
-            let d = b.next_delay();
-            assert!(d <= Duration::from_secs(1));
-            prev_cap = prev_cap.max(d);
-        }
-        assert!(
-            prev_cap >= Duration::from_millis(500),
-            "grew to the cap: {prev_cap:?}"
-        );
-        b.reset();
-        assert!(b.next_delay() <= Duration::from_millis(100));
-    }
 }

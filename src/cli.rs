@@ -65,6 +65,7 @@ pub enum Command {
         #[arg(long, short, env = "WALBOX_INBOX_CONFIG")]
         config: Option<PathBuf>,
     },
+    #[cfg(feature = "sandbox")]
     /// Run walbox end to end on a throwaway PostgreSQL cluster and an embedded Kafka-protocol
     /// broker, and print what a consumer reads back.
     Demo {

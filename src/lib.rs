@@ -33,9 +33,11 @@
 //! ```
 
 pub mod app;
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod failure;
+pub mod fault;
 pub mod health;
 pub mod inbox;
 pub mod lsn;
@@ -44,6 +46,7 @@ pub mod outbox;
 pub mod pg;
 pub mod relay;
 pub mod republish;
+#[cfg(feature = "sandbox")]
 pub mod sandbox;
 pub mod sink;
 pub mod source;

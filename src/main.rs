@@ -60,6 +60,8 @@ fn finish(what: &str, result: Result<(), FatalError>) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    #[cfg(feature = "failpoints")]
+    let _faults = walbox::fault::setup();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -128,6 +130,7 @@ fn main() -> ExitCode {
                 finish("walbox inbox", runtime.block_on(walbox::inbox::run(config, shutdown_signal())))
             }
         },
+        #[cfg(feature = "sandbox")]
         Command::Demo { aggregates, events } => {
             init_logging(LogFormat::Text, "warn");
             match runtime.block_on(walbox::sandbox::demo::run(aggregates, events)) {

@@ -31,9 +31,9 @@ use crate::outbox::{dead_letter, EventPosition, OutboxError, OutboxMapper, Rejec
 use crate::pg::control::connect_control;
 use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError};
 use crate::sink::topics::Topics;
-use crate::source::catalog::quote_ident;
 use crate::source::pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
 use crate::timestamp::pg_now_micros;
+use postgres_protocol::escape::escape_identifier as quote_ident;
 
 /// Which rows to republish.
 #[derive(Debug, Clone, Default)]

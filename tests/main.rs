@@ -4,9 +4,13 @@
 mod support;
 
 mod connection;
+// Needs the fault points: `cargo test --features failpoints` (the documented test command).
+#[cfg(feature = "failpoints")]
+mod crash;
 mod failures;
 mod http;
 mod inbox;
+mod layout;
 mod recovery;
 mod relay;
 mod routing;

@@ -18,14 +18,15 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
+use crate::backoff::Backoff;
 use crate::config::AlertsConfig;
 
 /// Why one delivery attempt failed.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
-    /// The URL is not `http(s)://host[:port][/path]`.
-    #[error("invalid webhook URL {0:?}")]
-    Url(String),
+    /// The URL is not `http(s)://host[:port][/path]` (the URL itself is never quoted).
+    #[error("invalid webhook URL: {0}")]
+    Url(&'static str),
     /// Connecting or talking to the receiver failed.
     #[error("webhook request failed: {0}")]
     Io(#[from] std::io::Error),
@@ -53,30 +54,50 @@ pub struct WebhookUrl {
 }
 
 impl WebhookUrl {
-    /// Parses `http(s)://host[:port][/path]`.
+    /// Parses `http(s)://host[:port][/path][?query]` with [`http::Uri`]. The error never
+    /// quotes the URL: webhook URLs often carry a token.
     pub fn parse(url: &str) -> Result<Self, WebhookError> {
-        let bad = || WebhookError::Url(url.to_owned());
-        let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
-            (true, r)
-        } else if let Some(r) = url.strip_prefix("http://") {
-            (false, r)
-        } else {
-            return Err(bad());
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|_| WebhookError::Url("not an http(s)://host[:port][/path] URL"))?;
+        let tls = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(WebhookError::Url("the scheme must be http or https")),
         };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
-        };
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
-                (h, p.parse::<u16>().map_err(|_| bad())?)
-            }
-            _ => (authority, if tls { 443 } else { 80 }),
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() {
-            return Err(bad());
+        let authority = uri
+            .authority()
+            .ok_or(WebhookError::Url("the URL has no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(WebhookError::Url(
+                "credentials in the URL are not supported",
+            ));
         }
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        if host.is_empty() {
+            return Err(WebhookError::Url("the URL has no host"));
+        }
+        let port = match authority.port() {
+            Some(p) => p.as_u16(),
+            None if authority.as_str().ends_with(':') => {
+                return Err(WebhookError::Url("the port is empty"))
+            }
+            None => {
+                if tls {
+                    443
+                } else {
+                    80
+                }
+            }
+        };
+        let path = uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .filter(|p| !p.is_empty())
+            .unwrap_or("/");
         Ok(WebhookUrl {
             tls,
             host: host.to_owned(),
@@ -127,7 +148,7 @@ where
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .header(hyper::header::USER_AGENT, "walbox")
         .body(Full::new(body))
-        .map_err(|e| WebhookError::Url(e.to_string()))?;
+        .map_err(|_| WebhookError::Url("the path is not a valid request target"))?;
     let resp = sender.send_request(req).await?;
     let status = resp.status().as_u16();
     if (200..300).contains(&status) {
@@ -159,7 +180,7 @@ impl Webhook {
         tokio::spawn(async move {
             while let Some(payload) = rx.recv().await {
                 let body = Bytes::from(payload.to_string());
-                let mut delay = Duration::from_millis(500);
+                let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
                 for attempt in 1..=attempts {
                     let result = match tokio::time::timeout(timeout, post(&url, body.clone())).await
                     {
@@ -172,9 +193,9 @@ impl Webhook {
                             tracing::error!(error = %e, attempts, "alert webhook delivery failed; giving up on this notification");
                         }
                         Err(e) => {
+                            let delay = backoff.next_delay();
                             tracing::warn!(error = %e, attempt, retry_in = ?delay, "alert webhook delivery failed; retrying");
                             tokio::time::sleep(delay).await;
-                            delay = (delay * 2).min(Duration::from_secs(30));
                         }
                     }
                 }
@@ -219,5 +240,11 @@ mod tests {
         assert!(WebhookUrl::parse("ftp://x").is_err());
         assert!(WebhookUrl::parse("http://:80/").is_err());
         assert!(WebhookUrl::parse("http://h:port/").is_err());
+        let u = WebhookUrl::parse("https://hooks.example.com/T0/hunter2?token=s3cret").unwrap();
+        assert_eq!(u.path, "/T0/hunter2?token=s3cret");
+        for bad in ["https://user:s3cret@h/x", "h/s3cret", "https://h:/s3cret"] {
+            let e = WebhookUrl::parse(bad).unwrap_err().to_string();
+            assert!(!e.contains("s3cret"), "the URL is never quoted: {e}");
+        }
     }
 }

@@ -49,7 +49,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 
-use crate::app::Backoff;
+use crate::backoff::Backoff;
 use crate::failure::{Failure, FatalError};
 
 use self::config::{Guard, InboxConfig, Policy};

@@ -21,7 +21,7 @@ use crate::config::conninfo::ConnInfo;
 use crate::failure::Classify;
 use crate::failure::Failure;
 use crate::pg::control::{connect_control, ConnectError};
-use crate::source::catalog::quote_ident;
+use postgres_protocol::escape::escape_identifier as quote_ident;
 
 use super::config::InboxConfig;
 use super::effect::{EffectSql, InvalidRecord, Record};

@@ -19,7 +19,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use tokio::sync::{mpsc, watch};
 
-use crate::app::Backoff;
+use crate::backoff::Backoff;
 use crate::failure::{Failure, FatalError};
 
 use super::config::{EffectConfig, Policy};

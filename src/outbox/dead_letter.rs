@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{EventPosition, HeaderName, OutboxEvent};
+use super::event::{EventPosition, HeaderName, OutboxEvent};
 use crate::config::OnInvalid;
 use crate::timestamp::pg_micros_to_unix_ms;
 

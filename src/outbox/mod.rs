@@ -22,6 +22,7 @@
 
 pub mod dead_letter;
 pub mod envelope;
+mod event;
 mod template;
 
 use std::cell::RefCell;
@@ -38,67 +39,13 @@ use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
 use crate::timestamp::{self, pg_micros_to_unix_micros, pg_micros_to_unix_ms};
 pub use dead_letter::{dead_letter, Rejected};
 use envelope::{Payload, PayloadKind};
+pub use event::{EventPosition, HeaderName, OutboxEvent};
 use template::{Template, Vars};
 
 /// Type OIDs with a special meaning for payloads.
 const BYTEA_OID: u32 = 17;
 const JSON_OID: u32 = 114;
 const JSONB_OID: u32 = 3802;
-
-/// Where an event sits in the WAL: the commit LSN of its transaction and its ordinal in it.
-/// An LSN alone does not identify an event (all rows of a transaction share one commit).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct EventPosition {
-    /// LSN of the transaction's commit record (pgoutput Begin's `final_lsn`).
-    pub commit_lsn: Lsn,
-    /// 0-based ordinal of the event among the transaction's outbox events.
-    pub index: u32,
-    /// Commit time, microseconds since 2000-01-01.
-    pub commit_time: i64,
-}
-
-/// A header name: one of walbox's own, or one configured in `[outbox.headers]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeaderName {
-    /// A fixed name.
-    Static(&'static str),
-    /// A configured name.
-    Custom(Arc<str>),
-}
-
-impl HeaderName {
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        match self {
-            HeaderName::Static(s) => s,
-            HeaderName::Custom(s) => s,
-        }
-    }
-}
-
-/// One record to produce.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxEvent {
-    /// Destination topic.
-    pub topic: String,
-    /// Explicit partition (`columns.partition`), else the key decides.
-    pub partition: Option<i32>,
-    /// Record key: the aggregate id.
-    pub key: Option<Bytes>,
-    /// Record value; `None` is a tombstone.
-    pub value: Option<Bytes>,
-    /// Headers in order: `id`, `event_type`, `walbox.commit_lsn`, `walbox.index`, CloudEvents,
-    /// configured extras.
-    pub headers: Vec<(HeaderName, Bytes)>,
-    /// Record timestamp, milliseconds since the Unix epoch.
-    pub timestamp_ms: i64,
-    /// The event id (for messages and dead letters).
-    pub id: Bytes,
-    /// Position in the WAL.
-    pub position: EventPosition,
-    /// `schema.table` or `message:<prefix>`.
-    pub source: Arc<str>,
-}
 
 /// Why a change could not be mapped.
 #[derive(Debug, thiserror::Error)]

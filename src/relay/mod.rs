@@ -52,6 +52,7 @@ pub use error::{DeliveryFailure, RelayError, SendFailure};
 
 use crate::config::{Config, KafkaConfig, OutboxConfig, PostgresConfig, RelayConfig};
 use crate::failure::{Classify, Failure, FatalError};
+use crate::fault::crash_point;
 use crate::lsn::Lsn;
 use crate::metrics::{Health, Metrics};
 use crate::outbox::{EventPosition, OutboxMapper};
@@ -328,6 +329,7 @@ impl Relay {
         self.metrics.slot_active.set(1);
         self.metrics.confirmed_flush_lsn.set(start.as_u64() as i64);
         self.reached_streaming = true;
+        crash_point!("relay::session-started");
         self.write_progress(start, true);
         let mut session = Session {
             stream,

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use super::error::{send_failure, RelayError};
 use super::{Relay, Session};
+use crate::fault::crash_point;
 use crate::outbox::{self, EventPosition, OutboxError, OutboxEvent, Rejected};
 use crate::sink::kafka::{classify, FailedRecord, Severity, SinkError};
 use crate::timestamp::pg_now_micros;
@@ -81,6 +82,7 @@ impl Relay {
         let assigned = s.checkpoint.event();
         debug_assert_eq!(assigned, seq);
         s.outstanding += 1;
+        crash_point!("relay::produced");
         Ok(())
     }
 

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use super::error::{DeliveryFailure, RelayError};
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
 use crate::config::OnChange;
+use crate::fault::crash_point;
 use crate::health::monitor::HEARTBEAT_PREFIX;
 use crate::lsn::Lsn;
 use crate::outbox::EventPosition;
@@ -151,6 +152,7 @@ impl Relay {
                 self.metrics.events_published.inc();
                 if s.checkpoint.ack(ack.seq) > 0 {
                     self.observe_confirmed(s);
+                    crash_point!("relay::acked");
                 }
                 Ok(())
             }
@@ -313,6 +315,7 @@ impl Relay {
             .await?;
         s.last_status_at = Instant::now();
         if frontier != s.last_status {
+            crash_point!("relay::status-sent");
             tracing::debug!(lsn = %frontier, "confirmed");
             s.last_status = frontier;
         }

@@ -44,7 +44,6 @@ use openssl::x509::extension::{
     SubjectKeyIdentifier,
 };
 use openssl::x509::{X509Name, X509};
-use rand::Rng;
 use tempfile::TempDir;
 
 /// Superuser created by `initdb`: SCRAM over TCP, trust over the unix socket.
@@ -173,11 +172,7 @@ impl PgCluster {
         } else {
             None
         };
-        let password = rand::rng()
-            .sample_iter(rand::distr::Alphanumeric)
-            .take(24)
-            .map(char::from)
-            .collect();
+        let password = random_password()?;
         let mut cluster = PgCluster {
             data_dir: root.join("data"),
             socket_dir: root.join("s"),
@@ -728,6 +723,17 @@ fn one_line(text: &str) -> String {
         Some((cut, _)) => format!("{}…", &folded[..cut]),
         None => folded,
     }
+}
+
+/// 24 random alphanumeric characters, from OpenSSL's generator.
+fn random_password() -> Result<String> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut bytes = [0u8; 24];
+    openssl::rand::rand_bytes(&mut bytes)?;
+    Ok(bytes
+        .iter()
+        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
+        .collect())
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 use crate::config::{OutboxConfig, PostgresConfig, Route, RouteSource};
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
+use postgres_protocol::escape::escape_identifier as quote_ident;
 
 /// Oldest supported server (`server_version_num`).
 pub const MIN_SERVER_VERSION: i32 = 130_000;
@@ -118,11 +119,6 @@ impl Classify for CatalogError {
 pub struct SlotState {
     /// `confirmed_flush_lsn`: where streaming resumes.
     pub confirmed_flush_lsn: Lsn,
-}
-
-/// Quotes an identifier for SQL (`"…"`, `"` doubled): postgres-protocol's `escape_identifier`.
-pub fn quote_ident(s: &str) -> String {
-    postgres_protocol::escape::escape_identifier(s)
 }
 
 /// Checks server, tables and publication; creates the publication when asked.

@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod events;
+
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

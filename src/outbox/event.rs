@@ -1,0 +1,69 @@
+//! What the mapper produces: [`OutboxEvent`], the record to send, and [`EventPosition`], where
+//! its row sits in the WAL.
+//!
+//! # Invariants
+//! - An event's identity in the stream is its position (commit LSN, index): every event of a
+//!   transaction shares the commit LSN, the index orders them.
+//! - Every field is owned or a cheap reference-counted slice: an event outlives the replication
+//!   buffer it was decoded from only through `Bytes`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::lsn::Lsn;
+
+/// Where an event sits in the WAL: the commit LSN of its transaction and its ordinal in it.
+/// An LSN alone does not identify an event (all rows of a transaction share one commit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventPosition {
+    /// LSN of the transaction's commit record (pgoutput Begin's `final_lsn`).
+    pub commit_lsn: Lsn,
+    /// 0-based ordinal of the event among the transaction's outbox events.
+    pub index: u32,
+    /// Commit time, microseconds since 2000-01-01.
+    pub commit_time: i64,
+}
+
+/// A header name: one of walbox's own, or one configured in `[outbox.headers]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderName {
+    /// A fixed name.
+    Static(&'static str),
+    /// A configured name.
+    Custom(Arc<str>),
+}
+
+impl HeaderName {
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            HeaderName::Static(s) => s,
+            HeaderName::Custom(s) => s,
+        }
+    }
+}
+
+/// One record to produce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEvent {
+    /// Destination topic.
+    pub topic: String,
+    /// Explicit partition (`columns.partition`), else the key decides.
+    pub partition: Option<i32>,
+    /// Record key: the aggregate id.
+    pub key: Option<Bytes>,
+    /// Record value; `None` is a tombstone.
+    pub value: Option<Bytes>,
+    /// Headers in order: `id`, `event_type`, `walbox.commit_lsn`, `walbox.index`, CloudEvents,
+    /// configured extras.
+    pub headers: Vec<(HeaderName, Bytes)>,
+    /// Record timestamp, milliseconds since the Unix epoch.
+    pub timestamp_ms: i64,
+    /// The event id (for messages and dead letters).
+    pub id: Bytes,
+    /// Position in the WAL.
+    pub position: EventPosition,
+    /// `schema.table` or `message:<prefix>`.
+    pub source: Arc<str>,
+}

@@ -1,0 +1,79 @@
+//! Outbox events as a test writes them and a consumer reads them back: the ids a committed
+//! transaction inserted, and the checks every delivery test makes on what arrived.
+
+use std::collections::{HashMap, HashSet};
+
+use walbox::lsn::Lsn;
+use walbox::sandbox::broker::ConsumedRecord;
+
+use super::TestDb;
+
+/// A committed transaction as the writer saw it.
+pub struct Written {
+    pub ids: Vec<i64>,
+    /// `pg_current_wal_insert_lsn()` right after COMMIT: at or past the commit's end LSN.
+    pub after_commit: Lsn,
+}
+
+/// Inserts `rows` outbox rows for `aggregates[i]` in one transaction; returns ids and the LSN
+/// after the commit.
+pub fn write_txn(
+    db: &TestDb,
+    topic: &str,
+    aggregates: &[String],
+    also_other_table: bool,
+) -> Written {
+    let mut sql = String::from("BEGIN;\n");
+    if also_other_table {
+        sql.push_str("INSERT INTO payments (wallet_id, amount) VALUES ('w', 1);\n");
+    }
+    sql.push_str("INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ");
+    for (i, agg) in aggregates.iter().enumerate() {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str(&format!(
+            "('{agg}', '{topic}', 'thing.happened', jsonb_build_object('agg', '{agg}', 'i', {i}, 'text', 'caf\u{e9} \"q\" \\\\ ✓'))"
+        ));
+    }
+    sql.push_str(" RETURNING id;\nCOMMIT;\nSELECT pg_current_wal_insert_lsn();");
+    let out = db.sql(&sql);
+    let mut lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+    let lsn = lines.pop().expect("lsn line").parse().expect("lsn");
+    let ids = lines.iter().filter_map(|l| l.parse::<i64>().ok()).collect();
+    Written {
+        ids,
+        after_commit: lsn,
+    }
+}
+
+pub fn id_of(r: &ConsumedRecord) -> i64 {
+    r.header_str("id")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("record without numeric id header: {r:?}"))
+}
+
+pub fn distinct_ids(records: &[ConsumedRecord]) -> HashSet<i64> {
+    records.iter().map(id_of).collect()
+}
+
+/// Per aggregate, the event ids in the order a consumer sees them, duplicates removed (first
+/// occurrence kept), must be increasing: one writer, so id order is commit order.
+pub fn assert_per_aggregate_commit_order(records: &[ConsumedRecord]) {
+    let mut seen = HashSet::new();
+    let mut last: HashMap<Vec<u8>, i64> = HashMap::new();
+    for r in records {
+        let id = id_of(r);
+        if !seen.insert(id) {
+            continue;
+        }
+        let key = r.key.clone().expect("key");
+        if let Some(prev) = last.insert(key.clone(), id) {
+            assert!(
+                prev < id,
+                "aggregate {} out of commit order: {prev} then {id}",
+                String::from_utf8_lossy(&key)
+            );
+        }
+    }
+}
