@@ -8,28 +8,35 @@
 //!
 //! # Layout
 //! The folders follow the pipeline: WAL → `source` → `outbox` → `relay` → `sink` (Kafka), with
-//! `health` watching the slot beside it.
+//! `health` watching the slot beside it. docs/architecture.md has the data flow, the LSN
+//! invariants, where each policy lives and what each folder may import (checked by
+//! `tests/layout.rs`).
 //! ```text
 //! main.rs, cli.rs      command line; main is thin
 //! app.rs               wiring: HTTP, producer, reconnect loop, shutdown order
 //! failure.rs           fatal failures, exit statuses, the Classify trait every error implements
 //! lsn.rs, timestamp.rs log sequence numbers; epochs and RFC 3339
-//! config/              TOML + WALBOX_* environment → validated Config; outbox routes;
-//!                      connection strings (conninfo.rs)
+//! backoff.rs           the one capped exponential backoff (relay, inbox, webhook)
+//! fault.rs             fault points for the crash tests (`failpoints` feature)
+//! config/              TOML + WALBOX_* environment → validated per-stage sections; outbox
+//!                      routes; connection strings (conninfo.rs)
 //! pg/                  PostgreSQL client shared by source, health and inbox: TLS, the control
 //!                      connection, wire framing on postgres-protocol, authentication
 //! source/              WAL → LogicalMessage: opening a slot session (session.rs), start-up
 //!                      checks (catalog.rs), the replication connection and CopyBoth stream,
 //!                      the pgoutput decoder, slot health readings
-//! outbox/              LogicalMessage → OutboxEvent: relation cache, mapping, envelopes
-//! relay/               the session loop (WAL → events → Kafka → confirmed LSN), RelayError,
-//!                      the checkpoint (flush LSN = end of the longest fully acknowledged prefix)
+//! outbox/              LogicalMessage → OutboxEvent: relation cache, mapping, envelopes, the
+//!                      on_invalid policy (dead_letter.rs)
+//! relay/               the session (mod.rs), the select loop (stream.rs), handing events to
+//!                      the producer (publish.rs), RelayError (error.rs), the checkpoint
+//!                      (flush LSN = end of the longest fully acknowledged prefix)
 //! sink/                Kafka producer, topics, progress records (the evidence a slot existed)
 //! health/              slot monitor, alert levels, webhook, `walbox status`/`recreate-slot`
 //! republish.rs         `walbox republish`: rows still in the outbox → Kafka, relay's mapping
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
 //! inbox/               `walbox inbox`: the consumer half
 //! sandbox/             throwaway PostgreSQL + Kafka-protocol broker, `walbox demo`
+//!                      (`sandbox` feature, on by default)
 //! ```
 
 pub mod app;

@@ -440,8 +440,11 @@ fn forbidden_imports(from: &str, forbidden: &[&str]) -> Vec<String> {
     bad
 }
 
-/// The stages of the pipeline and the commands built on them.
-const STAGES: &[&str] = &[
+/// Every module that is not a foundation module (`lsn`, `timestamp`, `failure`, `backoff`,
+/// `fault`).
+const NOT_FOUNDATION: &[&str] = &[
+    "config",
+    "pg",
     "source",
     "outbox",
     "relay",
@@ -451,19 +454,97 @@ const STAGES: &[&str] = &[
     "republish",
     "app",
     "sandbox",
+    "metrics",
 ];
 
-#[test]
-fn config_and_the_postgres_client_depend_on_no_stage() {
-    let mut bad = forbidden_imports("config", STAGES);
-    bad.extend(forbidden_imports("config", &["pg", "metrics"]));
-    bad.extend(forbidden_imports("pg", STAGES));
-    assert!(bad.is_empty(), "{bad:?}");
-}
-
-#[test]
-fn the_inbox_depends_on_no_part_of_the_relay() {
-    let bad = forbidden_imports(
+/// What each top-level module may not import: the dependency directions of
+/// docs/architecture.md ("What each folder may import"). Upstream stages never import
+/// downstream ones; `config` and `pg` import no stage; the inbox shares only `pg`, `config`,
+/// `metrics` and the foundation modules with the relay.
+const RULES: &[(&str, &[&str])] = &[
+    ("lsn", NOT_FOUNDATION),
+    ("timestamp", NOT_FOUNDATION),
+    ("failure", NOT_FOUNDATION),
+    ("backoff", NOT_FOUNDATION),
+    ("fault", NOT_FOUNDATION),
+    (
+        "config",
+        &[
+            "pg",
+            "source",
+            "outbox",
+            "relay",
+            "sink",
+            "health",
+            "inbox",
+            "republish",
+            "app",
+            "sandbox",
+            "metrics",
+        ],
+    ),
+    (
+        "pg",
+        &[
+            "source",
+            "outbox",
+            "relay",
+            "sink",
+            "health",
+            "inbox",
+            "republish",
+            "app",
+            "sandbox",
+            "metrics",
+        ],
+    ),
+    (
+        "source",
+        &[
+            "outbox",
+            "relay",
+            "sink",
+            "health",
+            "inbox",
+            "republish",
+            "app",
+            "sandbox",
+            "metrics",
+        ],
+    ),
+    (
+        "outbox",
+        &[
+            "pg",
+            "relay",
+            "sink",
+            "health",
+            "inbox",
+            "republish",
+            "app",
+            "sandbox",
+            "metrics",
+        ],
+    ),
+    (
+        "sink",
+        &[
+            "pg",
+            "source",
+            "relay",
+            "health",
+            "inbox",
+            "republish",
+            "app",
+            "sandbox",
+        ],
+    ),
+    (
+        "health",
+        &["outbox", "relay", "inbox", "republish", "app", "sandbox"],
+    ),
+    ("relay", &["inbox", "republish", "app", "sandbox"]),
+    (
         "inbox",
         &[
             "source",
@@ -473,9 +554,35 @@ fn the_inbox_depends_on_no_part_of_the_relay() {
             "health",
             "republish",
             "app",
+            "sandbox",
         ],
+    ),
+    (
+        "metrics",
+        &[
+            "source",
+            "outbox",
+            "relay",
+            "sink",
+            "health",
+            "inbox",
+            "republish",
+            "app",
+            "sandbox",
+        ],
+    ),
+];
+
+#[test]
+fn every_folder_imports_only_what_the_architecture_allows() {
+    let bad: Vec<String> = RULES
+        .iter()
+        .flat_map(|(from, forbidden)| forbidden_imports(from, forbidden))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "imports against docs/architecture.md: {bad:?}"
     );
-    assert!(bad.is_empty(), "{bad:?}");
 }
 
 #[test]
@@ -497,5 +604,11 @@ fn the_checker_sees_imports_and_cycles() {
     a_cycle.insert(PathBuf::from("a"), BTreeSet::from([PathBuf::from("b")]));
     a_cycle.insert(PathBuf::from("b"), BTreeSet::from([PathBuf::from("a")]));
     assert_eq!(cycles(&a_cycle).len(), 1);
+    assert!(
+        !forbidden_imports("relay", &["sink"]).is_empty(),
+        "the relay does use the sink"
+    );
+    let inline = tokens(&code_of("mod tests { use super::*; }"));
+    assert_eq!(inline[..3], ["mod", "tests", "{"]);
     assert_eq!(code_of("a // crate::x\n\"crate::y\" b"), "a \n\"\" b");
 }

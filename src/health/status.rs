@@ -180,6 +180,10 @@ async fn last_progress(config: &Config) -> Option<ProgressRecord> {
         .await
         .ok()?;
     let identity = repl.identify_system().await.ok()?;
+    // Terminate, so the server logs no unexpected EOF.
+    if let Err(e) = repl.close().await {
+        tracing::debug!(error = %e, "closing the replication connection");
+    }
     let key = ProgressKey {
         system_identifier: identity.system_id,
         database: identity.dbname.unwrap_or_default(),
