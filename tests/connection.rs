@@ -17,6 +17,7 @@ use openssl::x509::extension::{BasicConstraints, KeyUsage};
 use openssl::x509::{X509Name, X509};
 use walbox::config::conninfo::ConnInfo;
 use walbox::lsn::Lsn;
+use walbox::pg::auth::StartupError;
 use walbox::pg::control::{connect_control, ConnectError};
 use walbox::pg::tls::TlsError;
 use walbox::sandbox::postgres::{
@@ -161,7 +162,9 @@ async fn assert_replication_connects(db: &TestDb, info: &ConnInfo, user: &str, t
 /// The TLS handshake error of a replication connection that must fail verification.
 async fn replication_tls_failure(info: &ConnInfo) -> String {
     match ReplicationConnection::connect(info).await {
-        Err(ReplicationError::Tls(TlsError::CertificateRejected(msg))) => msg,
+        Err(ReplicationError::Startup(StartupError::Tls(TlsError::CertificateRejected(msg)))) => {
+            msg
+        }
         Err(e) => panic!(
             "{}: expected a TLS handshake error, got {e}",
             info.redacted()
@@ -223,7 +226,10 @@ async fn cleartext_role_authenticates_and_needs_a_password() {
         db.name
     ));
     let e = ReplicationConnection::connect(&none).await.unwrap_err();
-    assert!(matches!(e, ReplicationError::PasswordRequired), "{e}");
+    assert!(
+        matches!(e, ReplicationError::Startup(StartupError::PasswordRequired)),
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -362,7 +368,7 @@ async fn a_server_without_tls_is_refused_under_require_and_used_in_plaintext_und
             Ok(_) => panic!("{mode}: connected without TLS"),
         }
         match ReplicationConnection::connect(&url(mode)).await {
-            Err(ReplicationError::Tls(TlsError::NotSupported(_))) => {}
+            Err(ReplicationError::Startup(StartupError::Tls(TlsError::NotSupported(_)))) => {}
             Err(e) => panic!("{mode}: expected TlsError::NotSupported, got {e}"),
             Ok(_) => panic!("{mode}: connected without TLS"),
         }

@@ -82,8 +82,9 @@ impl WebhookUrl {
         }
         let port = match authority.port() {
             Some(p) => p.as_u16(),
-            None if authority.as_str().ends_with(':') => {
-                return Err(WebhookError::Url("the port is empty"))
+            // Something after the host that is not a port number ("h:", "h:port").
+            None if authority.as_str() != authority.host() => {
+                return Err(WebhookError::Url("the port is not a number"))
             }
             None => {
                 if tls {

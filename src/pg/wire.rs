@@ -508,4 +508,4 @@ impl Wire {
 
 #[cfg(test)]
 #[path = "wire_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -1,7 +1,8 @@
 use super::*;
 use proptest::prelude::*;
 
-fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+/// A backend message: tag, length, body (also used by the replication tests).
+pub(crate) fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
     let mut v = vec![tag];
     v.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
     v.extend_from_slice(body);

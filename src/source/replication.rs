@@ -43,7 +43,7 @@
 //!   and the XLogData and keepalive payloads inside CopyData, which are not postgres-protocol
 //!   messages, are read here with bounds-checked `Buf::try_get_*`. Malformed input is a
 //!   [`ReplicationError::Protocol`], never a panic.
-//! * An `ErrorResponse` anywhere becomes [`ReplicationError::Server`] with its SQLSTATE;
+//! * An `ErrorResponse` anywhere becomes [`WireError::Server`] with its SQLSTATE;
 //!   `NoticeResponse`s are logged at debug level and skipped.
 //! * TLS and authentication follow [`crate::pg::auth`]: Unix sockets never use TLS; with
 //!   `sslmode=prefer`, a refused or failed TLS negotiation falls back to plaintext (libpq's
@@ -65,7 +65,6 @@ use crate::config::conninfo::ConnInfo;
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::pg::auth::{self, StartupError};
-use crate::pg::tls::TlsError;
 use crate::pg::wire::{
     data_row_text, log_notice, server_error, tag_name, Backend, Wire, WireError, CLOSE_TIMEOUT,
 };
@@ -79,76 +78,35 @@ const FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Errors of the replication connection.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicationError {
-    /// Reading or writing the socket failed.
-    #[error("replication connection I/O error: {0}")]
-    Io(#[from] io::Error),
-    /// The socket could not be opened.
-    #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        /// Host and port, or the Unix socket path.
-        addr: String,
-        /// The underlying error.
-        source: io::Error,
-    },
-    /// TLS set-up or negotiation failed.
+    /// Opening the session failed: connecting, TLS, authentication.
     #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// The server sent an `ErrorResponse`.
-    #[error("PostgreSQL: {0}")]
-    Server(DbError),
-    /// The server asked for an authentication method walbox does not implement.
-    #[error("unsupported authentication method: {0}")]
-    UnsupportedAuth(String),
-    /// The server asked for a password and the connection string has none.
-    #[error("the server requires a password and none was given")]
-    PasswordRequired,
-    /// The server sent something that does not follow the protocol, or a command was issued on a
-    /// connection left in an unknown state.
+    Startup(#[from] StartupError),
+    /// Reading or writing the socket, an `ErrorResponse` from the server (with its SQLSTATE),
+    /// a malformed message, or a connection closed mid-exchange.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The server's answer does not fit the command, or a command was issued on a connection
+    /// left in an unknown state.
     #[error("replication protocol error: {0}")]
     Protocol(String),
-    /// `connect_timeout` (or the bound of [`ReplicationStream::finish`]) elapsed.
+    /// The bound of [`ReplicationStream::finish`] elapsed.
     #[error("timed out")]
     Timeout,
-    /// The server closed the connection without ending the command or stream cleanly.
-    #[error("the server closed the replication connection unexpectedly")]
-    ConnectionClosed,
 }
 
-impl From<WireError> for ReplicationError {
-    fn from(e: WireError) -> Self {
-        match e {
-            WireError::Io(e) => ReplicationError::Io(e),
-            WireError::Server(e) => ReplicationError::Server(e),
-            WireError::Protocol(msg) => ReplicationError::Protocol(msg),
-            WireError::ConnectionClosed => ReplicationError::ConnectionClosed,
-        }
-    }
-}
-
-impl From<StartupError> for ReplicationError {
-    fn from(e: StartupError) -> Self {
-        match e {
-            StartupError::Connect { addr, source } => ReplicationError::Connect { addr, source },
-            StartupError::Tls(e) => ReplicationError::Tls(e),
-            StartupError::UnsupportedAuth(method) => ReplicationError::UnsupportedAuth(method),
-            StartupError::PasswordRequired => ReplicationError::PasswordRequired,
-            StartupError::Timeout => ReplicationError::Timeout,
-            StartupError::Wire(e) => e.into(),
-        }
+impl From<io::Error> for ReplicationError {
+    fn from(e: io::Error) -> Self {
+        ReplicationError::Wire(WireError::Io(e))
     }
 }
 
 impl Classify for ReplicationError {
     fn failure(&self) -> Option<Failure> {
         match self {
-            ReplicationError::Tls(t) => t.failure(),
-            ReplicationError::UnsupportedAuth(_) | ReplicationError::PasswordRequired => {
-                Some(Failure::Auth)
-            }
+            ReplicationError::Startup(e) => e.failure(),
+            ReplicationError::Wire(e) => e.failure(),
             ReplicationError::Protocol(_) => Some(Failure::Internal),
-            e => e
-                .sqlstate()
-                .and_then(|code| Failure::from_sqlstate(code, &e.to_string())),
+            ReplicationError::Timeout => None,
         }
     }
 }
@@ -157,16 +115,14 @@ impl ReplicationError {
     /// The SQLSTATE of a server error (`55006`: slot active elsewhere; `55000`: slot invalidated;
     /// `58P01`: WAL removed; `57P01`: terminated by an administrator; `28P01`: wrong password).
     pub fn sqlstate(&self) -> Option<&str> {
-        match self {
-            ReplicationError::Server(e) => Some(&e.code),
-            _ => None,
-        }
+        self.db_error().map(|e| e.code.as_str())
     }
 
     /// The server's error, if this is one.
     pub fn db_error(&self) -> Option<&DbError> {
         match self {
-            ReplicationError::Server(e) => Some(e),
+            ReplicationError::Wire(WireError::Server(e))
+            | ReplicationError::Startup(StartupError::Wire(WireError::Server(e))) => Some(e),
             _ => None,
         }
     }
@@ -299,7 +255,7 @@ impl ReplicationConnection {
     }
 
     /// Runs a simple-protocol query (a replication command or SQL) and returns the rows of all
-    /// its result sets as text. An `ErrorResponse` is returned as [`ReplicationError::Server`]
+    /// its result sets as text. An `ErrorResponse` is returned as [`WireError::Server`]
     /// after the server is ready again, so the connection stays usable. Not for commands that
     /// start a copy (`START_REPLICATION`): use [`ReplicationConnection::start_logical`].
     pub async fn simple_query(
@@ -481,7 +437,7 @@ impl ReplicationStream {
     /// `tokio::select!`): read bytes are kept in the stream's buffer, messages are taken out only
     /// when complete. `None` = the server ended the copy stream cleanly (CopyDone or
     /// CommandComplete, e.g. at a server shutdown after everything was sent); an EOF without
-    /// that is [`ReplicationError::ConnectionClosed`].
+    /// that is [`WireError::ConnectionClosed`].
     pub async fn next(&mut self) -> Result<Option<ReplicationMessage>, ReplicationError> {
         if self.ended {
             return Ok(None);
@@ -491,7 +447,7 @@ impl ReplicationStream {
                 return if self.ended {
                     Ok(None)
                 } else {
-                    Err(ReplicationError::ConnectionClosed)
+                    Err(WireError::ConnectionClosed.into())
                 };
             };
             if let Some(result) = self.handle(message) {
