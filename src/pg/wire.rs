@@ -129,7 +129,7 @@ pub enum WireError {
     Io(#[from] io::Error),
     /// The server sent an `ErrorResponse`.
     #[error("PostgreSQL: {0}")]
-    Server(DbError),
+    Server(Box<DbError>),
     /// The server sent something that does not follow the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -304,7 +304,7 @@ pub fn parse_backend(buf: &mut BytesMut) -> Result<Option<Backend>, WireError> {
 /// An `ErrorResponse` as a [`WireError::Server`] (or [`WireError::Protocol`] if malformed).
 pub fn server_error(body: &ErrorResponseBody) -> WireError {
     match DbError::from_fields(body.fields()) {
-        Ok(e) => WireError::Server(e),
+        Ok(e) => WireError::Server(Box::new(e)),
         Err(e) => e,
     }
 }

@@ -122,7 +122,7 @@ impl ReplicationError {
     pub fn db_error(&self) -> Option<&DbError> {
         match self {
             ReplicationError::Wire(WireError::Server(e))
-            | ReplicationError::Startup(StartupError::Wire(WireError::Server(e))) => Some(e),
+            | ReplicationError::Startup(StartupError::Wire(WireError::Server(e))) => Some(&**e),
             _ => None,
         }
     }
