@@ -190,8 +190,11 @@ fn modules(src: &Path, files: &[PathBuf]) -> Modules {
                 .iter()
                 .find_map(|l| {
                     let l = l.trim();
+                    let l = l
+                        .strip_prefix("pub(crate) ")
+                        .or(l.strip_prefix("pub "))
+                        .unwrap_or(l);
                     l.strip_prefix("mod ")
-                        .or_else(|| l.strip_prefix("pub mod "))
                         .map(|m| m.trim_end_matches(';').trim().to_owned())
                 })
                 .unwrap();

@@ -1,5 +1,7 @@
 use super::*;
 use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
 
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs
@@ -247,25 +249,6 @@ fn bad_routes_are_one_line_errors() {
 }
 
 #[test]
-fn sizes() {
-    assert_eq!(parse_size("64MB"), Ok(64 << 20));
-    assert_eq!(parse_size("1TB"), Ok(1 << 40));
-    assert_eq!(parse_size("123"), Ok(123));
-    assert!(parse_size("12 parsecs").is_err());
-}
-
-#[test]
-fn durations() {
-    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-    assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-    assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-    assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-    assert_eq!(parse_duration("14d"), Ok(Duration::from_secs(14 * 86_400)));
-    assert!(parse_duration("5 parsecs").is_err());
-    assert!(parse_duration("").is_err());
-}
-
-#[test]
 fn toml_syntax_errors_give_the_position_but_never_the_line() {
     for (text, position) in [
         (
@@ -430,12 +413,23 @@ fn unknown_walbox_variables_are_errors_naming_them() {
 }
 
 #[test]
-fn edit_distances() {
-    assert_eq!(
-        edit_distance("WALBOX_POSTGRES_SLOTT", "WALBOX_POSTGRES_SLOT"),
-        1
+fn max_in_flight_may_not_exceed_the_producers_queue() {
+    let over = |extra: &str| {
+        let f = file(&format!("{MINIMAL}{extra}"));
+        load_from(Some(f.path()), &mut std::iter::empty())
+    };
+    let e = over("[relay]\nmax_in_flight = 200000\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("relay.max_in_flight (200000)") && e.contains("= 100000"),
+        "librdkafka's default queue is the bound: {e}"
     );
-    assert_eq!(edit_distance("abc", "abc"), 0);
-    assert_eq!(edit_distance("kitten", "sitting"), 3);
-    assert_eq!(edit_distance("", "ab"), 2);
+    let e = over("[relay]\nmax_in_flight = 600\n[kafka.properties]\n\"queue.buffering.max.messages\" = \"500\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("queue.buffering.max.messages = 500"), "{e}");
+    let c = over("[relay]\nmax_in_flight = 500\n[kafka.properties]\n\"queue.buffering.max.messages\" = \"500\"\n")
+        .unwrap();
+    assert_eq!(c.relay.max_in_flight, 500);
 }

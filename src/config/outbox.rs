@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::ConfigError;
+use super::error::ConfigError;
 
 /// One table (or the message source) as written.
 #[derive(Debug, Default, Deserialize)]

@@ -5,3 +5,4 @@
 pub mod broker;
 pub mod demo;
 pub mod postgres;
+mod tls;

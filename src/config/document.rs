@@ -1,0 +1,304 @@
+//! The whole configuration document: [`RawConfig`] (every section as written), its validation
+//! into [`Config`] (the only type the rest of walbox sees), and [`load`] / [`load_from`].
+//!
+//! Invariants: loading is file, then environment (`layers.rs`), then the `[outbox]` shorthand
+//! normalised (`outbox.rs`), then deserialized with unknown keys rejected, then validated.
+//! Validation checks the sections in a fixed order (postgres, outbox, kafka, relay, slot,
+//! alerts, the progress topic, http, log) and returns the first error; it fills in every
+//! default, so a [`Config`] is complete and consistent.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::alerts::{AlertsConfig, RawAlerts};
+use super::conninfo::ConnInfo;
+use super::env::LAYOUT;
+use super::error::ConfigError;
+use super::http::RawHttp;
+use super::kafka::{
+    check_kafka_properties, valid_topic, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC,
+};
+use super::layers::{deserialize, read_layers};
+use super::log::{LogConfig, RawLog};
+use super::outbox::{self, OutboxConfig, RawOutbox};
+use super::postgres::{valid_identifier, PostgresConfig, RawPostgres};
+use super::relay::{RawRelay, RelayConfig};
+use super::slot::{RawSlot, SlotConfig};
+use super::units::parse_duration;
+
+/// The configuration as written: every field optional, unknown keys rejected.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `[postgres]`
+    #[serde(default)]
+    pub postgres: RawPostgres,
+    /// `[outbox]`
+    #[serde(default)]
+    pub outbox: RawOutbox,
+    /// `[kafka]`
+    #[serde(default)]
+    pub kafka: RawKafka,
+    /// `[relay]`
+    #[serde(default)]
+    pub relay: RawRelay,
+    /// `[slot]`
+    #[serde(default)]
+    pub slot: RawSlot,
+    /// `[alerts]`
+    #[serde(default)]
+    pub alerts: RawAlerts,
+    /// `[http]`
+    #[serde(default)]
+    pub http: RawHttp,
+    /// `[log]`
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// PostgreSQL side.
+    pub postgres: PostgresConfig,
+    /// The outbox table and its column mapping.
+    pub outbox: OutboxConfig,
+    /// Kafka side.
+    pub kafka: KafkaConfig,
+    /// Pipeline limits and timings.
+    pub relay: RelayConfig,
+    /// Slot monitoring and heartbeats.
+    pub slot: SlotConfig,
+    /// Alert delivery.
+    pub alerts: AlertsConfig,
+    /// Listen address of the HTTP endpoints; `None` disables them.
+    pub http_listen: Option<SocketAddr>,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// Loads the configuration from an optional file and the process environment.
+pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+    load_from(path, &mut std::env::vars())
+}
+
+/// Loads the configuration from an optional file and the given environment (testable).
+pub fn load_from(
+    path: Option<&Path>,
+    env: &mut dyn Iterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    let (mut table, origin) = read_layers(path, env, &LAYOUT)?;
+    outbox::normalize(&mut table)?;
+    deserialize::<RawConfig>(table, origin)?.validate()
+}
+
+/// librdkafka's bound on records waiting in the producer, and its default.
+const QUEUE_PROPERTY: &str = "queue.buffering.max.messages";
+const LIBRDKAFKA_QUEUE_DEFAULT: usize = 100_000;
+
+impl RawConfig {
+    /// Checks values and fills in defaults.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let url = self.postgres.url.ok_or_else(|| {
+            ConfigError::Invalid(
+                "postgres.url is required (set it in the file or WALBOX_POSTGRES_URL)".into(),
+            )
+        })?;
+        let conn: ConnInfo = url
+            .parse()
+            .map_err(|e| ConfigError::Invalid(format!("postgres.url: {e}")))?;
+        let slot = self.postgres.slot.unwrap_or_else(|| "walbox".into());
+        if !slot
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(ConfigError::Invalid(format!(
+                "postgres.slot {slot:?} may contain only lower-case letters, digits and underscores"
+            )));
+        }
+        valid_identifier("postgres.slot", &slot)?;
+        let publication = self.postgres.publication.unwrap_or_else(|| "walbox".into());
+        valid_identifier("postgres.publication", &publication)?;
+        let status_interval = self
+            .postgres
+            .status_interval
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(1));
+        if status_interval.is_zero() || status_interval > Duration::from_secs(1) {
+            return Err(ConfigError::Invalid(
+                "postgres.status_interval must be between 1ms and 1s".into(),
+            ));
+        }
+
+        let outbox = self.outbox.validate()?;
+
+        let brokers = self.kafka.brokers.ok_or_else(|| {
+            ConfigError::Invalid(
+                "kafka.brokers is required (set it in the file or WALBOX_KAFKA_BROKERS)".into(),
+            )
+        })?;
+        for (k, v) in &self.kafka.properties {
+            let weakens = match k.as_str() {
+                "enable.idempotence" => v != "true",
+                "acks" | "request.required.acks" => v != "all" && v != "-1",
+                "bootstrap.servers" | "metadata.broker.list" => {
+                    return Err(ConfigError::Invalid(format!(
+                        "kafka.properties.{k}: set kafka.brokers instead"
+                    )))
+                }
+                _ => false,
+            };
+            if weakens {
+                return Err(ConfigError::Invalid(format!(
+                    "kafka.properties.{k} = {v:?} would allow lost or reordered events; walbox requires enable.idempotence=true and acks=all"
+                )));
+            }
+        }
+        check_kafka_properties(&self.kafka.properties, LAYOUT.prefix)?;
+
+        let max_in_flight = self.relay.max_in_flight.unwrap_or(10_000);
+        if !(1..=1_000_000).contains(&max_in_flight) {
+            return Err(ConfigError::Invalid(
+                "relay.max_in_flight must be between 1 and 1000000".into(),
+            ));
+        }
+        // The relay must stop reading WAL before librdkafka's queue refuses records.
+        let queue = self
+            .kafka
+            .properties
+            .get(QUEUE_PROPERTY)
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT);
+        if max_in_flight > queue {
+            return Err(ConfigError::Invalid(format!(
+                "relay.max_in_flight ({max_in_flight}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {queue}): lower relay.max_in_flight or raise the queue"
+            )));
+        }
+        let backoff_initial = self
+            .relay
+            .backoff_initial
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_millis(200));
+        let backoff_max = self
+            .relay
+            .backoff_max
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(30));
+        if backoff_initial.is_zero() || backoff_max < backoff_initial {
+            return Err(ConfigError::Invalid(
+                "relay.backoff_initial must be > 0 and <= relay.backoff_max".into(),
+            ));
+        }
+
+        let slot_cfg = SlotConfig {
+            check_interval: self
+                .slot
+                .check_interval
+                .map(|d| d.0)
+                .unwrap_or(Duration::from_secs(10)),
+            warning_ratio: self.slot.warning_ratio.unwrap_or(0.5),
+            critical_ratio: self.slot.critical_ratio.unwrap_or(0.8),
+            warning_bytes: self.slot.warning_bytes.map(|b| b.0).unwrap_or(5 << 30),
+            critical_bytes: self.slot.critical_bytes.map(|b| b.0).unwrap_or(20 << 30),
+            heartbeat_interval: match self.slot.heartbeat_interval.as_deref() {
+                None | Some("off") => None,
+                Some(t) => Some(parse_duration(t).map_err(|e| {
+                    ConfigError::Invalid(format!("slot.heartbeat_interval: {e} (or \"off\")"))
+                })?),
+            },
+        };
+        if slot_cfg.check_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "slot.check_interval must be > 0".into(),
+            ));
+        }
+        if !(0.0 < slot_cfg.warning_ratio
+            && slot_cfg.warning_ratio <= slot_cfg.critical_ratio
+            && slot_cfg.critical_ratio <= 1.0)
+        {
+            return Err(ConfigError::Invalid(
+                "slot ratios must satisfy 0 < warning_ratio <= critical_ratio <= 1".into(),
+            ));
+        }
+        if slot_cfg.warning_bytes > slot_cfg.critical_bytes {
+            return Err(ConfigError::Invalid(
+                "slot.warning_bytes must be <= slot.critical_bytes".into(),
+            ));
+        }
+        if slot_cfg.heartbeat_interval.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::Invalid(
+                "slot.heartbeat_interval must be > 0 or \"off\"".into(),
+            ));
+        }
+        if let Some(url) = &self.alerts.webhook_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                // Not quoted: webhook URLs often embed a token.
+                return Err(ConfigError::Invalid(
+                    "alerts.webhook_url must start with http:// or https://".into(),
+                ));
+            }
+        }
+        let alerts = AlertsConfig {
+            webhook_url: self.alerts.webhook_url,
+            webhook_attempts: self.alerts.webhook_attempts.unwrap_or(5).max(1),
+            webhook_timeout: self
+                .alerts
+                .webhook_timeout
+                .map(|d| d.0)
+                .unwrap_or(Duration::from_secs(5)),
+        };
+
+        let progress_topic = self
+            .kafka
+            .progress_topic
+            .unwrap_or_else(|| DEFAULT_PROGRESS_TOPIC.to_owned());
+        if !valid_topic(&progress_topic) {
+            return Err(ConfigError::Invalid(format!(
+                "kafka.progress_topic {progress_topic:?} is not a valid topic name"
+            )));
+        }
+
+        let http_listen = self.http.validate("0.0.0.0:9187")?;
+        let log = self.log.validate()?;
+
+        Ok(Config {
+            postgres: PostgresConfig {
+                conn,
+                slot,
+                publication,
+                create_slot: self.postgres.create_slot.unwrap_or(false),
+                create_publication: self.postgres.create_publication.unwrap_or(false),
+                status_interval,
+            },
+            outbox,
+            kafka: KafkaConfig {
+                brokers,
+                properties: self.kafka.properties,
+                create_topics: self.kafka.create_topics.unwrap_or(false).then(|| {
+                    (
+                        self.kafka.topic_partitions.unwrap_or(-1),
+                        self.kafka.topic_replication_factor.unwrap_or(-1),
+                    )
+                }),
+                progress_topic,
+            },
+            relay: RelayConfig {
+                max_in_flight,
+                shutdown_timeout: self
+                    .relay
+                    .shutdown_timeout
+                    .map(|d| d.0)
+                    .unwrap_or(Duration::from_secs(30)),
+                backoff_initial,
+                backoff_max,
+            },
+            slot: slot_cfg,
+            alerts,
+            http_listen,
+            log,
+        })
+    }
+}

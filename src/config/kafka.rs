@@ -1,0 +1,160 @@
+//! `[kafka]`: the brokers, the producer's librdkafka properties, topic creation and the
+//! progress topic; and Kafka's topic name rule ([`valid_topic`]).
+//!
+//! Invariants: the values of properties whose names mark them as secrets (`password`,
+//! `secret`, `*.key.pem`) appear in no `Debug` output and no error. Every property is checked
+//! against librdkafka when the configuration is loaded (`check_kafka_properties`); the error
+//! names the property and the `<PREFIX>_KAFKA_PROPERTY_<NAME>` variable that can set it, never
+//! its value. Validation (`RawConfig::validate`, in `document.rs`) also refuses properties
+//! that weaken delivery (`enable.idempotence`, `acks`) or that `kafka.brokers` sets.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaConfRes;
+use serde::Deserialize;
+
+use super::error::{one_line, ConfigError};
+
+/// `kafka.progress_topic` unless set.
+pub const DEFAULT_PROGRESS_TOPIC: &str = "walbox.progress";
+
+/// Kafka's topic name rule: 1–249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn valid_topic(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 249
+        && t != "."
+        && t != ".."
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// `[kafka]` as written.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKafka {
+    /// `bootstrap.servers`.
+    pub brokers: Option<String>,
+    /// librdkafka producer properties.
+    #[serde(default, deserialize_with = "scalar_properties")]
+    pub properties: BTreeMap<String, String>,
+    /// Create missing topics through the admin API.
+    pub create_topics: Option<bool>,
+    /// Partitions of created topics (-1: the broker's default).
+    pub topic_partitions: Option<i32>,
+    /// Replication factor of created topics (-1: the broker's default).
+    pub topic_replication_factor: Option<i32>,
+    /// Compacted topic for walbox's progress records.
+    pub progress_topic: Option<String>,
+}
+
+impl fmt::Debug for RawKafka {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawKafka")
+            .field("brokers", &self.brokers)
+            .field("properties", &redact_properties(&self.properties))
+            .finish()
+    }
+}
+
+/// Validated `[kafka]`.
+#[derive(Clone)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// Producer properties given by the user (walbox's own defaults are applied by the sink).
+    pub properties: BTreeMap<String, String>,
+    /// Create missing topics, with these partitions and replication factor.
+    pub create_topics: Option<(i32, i32)>,
+    /// Compacted topic holding one progress record per slot (see `sink::progress`).
+    pub progress_topic: String,
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("properties", &redact_properties(&self.properties))
+            .finish()
+    }
+}
+
+/// Property names whose values are secrets.
+fn is_secret_property(name: &str) -> bool {
+    name.contains("password") || name.contains("secret") || name.ends_with(".key.pem")
+}
+
+fn redact_properties(p: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    p.iter()
+        .map(|(k, v)| {
+            let v = if is_secret_property(k) {
+                "<redacted>"
+            } else {
+                v.as_str()
+            };
+            (k.as_str(), v)
+        })
+        .collect()
+}
+
+/// `[kafka.properties]` as written: strings, or numbers and booleans (librdkafka takes every
+/// value as text). A value of another type is refused without quoting it (serde's message
+/// would, and the value may be a password).
+pub(crate) fn scalar_properties<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    BTreeMap::<String, toml::Value>::deserialize(d)?
+        .into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                _ => {
+                    return Err(serde::de::Error::custom(format!(
+                        "kafka.properties.{k:?} must be a string, a number or a boolean"
+                    )))
+                }
+            };
+            Ok((k, text))
+        })
+        .collect()
+}
+
+/// Checks every property as librdkafka will when the client is created, so that a misspelt or
+/// invalid one is a configuration error at start-up. The error names the property and the
+/// variable that can set it (`<env_prefix>_KAFKA_PROPERTY_<NAME>`), never its value: librdkafka's
+/// own message repeats the value, which may be a secret.
+pub(crate) fn check_kafka_properties(
+    properties: &BTreeMap<String, String>,
+    env_prefix: &str,
+) -> Result<(), ConfigError> {
+    for (key, value) in properties {
+        let mut one = ClientConfig::new();
+        one.set(key, value);
+        let Err(e) = one.create_native_config() else {
+            continue;
+        };
+        let var = format!(
+            "{env_prefix}_KAFKA_PROPERTY_{}",
+            key.to_ascii_uppercase().replace('.', "_")
+        );
+        let why = match &e {
+            KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..) => {
+                "is not a librdkafka property: check its spelling against librdkafka's CONFIGURATION.md".to_owned()
+            }
+            KafkaError::ClientConfig(_, desc, ..) if !is_secret_property(key) => {
+                format!("has a value librdkafka refuses: {}", one_line(desc))
+            }
+            _ => "has a value librdkafka refuses (the value is not shown: it may be a secret)"
+                .to_owned(),
+        };
+        return Err(ConfigError::Invalid(format!(
+            "kafka.properties.{key:?} (or {var}) {why}"
+        )));
+    }
+    Ok(())
+}

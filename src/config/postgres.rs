@@ -1,0 +1,71 @@
+//! `[postgres]`: where the WAL comes from: the connection, the replication slot, the
+//! publication and the interval of standby status updates.
+//!
+//! Invariants: the connection string is never shown: `RawPostgres`'s `Debug` redacts `url`, and
+//! [`PostgresConfig`] holds it parsed as a `ConnInfo`, whose `Debug` redacts the password.
+//! Validation (`RawConfig::validate`, in `document.rs`) guarantees a slot name of lower-case
+//! letters, digits and underscores, slot and publication names of 1 to 63 characters, and a
+//! status interval between 1 ms and 1 s.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::conninfo::ConnInfo;
+use super::error::ConfigError;
+use super::units::HumanDuration;
+
+/// `[postgres]` as written.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPostgres {
+    /// Connection URL or libpq key=value string.
+    pub url: Option<String>,
+    /// Replication slot name.
+    pub slot: Option<String>,
+    /// Publication name.
+    pub publication: Option<String>,
+    /// Create the slot when it is missing.
+    pub create_slot: Option<bool>,
+    /// Create the publication when it is missing.
+    pub create_publication: Option<bool>,
+    /// Interval between standby status updates (at most 1 s).
+    pub status_interval: Option<HumanDuration>,
+}
+
+impl fmt::Debug for RawPostgres {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawPostgres")
+            .field("url", &self.url.as_ref().map(|_| "<redacted>"))
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Validated `[postgres]`.
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    /// Parsed connection settings (password redacted in `Debug`).
+    pub conn: ConnInfo,
+    /// Replication slot.
+    pub slot: String,
+    /// Publication.
+    pub publication: String,
+    /// Create the slot when missing.
+    pub create_slot: bool,
+    /// Create the publication when missing.
+    pub create_publication: bool,
+    /// Interval between standby status updates.
+    pub status_interval: Duration,
+}
+
+pub(super) fn valid_identifier(what: &str, s: &str) -> Result<(), ConfigError> {
+    if s.is_empty() || s.len() > 63 {
+        return Err(ConfigError::Invalid(format!(
+            "{what} {s:?} must be 1 to 63 characters"
+        )));
+    }
+    Ok(())
+}
