@@ -130,10 +130,8 @@ fn server_errors_keep_their_fields() {
     };
     let e = ReplicationError::from(server_error(&body));
     assert_eq!(e.sqlstate(), Some("55006"));
-    let db = e.db_error().unwrap();
-    assert_eq!(db.severity, "ERROR");
-    assert_eq!(db.detail.as_deref(), Some("d"));
-    assert_eq!(db.hint, None);
+    // The fields themselves are parsed (and tested) in pg::wire; the stream only passes them on.
+    assert_eq!(e.db_error().map(|db| db.code.as_str()), Some("55006"));
     assert_eq!(
         e.to_string(),
         "PostgreSQL: ERROR 55006: replication slot \"s\" is active for PID 42 (detail: d)"
