@@ -370,6 +370,31 @@ fn an_unknown_log_level_exits_3_instead_of_silencing_every_log_line() {
 }
 
 #[test]
+fn a_walbox_variable_that_is_not_utf8_exits_3_naming_it_but_not_its_value() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let mut url = format!("postgres://walbox:{SECRET}@db.internal/app").into_bytes();
+    url.push(0xff);
+    for (subcommand, env) in [
+        ("run", "WALBOX_POSTGRES_URL"),
+        ("inbox", "WALBOX_INBOX_POSTGRES_URL"),
+    ] {
+        let vars: Vec<(OsString, OsString)> = vec![
+            (env.into(), OsString::from_vec(url.clone())),
+            // Not walbox's: its bytes are none of walbox's business.
+            ("LC_SOMETHING".into(), OsString::from_vec(vec![b'x', 0xfe])),
+        ];
+        let mut w = Walbox::spawn_subcommand(subcommand, &vars);
+        let status = w.wait_exit(CONFIG_WAIT);
+        assert_config_error(
+            subcommand,
+            (status.code(), w.log()),
+            &[env, "not valid UTF-8"],
+        );
+    }
+}
+
+#[test]
 fn an_unknown_walbox_variable_exits_3_naming_it_but_not_its_value() {
     let mut run = owned(&[
         ("WALBOX_POSTGRES_URL", "postgres://walbox@127.0.0.1:9/app"),

@@ -82,7 +82,7 @@ pub struct Config {
 
 /// Loads the configuration from an optional file and the process environment.
 pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-    load_from(path, &mut std::env::vars())
+    load_from(path, &mut super::env::process_env()?.into_iter())
 }
 
 /// Loads the configuration from an optional file and the given environment (testable).

@@ -12,6 +12,38 @@
 use super::error::ConfigError;
 use super::log::{check_log_filter, LOG_ENV};
 
+/// The process environment as text, for the layers. A `WALBOX_*` variable whose name or
+/// value is not UTF-8 is an error naming it (its value is never shown: it may be a secret);
+/// other variables are not walbox's and are skipped as they are, whatever their bytes.
+pub(crate) fn process_env() -> Result<Vec<(String, String)>, ConfigError> {
+    os_env(std::env::vars_os())
+}
+
+fn os_env(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    let mut out = Vec::new();
+    for (name, value) in vars {
+        let ours = name.as_encoded_bytes().starts_with(b"WALBOX_");
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => out.push((name, value)),
+            (Ok(name), Err(_)) if ours => {
+                return Err(ConfigError::Invalid(format!(
+                    "environment variable {name} is not valid UTF-8: set it to text"
+                )))
+            }
+            (Err(name), _) if ours => {
+                return Err(ConfigError::Invalid(format!(
+                    "the name of environment variable {} is not valid UTF-8: rename or unset it",
+                    name.to_string_lossy()
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
 /// Kinds of values settable from the environment.
 #[derive(Clone, Copy)]
 pub(crate) enum Kind {
@@ -240,6 +272,34 @@ pub(super) fn apply_env(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_walbox_variables_must_be_text() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let bad = || OsString::from_vec(vec![b's', 0xff]);
+        let vars = vec![
+            (OsString::from("WALBOX_POSTGRES_SLOT"), OsString::from("s")),
+            (OsString::from("OTHER"), bad()),
+            (
+                OsString::from_vec(b"OTHER_\xff".to_vec()),
+                OsString::from("v"),
+            ),
+        ];
+        assert_eq!(
+            os_env(vars.clone().into_iter()).unwrap(),
+            [("WALBOX_POSTGRES_SLOT".to_owned(), "s".to_owned())]
+        );
+        let mut with_value = vars.clone();
+        with_value.push(("WALBOX_POSTGRES_URL".into(), bad()));
+        let e = os_env(with_value.into_iter()).unwrap_err().to_string();
+        assert!(e.contains("WALBOX_POSTGRES_URL is not valid UTF-8"), "{e}");
+        assert!(!e.contains('\u{fffd}'), "the value is not shown: {e}");
+        let mut with_name = vars;
+        with_name.push((OsString::from_vec(b"WALBOX_\xff".to_vec()), "v".into()));
+        let e = os_env(with_name.into_iter()).unwrap_err().to_string();
+        assert!(e.contains("name of environment variable WALBOX_"), "{e}");
+    }
 
     #[test]
     fn edit_distances() {

@@ -54,7 +54,7 @@ mod units;
 
 pub use alerts::{AlertsConfig, RawAlerts};
 pub use document::{load, load_from, Config, RawConfig};
-pub(crate) use env::{EnvLayout, Kind};
+pub(crate) use env::{process_env, EnvLayout, Kind};
 pub use error::ConfigError;
 pub(crate) use kafka::{check_kafka_properties, scalar_properties};
 pub use kafka::{valid_topic, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC};

@@ -299,7 +299,7 @@ const LAYOUT: EnvLayout = EnvLayout {
 
 /// Loads the inbox configuration from an optional file and the process environment.
 pub fn load(path: Option<&Path>) -> Result<InboxConfig, ConfigError> {
-    load_from(path, &mut std::env::vars())
+    load_from(path, &mut crate::config::process_env()?.into_iter())
 }
 
 /// Loads the inbox configuration from an optional file and the given environment (testable).

@@ -203,7 +203,10 @@ impl Walbox {
     }
 
     /// Starts `walbox <subcommand>` with exactly `env` (plus PATH) as its environment.
-    pub fn spawn_subcommand(subcommand: &str, env: &[(String, String)]) -> Walbox {
+    pub fn spawn_subcommand<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>>(
+        subcommand: &str,
+        env: &[(K, V)],
+    ) -> Walbox {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("walbox.log");
         let out = File::create(&log).expect("log file");
