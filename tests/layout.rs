@@ -186,18 +186,14 @@ fn modules(src: &Path, files: &[PathBuf]) -> Modules {
                 continue;
             };
             let target = f.parent().unwrap().join(rest.trim_end_matches("\"]"));
-            let name = lines[n + 1..]
+            // The item the attribute belongs to: `[pub[(…)]] mod name`, after other attributes.
+            let item = tokens(&code_of(&lines[n + 1..].join("\n")));
+            let name = item
                 .iter()
-                .find_map(|l| {
-                    let l = l.trim();
-                    let l = l
-                        .strip_prefix("pub(crate) ")
-                        .or(l.strip_prefix("pub "))
-                        .unwrap_or(l);
-                    l.strip_prefix("mod ")
-                        .map(|m| m.trim_end_matches(';').trim().to_owned())
-                })
-                .unwrap();
+                .position(|t| t == "mod")
+                .and_then(|i| item.get(i + 1))
+                .unwrap_or_else(|| panic!("{}: no `mod` after #[path]", f.display()))
+                .clone();
             let mut path = of_file[f].clone();
             path.push(name);
             of_file.insert(target, path);
@@ -595,9 +591,10 @@ fn the_checker_sees_imports_and_cycles() {
     let (_, graph) = imports(&src);
     let deps = &graph[&src.join("relay/stream.rs")];
     assert!(deps.contains(&src.join("relay/mod.rs")), "use super::{{…}}");
+    assert!(deps.contains(&src.join("source/pgoutput/mod.rs")));
     assert!(
-        deps.contains(&src.join("source/pgoutput.rs"))
-            || deps.contains(&src.join("source/pgoutput/mod.rs"))
+        graph[&src.join("pg/wire_tests.rs")].contains(&src.join("pg/wire.rs")),
+        "`#[path] pub(crate) mod tests` is pg::wire::tests, and its `use super::…` is seen"
     );
     assert!(
         graph[&src.join("relay/mod.rs")].contains(&src.join("relay/error.rs")),

@@ -4,7 +4,7 @@
 //! Shared by `walbox run` (`load`, in `document.rs`) and `walbox inbox`, each with its own
 //! `EnvLayout`. Invariants: a TOML syntax error gives the line, the column and what is wrong,
 //! never the source line, which may hold a password (toml's `Display` quotes it); every error is
-//! one line and names the file.
+//! one line, and those about the file's content name the file.
 
 use std::path::Path;
 

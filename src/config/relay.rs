@@ -2,7 +2,8 @@
 //! reconnect backoff.
 //!
 //! Invariants (checked by `RawConfig::validate`, in `document.rs`): `max_in_flight` is between
-//! 1 and 1,000,000, and `0 < backoff_initial <= backoff_max`.
+//! 1 and 1,000,000 and at most the producer's queue (`queue.buffering.max.messages`), and
+//! `0 < backoff_initial <= backoff_max`.
 
 use std::time::Duration;
 

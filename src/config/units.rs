@@ -17,18 +17,25 @@ pub struct HumanDuration(pub Duration);
 
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Repr {
-            Secs(u64),
-            Text(String),
-        }
-        match Repr::deserialize(d)? {
-            Repr::Secs(s) => Ok(HumanDuration(Duration::from_secs(s))),
-            Repr::Text(t) => parse_duration(&t)
-                .map(HumanDuration)
-                .map_err(serde::de::Error::custom),
-        }
+        number_or_text(d, Duration::from_secs, parse_duration).map(HumanDuration)
+    }
+}
+
+/// A value written as a plain number (`number` converts it) or as text (`parse` reads it).
+fn number_or_text<'de, D: serde::Deserializer<'de>, T>(
+    d: D,
+    number: impl FnOnce(u64) -> T,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<T, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(u64),
+        Text(String),
+    }
+    match Repr::deserialize(d)? {
+        Repr::Number(n) => Ok(number(n)),
+        Repr::Text(t) => parse(&t).map_err(serde::de::Error::custom),
     }
 }
 
@@ -62,18 +69,7 @@ pub struct ByteSize(pub u64);
 
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Repr {
-            Bytes(u64),
-            Text(String),
-        }
-        match Repr::deserialize(d)? {
-            Repr::Bytes(b) => Ok(ByteSize(b)),
-            Repr::Text(t) => parse_size(&t)
-                .map(ByteSize)
-                .map_err(serde::de::Error::custom),
-        }
+        number_or_text(d, |bytes| bytes, parse_size).map(ByteSize)
     }
 }
 
@@ -105,6 +101,28 @@ mod tests {
         assert_eq!(parse_size("1TB"), Ok(1 << 40));
         assert_eq!(parse_size("123"), Ok(123));
         assert!(parse_size("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn numbers_and_text_deserialize() {
+        #[derive(Deserialize)]
+        struct Values {
+            secs: HumanDuration,
+            text: HumanDuration,
+            bytes: ByteSize,
+            size: ByteSize,
+        }
+        let v: Values =
+            toml::from_str("secs = 7\ntext = \"500ms\"\nbytes = 1024\nsize = \"2kB\"").unwrap();
+        assert_eq!(v.secs, HumanDuration(Duration::from_secs(7)));
+        assert_eq!(v.text, HumanDuration(Duration::from_millis(500)));
+        assert_eq!(v.bytes, ByteSize(1024));
+        assert_eq!(v.size, ByteSize(2048));
+        let e = toml::from_str::<Values>("secs = 1\ntext = \"5 parsecs\"\nbytes = 1\nsize = \"1\"")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("invalid duration \"5 parsecs\""), "{e}");
     }
 
     #[test]

@@ -12,8 +12,8 @@
 //!   streamed changes are not supported; their tags are rejected with
 //!   [`DecodeError::UnknownTag`].
 //! - **Zero-copy**: column values ([`TupleValue::Text`], [`TupleValue::Binary`]) and message
-//!   content ([`Message::content`]) are [`Bytes::slice`](bytes::Bytes::slice)s of the input buffer; the only
-//!   allocations per row are the `Vec` of columns. Names (relation, namespace, type, prefix,
+//!   content ([`Message::content`]) are [`Bytes::slice`](bytes::Bytes::slice)s of the input
+//!   buffer; the only allocation per row is the `Vec` of columns. Names (relation, namespace, type, prefix,
 //!   origin) are copied into `String`s, since they are rare and must be valid UTF-8.
 //! - **Never panics**: every read is bounds-checked, length arithmetic is checked, negative
 //!   `Int32` lengths and counts are errors, and counts never preallocate more entries than the
@@ -26,7 +26,8 @@
 //! # Files
 //! `message.rs` holds the message types, `decoder.rs` [`decode`], its cursor and [`DecodeError`],
 //! `tests.rs` the hand-encoded and captured samples and the property tests. This file only
-//! re-exports: the decoder imports the types, nothing imports this file but the tests.
+//! re-exports them for the rest of walbox; inside the folder the decoder imports the types and
+//! only the tests import this file.
 
 mod decoder;
 mod message;
