@@ -1,4 +1,4 @@
-//! Fault points: named places on the path WAL → Kafka → confirmed LSN where the crash tests
+//! Fault points: named places on the path WAL → Kafka → confirmed LSN (and Kafka → inbox) where the crash tests
 //! stop walbox exactly, instead of at a random moment.
 //!
 //! With the `failpoints` cargo feature, a point fires when the `FAILPOINTS` environment variable
@@ -13,6 +13,7 @@
 //! | `relay::produced`        | an event was handed to the producer (mid-transaction)         |
 //! | `relay::acked`           | the broker's acks moved the frontier, before the status update |
 //! | `relay::status-sent`     | a status update confirming a new position reached the socket  |
+//! | `inbox::batch-committed` | an inbox batch committed in PostgreSQL, before its offsets move |
 
 /// Crashes the process at fault point `$name` when it is set to fire; see the module docs.
 macro_rules! crash_point {

@@ -129,6 +129,10 @@ pub struct RawEffect {
     pub backoff_max: Option<HumanDuration>,
     /// Partitions processed at the same time (= PostgreSQL connections).
     pub max_parallel: Option<usize>,
+    /// Most records of one partition applied in one transaction.
+    pub batch_max: Option<usize>,
+    /// How long a partition worker waits for a batch to fill.
+    pub batch_linger: Option<HumanDuration>,
 }
 
 /// `[retention]` as written.
@@ -241,6 +245,10 @@ pub struct EffectConfig {
     pub backoff_max: Duration,
     /// Partitions processed at once.
     pub max_parallel: usize,
+    /// Most records of one partition per transaction (1: a transaction per record).
+    pub batch_max: usize,
+    /// How long a worker waits for more records once it has one (zero: takes what is queued).
+    pub batch_linger: Duration,
 }
 
 /// Validated `[retention]`.
@@ -278,6 +286,8 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["effect"], "backoff_initial", Kind::Str),
     (&["effect"], "backoff_max", Kind::Str),
     (&["effect"], "max_parallel", Kind::Int),
+    (&["effect"], "batch_max", Kind::Int),
+    (&["effect"], "batch_linger", Kind::Str),
     (&["retention"], "keep", Kind::Str),
     (&["retention"], "guard", Kind::Str),
     (&["retention"], "cleanup", Kind::Bool),
@@ -310,6 +320,15 @@ pub fn load_from(
     let (table, origin) = read_layers(path, env, &LAYOUT)?;
     deserialize::<RawInboxConfig>(table, origin)?.validate()
 }
+
+/// `effect.batch_max` by default: large enough that the transaction overhead (and, with
+/// `fsync`, the WAL flush) is shared by many records, small enough that one batch stays a short
+/// transaction.
+pub const DEFAULT_BATCH_MAX: usize = 100;
+/// The largest `effect.batch_max`.
+pub const MAX_BATCH: usize = 10_000;
+/// The longest `effect.batch_linger`.
+const MAX_LINGER: Duration = Duration::from_secs(1);
 
 fn invalid(message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid(message.into())
@@ -441,6 +460,19 @@ impl RawInboxConfig {
         if !(1..=256).contains(&max_parallel) {
             return Err(invalid("effect.max_parallel must be between 1 and 256"));
         }
+        let batch_max = e.batch_max.unwrap_or(DEFAULT_BATCH_MAX);
+        if !(1..=MAX_BATCH).contains(&batch_max) {
+            return Err(invalid(format!(
+                "effect.batch_max must be between 1 and {MAX_BATCH}"
+            )));
+        }
+        let batch_linger = e.batch_linger.map(|d| d.0).unwrap_or(Duration::ZERO);
+        if batch_linger > MAX_LINGER {
+            return Err(invalid(format!(
+                "effect.batch_linger must be at most {}ms (it delays every record of a quiet partition)",
+                MAX_LINGER.as_millis()
+            )));
+        }
         let retries = e.retries.unwrap_or(5);
         if retries > 1000 {
             return Err(invalid("effect.retries must be at most 1000"));
@@ -507,6 +539,8 @@ impl RawInboxConfig {
                 backoff_initial,
                 backoff_max,
                 max_parallel,
+                batch_max,
+                batch_linger,
             },
             retention: RetentionConfig {
                 keep,
@@ -565,6 +599,8 @@ sql = "SELECT billing.apply_payment($payload)"
         assert_eq!(c.effect.on_error, Policy::Fail);
         assert_eq!(c.retention.guard, Guard::Refuse);
         assert_eq!(c.retention.keep, None);
+        assert_eq!(c.effect.batch_max, DEFAULT_BATCH_MAX);
+        assert_eq!(c.effect.batch_linger, Duration::ZERO);
     }
 
     #[test]
@@ -574,6 +610,8 @@ sql = "SELECT billing.apply_payment($payload)"
             &[
                 ("WALBOX_INBOX_KAFKA_TOPICS", "a, b"),
                 ("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "2"),
+                ("WALBOX_INBOX_EFFECT_BATCH_MAX", "500"),
+                ("WALBOX_INBOX_EFFECT_BATCH_LINGER", "5ms"),
                 ("WALBOX_INBOX_RETENTION_KEEP", "14d"),
                 ("WALBOX_INBOX_POSTGRES_TABLE", "app.inbox_events"),
                 ("WALBOX_INBOX_KAFKA_PROPERTY_SESSION_TIMEOUT_MS", "6000"),
@@ -584,6 +622,8 @@ sql = "SELECT billing.apply_payment($payload)"
         assert_eq!(c.kafka.topics, ["a", "b"]);
         assert_eq!(c.kafka.brokers, "k1:9092");
         assert_eq!(c.effect.max_parallel, 2);
+        assert_eq!(c.effect.batch_max, 500);
+        assert_eq!(c.effect.batch_linger, Duration::from_millis(5));
         assert_eq!(c.retention.keep, Some(Duration::from_secs(14 * 86_400)));
         assert_eq!(c.schema, "app");
         assert_eq!(
@@ -615,6 +655,9 @@ sql = "SELECT billing.apply_payment($payload)"
             ("WALBOX_INBOX_EFFECT_SQL", "SELECT f($payloadd)"),
             ("WALBOX_INBOX_KAFKA_TOPICS", ""),
             ("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "0"),
+            ("WALBOX_INBOX_EFFECT_BATCH_MAX", "0"),
+            ("WALBOX_INBOX_EFFECT_BATCH_MAX", "10001"),
+            ("WALBOX_INBOX_EFFECT_BATCH_LINGER", "2s"),
         ] {
             let e = load_text(MINIMAL, &[(var, val)]).unwrap_err();
             let msg = e.to_string();

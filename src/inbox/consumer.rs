@@ -41,7 +41,8 @@ use super::metrics::InboxMetrics;
 use super::worker::{self, Progress, WorkerEnv};
 use crate::metrics::Health;
 
-/// Records queued per partition before the partition is paused.
+/// Records queued per partition before the partition is paused, at least: the queue holds two
+/// batches, so the next one is fetched and waiting while the current one commits.
 const QUEUE: usize = 64;
 
 type Tp = (String, i32);
@@ -154,7 +155,7 @@ impl Shared {
     }
 
     fn spawn_worker(&self, st: &mut State, tp: &Tp) {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (tx, rx) = mpsc::channel(QUEUE.max(2 * self.env.effect.batch_max));
         let (cancel_tx, cancel_rx) = watch::channel(false);
         let (done_tx, done_rx) = oneshot::channel();
         let progress = Arc::new(Progress::new());

@@ -4,7 +4,7 @@
 //! is running (503 while starting or stopped);
 //! `/healthz` turns 503 after a fatal error.
 
-use prometheus::{IntCounter, IntGauge, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
 
 /// Every metric `walbox inbox` exports.
 pub struct InboxMetrics {
@@ -25,6 +25,8 @@ pub struct InboxMetrics {
     pub consumer_lag: IntGauge,
     /// `walbox_inbox_retention_deleted_total`: inbox rows removed by the clean-up job.
     pub retention_deleted: IntCounter,
+    /// `walbox_inbox_batch_records`: records per committed transaction.
+    pub batch_records: Histogram,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -73,6 +75,19 @@ impl InboxMetrics {
                 "walbox_inbox_retention_deleted_total",
                 "Inbox rows deleted by the retention clean-up job.",
             ),
+            batch_records: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "walbox_inbox_batch_records",
+                        "Records per committed inbox transaction.",
+                    )
+                    .buckets(vec![
+                        1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 10000.0,
+                    ]),
+                )
+                .expect("valid metric"),
+            ),
             registry: r,
         }
     }
@@ -110,6 +125,7 @@ mod tests {
             "walbox_inbox_effects_applied_total",
             "walbox_inbox_effect_errors_total",
             "walbox_inbox_consumer_lag_records",
+            "walbox_inbox_batch_records_bucket",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }

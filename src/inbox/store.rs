@@ -1,15 +1,22 @@
-//! The consumer's PostgreSQL: one transaction per record, a bounded set of connections, the
-//! start-up check and the retention clean-up.
+//! The consumer's PostgreSQL: batches of one partition's records in one transaction, a bounded
+//! set of connections, the start-up check and the retention clean-up.
 //!
 //! # Invariants
-//! - A record is processed in exactly one transaction: `INSERT INTO <inbox> … ON CONFLICT DO
-//!   NOTHING`; the effect runs only when that inserted a row; then `COMMIT`. An error anywhere
-//!   rolls the whole transaction back, inbox row included, so a failed effect leaves no trace
-//!   and the record can be retried or dead-lettered.
+//! - A batch (consecutive records of one partition) is applied in exactly one transaction:
+//!   `BEGIN`; one multi-row `INSERT INTO <inbox> … ON CONFLICT DO NOTHING RETURNING message_id`;
+//!   the effect for each record whose row that inserted, in offset order (pipelined: one round
+//!   trip for all of them); `COMMIT`. An error anywhere rolls the whole transaction back, inbox
+//!   rows included, so a failed batch leaves no trace and can be retried, split or
+//!   dead-lettered record by record ([`BatchError::at`] says which record failed).
+//! - Within a batch the first record with a message id wins; later ones with the same id are
+//!   duplicates and run no effect, exactly as if they came in a later transaction.
+//! - Every value is computed before `BEGIN` ([`Statements::prepare`]): a record that cannot be
+//!   bound never opens a transaction.
 //! - Connections are handed out by a [`Pool`] of at most `effect.max_parallel`, which is what
 //!   bounds how many partitions are processed at once.
 //! - A connection that saw a connection-level error is dropped, never reused.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -25,6 +32,8 @@ use postgres_protocol::escape::escape_identifier as quote_ident;
 
 use super::config::InboxConfig;
 use super::effect::{EffectSql, InvalidRecord, Record};
+
+type Value = Box<dyn ToSql + Sync + Send>;
 
 /// Why processing a record failed.
 #[derive(Debug, thiserror::Error)]
@@ -111,13 +120,39 @@ impl StoreError {
     }
 }
 
-/// What a committed transaction did.
+/// What a committed transaction did with one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// A new row was inserted and the effect (if any) applied.
     Applied,
     /// The message id was already in the inbox: nothing was done.
     Duplicate,
+}
+
+/// A record with every value it binds, ready for [`Statements::apply`].
+pub struct Prepared {
+    /// The record.
+    pub record: Record,
+    message_id: String,
+    effect: Option<Vec<Value>>,
+    stored: Option<Stored>,
+}
+
+/// What the stored-inbox form writes besides the record's position.
+struct Stored {
+    key: Option<String>,
+    headers: String,
+    payload: Option<String>,
+}
+
+/// Why a batch's transaction was rolled back.
+#[derive(Debug)]
+pub struct BatchError {
+    /// The record whose effect failed, when the failure is one record's; `None` when the
+    /// transaction failed as a whole (connection, `BEGIN`/`COMMIT`, the inbox statement).
+    pub at: Option<usize>,
+    /// The error.
+    pub error: StoreError,
 }
 
 /// One connection with its prepared statements.
@@ -149,29 +184,36 @@ impl Statements {
             quote_ident(&config.schema),
             quote_ident(&config.table)
         );
+        // One statement for the whole batch: the rows come from arrays, in batch order
+        // (`WITH ORDINALITY`), so a message id repeated within the batch keeps its first record.
         let (insert_sql, insert_types) = if config.effect.store_record {
             (
                 format!(
                     "INSERT INTO {table} (consumer, message_id, topic, kafka_partition, kafka_offset, message_key, headers, payload) \
-                     VALUES ($1, $2, $3, $4, $5, $6, ($7::jsonb), ($8::jsonb)) ON CONFLICT DO NOTHING"
+                     SELECT $1, u.id, $3, $4, u.off, u.key, u.headers::jsonb, u.payload::jsonb \
+                     FROM unnest($2::text[], $5::int8[], $6::text[], $7::text[], $8::text[]) \
+                     WITH ORDINALITY AS u(id, off, key, headers, payload, n) ORDER BY u.n \
+                     ON CONFLICT DO NOTHING RETURNING message_id"
                 ),
                 vec![
                     Type::TEXT,
-                    Type::TEXT,
+                    Type::TEXT_ARRAY,
                     Type::TEXT,
                     Type::INT4,
-                    Type::INT8,
-                    Type::TEXT,
-                    Type::TEXT,
-                    Type::TEXT,
+                    Type::INT8_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::TEXT_ARRAY,
                 ],
             )
         } else {
             (
                 format!(
-                    "INSERT INTO {table} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+                    "INSERT INTO {table} (consumer, message_id) \
+                     SELECT $1, u.id FROM unnest($2::text[]) WITH ORDINALITY AS u(id, n) ORDER BY u.n \
+                     ON CONFLICT DO NOTHING RETURNING message_id"
                 ),
-                vec![Type::TEXT, Type::TEXT],
+                vec![Type::TEXT, Type::TEXT_ARRAY],
             )
         };
         let delete_sql = format!(
@@ -221,62 +263,134 @@ impl Statements {
         })
     }
 
-    /// Processes one record in one transaction; see the module invariants.
-    pub async fn process(&self, conn: &mut Conn, record: &Record) -> Result<Outcome, StoreError> {
-        let message_id = record.message_id(&self.message_id_header)?;
-        // Every value is computed before BEGIN: an invalid record never opens a transaction.
-        let effect_values = match &self.effect {
-            Some(e) => Some(e.values(record, message_id)?),
-            None => None,
-        };
-        let stored = if self.store_record {
-            Some((
-                record.key_text()?.map(str::to_owned),
-                record.headers_json()?,
-                record.payload_text()?.map(str::to_owned),
-            ))
-        } else {
-            None
-        };
+    /// Computes everything a record binds; an [`InvalidRecord`] (no usable message id, a key
+    /// or header that is not UTF-8 where text is needed) can never be applied.
+    pub fn prepare(&self, record: Record) -> Result<Prepared, (Record, InvalidRecord)> {
+        let bound = (|| {
+            let message_id = record.message_id(&self.message_id_header)?.to_owned();
+            let effect = match &self.effect {
+                Some(e) => Some(e.values(&record, &message_id)?),
+                None => None,
+            };
+            let stored = if self.store_record {
+                Some(Stored {
+                    key: record.key_text()?.map(str::to_owned),
+                    headers: record.headers_json()?,
+                    payload: record.payload_text()?.map(str::to_owned),
+                })
+            } else {
+                None
+            };
+            Ok((message_id, effect, stored))
+        })();
+        match bound {
+            Ok((message_id, effect, stored)) => Ok(Prepared {
+                record,
+                message_id,
+                effect,
+                stored,
+            }),
+            Err(e) => Err((record, e)),
+        }
+    }
 
-        let tx = conn.client.transaction().await.map_err(StoreError::Inbox)?;
-        let inserted = match &stored {
-            None => tx
-                .execute(&conn.insert, &[&self.consumer, &message_id])
-                .await
-                .map_err(StoreError::Inbox)?,
-            Some((key, headers, payload)) => tx
-                .execute(
-                    &conn.insert,
-                    &[
-                        &self.consumer,
-                        &message_id,
-                        &record.topic,
-                        &record.partition,
-                        &record.offset,
-                        key,
-                        headers,
-                        payload,
-                    ],
-                )
-                .await
-                .map_err(StoreError::Inbox)?,
+    /// Applies `batch` (consecutive records of one partition) in one transaction; see the
+    /// module invariants. On success, one [`Outcome`] per record, in order.
+    pub async fn apply(
+        &self,
+        conn: &mut Conn,
+        batch: &[Prepared],
+    ) -> Result<Vec<Outcome>, BatchError> {
+        let whole = |error| BatchError { at: None, error };
+        let Some(first) = batch.first() else {
+            return Ok(Vec::new());
         };
-        if inserted == 0 {
-            tx.rollback().await.map_err(StoreError::Inbox)?;
-            return Ok(Outcome::Duplicate);
+        let ids: Vec<&str> = batch.iter().map(|p| p.message_id.as_str()).collect();
+        let tx = conn
+            .client
+            .transaction()
+            .await
+            .map_err(|e| whole(StoreError::Inbox(e)))?;
+        let inserted = if self.store_record {
+            let offsets: Vec<i64> = batch.iter().map(|p| p.record.offset).collect();
+            let column = |f: fn(&Stored) -> Option<&str>| -> Vec<Option<&str>> {
+                batch
+                    .iter()
+                    .map(|p| p.stored.as_ref().and_then(f))
+                    .collect()
+            };
+            let keys = column(|s| s.key.as_deref());
+            let headers = column(|s| Some(s.headers.as_str()));
+            let payloads = column(|s| s.payload.as_deref());
+            tx.query(
+                &conn.insert,
+                &[
+                    &self.consumer,
+                    &ids,
+                    &first.record.topic,
+                    &first.record.partition,
+                    &offsets,
+                    &keys,
+                    &headers,
+                    &payloads,
+                ],
+            )
+            .await
+        } else {
+            tx.query(&conn.insert, &[&self.consumer, &ids]).await
         }
-        if let (Some(stmt), Some(values)) = (&conn.effect, &effect_values) {
-            let params: Vec<&(dyn ToSql + Sync)> = values
-                .iter()
-                .map(|v| v.as_ref() as &(dyn ToSql + Sync))
+        .map_err(|e| whole(StoreError::Inbox(e)))?;
+        let mut new: HashSet<&str> = HashSet::with_capacity(inserted.len());
+        for row in &inserted {
+            new.insert(row.try_get(0).map_err(|e| whole(StoreError::Inbox(e)))?);
+        }
+        // The first record with each inserted id is new; the rest are duplicates.
+        let outcomes: Vec<Outcome> = batch
+            .iter()
+            .map(|p| {
+                if new.remove(p.message_id.as_str()) {
+                    Outcome::Applied
+                } else {
+                    Outcome::Duplicate
+                }
+            })
+            .collect();
+        if !outcomes.contains(&Outcome::Applied) {
+            tx.rollback().await.map_err(|e| whole(StoreError::Inbox(e)))?;
+            return Ok(outcomes);
+        }
+        if let Some(stmt) = &conn.effect {
+            let applied: Vec<usize> = (0..batch.len())
+                .filter(|&i| outcomes[i] == Outcome::Applied)
                 .collect();
-            tx.execute(stmt, &params)
-                .await
-                .map_err(StoreError::Effect)?;
+            let params: Vec<Vec<&(dyn ToSql + Sync)>> = applied
+                .iter()
+                .map(|&i| {
+                    batch[i]
+                        .effect
+                        .iter()
+                        .flatten()
+                        .map(|v| v.as_ref() as &(dyn ToSql + Sync))
+                        .collect()
+                })
+                .collect();
+            // Sent in order, answered in order: the server runs them one after the other, and
+            // after the first error every later one fails with "transaction aborted" unrun.
+            let results =
+                futures_util::future::join_all(params.iter().map(|p| tx.execute(stmt, p))).await;
+            if let Some((k, e)) = results
+                .into_iter()
+                .enumerate()
+                .find_map(|(k, r)| r.err().map(|e| (k, e)))
+            {
+                return Err(BatchError {
+                    at: Some(applied[k]),
+                    error: StoreError::Effect(e),
+                });
+            }
         }
-        tx.commit().await.map_err(StoreError::Inbox)?;
-        Ok(Outcome::Applied)
+        tx.commit().await.map_err(|e| whole(StoreError::Inbox(e)))?;
+        Ok(outcomes)
     }
 
     /// Deletes up to `batch` inbox rows of this consumer older than `keep`; returns how many.

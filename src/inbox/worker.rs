@@ -1,14 +1,24 @@
-//! One task per assigned partition: records strictly in offset order, each in its own
-//! transaction, retries and the error policies.
+//! One task per assigned partition: records strictly in offset order, in batches of up to
+//! `effect.batch_max` per transaction, retries and the error policies.
 //!
 //! # Invariants
-//! - A partition's records are processed one at a time, in the order the consumer delivered
-//!   them; the next record starts only after the previous one committed (or was dead-lettered).
-//! - [`Progress`] (the next offset to commit) moves only after the record's transaction
-//!   committed, or after the dead-letter topic acknowledged it. It never moves past a record
-//!   that failed under `fail`: that record's offset is never committed.
-//! - Cancellation (revocation, shutdown) is honoured between records and during back-off
-//!   sleeps, never in the middle of a transaction.
+//! - A partition's records are processed in the order the consumer delivered them, one batch
+//!   at a time; the next batch starts only after the previous one committed (or its records
+//!   were dead-lettered).
+//! - A batch takes what is queued, up to `effect.batch_max` records, waiting at most
+//!   `effect.batch_linger` for more; a record that cannot be bound (no usable message id) ends
+//!   the batch before it and follows `effect.on_invalid` on its own, in order.
+//! - An effect error fails only its own record: the records before it commit as a batch, the
+//!   failing record is retried alone (the failed batch counts as its first attempt), then
+//!   follows `effect.on_error`; the records after it go on in batches. When the transaction
+//!   fails without naming a record (a stored payload that is not JSON), the batch is applied
+//!   record by record, so the same holds.
+//! - [`Progress`] (the next offset to commit) moves only after a transaction committed, to just
+//!   past its last record, or after the dead-letter topic acknowledged a record. It never moves
+//!   past a record that failed under `fail`: that record's offset is never committed.
+//! - Cancellation (revocation, shutdown) is honoured between transactions and during back-off
+//!   sleeps, never in the middle of one; records taken from the queue but not applied are
+//!   simply not committed.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -25,7 +35,8 @@ use crate::failure::{Failure, FatalError};
 use super::config::{EffectConfig, Policy};
 use super::effect::Record;
 use super::metrics::InboxMetrics;
-use super::store::{ErrorClass, Outcome, Pool, StoreError};
+use super::store::{BatchError, ErrorClass, Outcome, Pool, Prepared, StoreError};
+use crate::fault::crash_point;
 
 /// The next offset to commit for one partition (`-1`: nothing processed yet).
 #[derive(Debug)]
@@ -86,8 +97,10 @@ pub async fn run(
     mut cancel: watch::Receiver<bool>,
     progress: Arc<Progress>,
 ) {
+    let max = env.effect.batch_max;
+    let mut batch = Vec::with_capacity(max);
     loop {
-        let record = tokio::select! {
+        let first = tokio::select! {
             biased;
             _ = cancel.wait_for(|c| *c) => return,
             r = records.recv() => match r {
@@ -95,7 +108,28 @@ pub async fn run(
                 None => return,
             },
         };
-        if !process(&env, &record, &mut cancel, &progress).await {
+        batch.push(first);
+        while batch.len() < max {
+            match records.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        if batch.len() < max && !env.effect.batch_linger.is_zero() {
+            let deadline = tokio::time::Instant::now() + env.effect.batch_linger;
+            while batch.len() < max {
+                tokio::select! {
+                    biased;
+                    _ = cancel.wait_for(|c| *c) => return,
+                    _ = tokio::time::sleep_until(deadline) => break,
+                    r = records.recv() => match r {
+                        Some(r) => batch.push(r),
+                        None => break,
+                    },
+                }
+            }
+        }
+        if !process(&env, batch.drain(..), &mut cancel, &progress).await {
             return;
         }
     }
@@ -114,70 +148,168 @@ fn describe(record: &Record) -> String {
     format!("{}/{}@{}", record.topic, record.partition, record.offset)
 }
 
-/// One record to its end; returns whether the worker goes on.
+/// One batch to its end: runs of bindable records are applied, each invalid record follows
+/// `on_invalid` in its place. Returns whether the worker goes on.
 async fn process(
     env: &WorkerEnv,
-    record: &Record,
+    batch: impl Iterator<Item = Record>,
     cancel: &mut watch::Receiver<bool>,
     progress: &Progress,
 ) -> bool {
-    let mut backoff = Backoff::new(env.effect.backoff_initial, env.effect.backoff_max);
-    let mut failures = 0u32;
-    loop {
+    let statements = env.pool.statements();
+    let mut run = Vec::new();
+    for record in batch {
+        match statements.prepare(record) {
+            Ok(p) => run.push(p),
+            Err((record, invalid)) => {
+                if !apply(env, &run, cancel, progress).await {
+                    return false;
+                }
+                run.clear();
+                let reason = StoreError::Invalid(invalid).to_string();
+                if !give_up(env, &record, env.effect.on_invalid, &reason, cancel, progress).await {
+                    return false;
+                }
+            }
+        }
+    }
+    apply(env, &run, cancel, progress).await
+}
+
+/// A record whose effect failed, and how often.
+struct Failing {
+    /// Its index in the records being applied.
+    at: usize,
+    /// Failed attempts so far.
+    failures: u32,
+    /// The last error, for the log and the dead letter.
+    error: String,
+}
+
+/// Applies `records` in order, in as few transactions as their failures allow; see the module
+/// invariants. Returns whether the worker goes on.
+async fn apply(
+    env: &WorkerEnv,
+    records: &[Prepared],
+    cancel: &mut watch::Receiver<bool>,
+    progress: &Progress,
+) -> bool {
+    let new_backoff = || Backoff::new(env.effect.backoff_initial, env.effect.backoff_max);
+    let mut backoff = new_backoff();
+    let mut start = 0;
+    // The records before it go first, then it alone.
+    let mut failing: Option<Failing> = None;
+    // Records before this index go one per transaction (a failure named no record).
+    let mut alone_until = 0;
+    while start < records.len() {
         if *cancel.borrow() {
             return false;
         }
-        let result = attempt(&env.pool, record).await;
-        let err = match result {
-            Ok(outcome) => {
-                match outcome {
-                    Outcome::Applied => env.metrics.effects_applied.inc(),
-                    Outcome::Duplicate => {
-                        tracing::debug!(record = %describe(record), "duplicate absorbed by the inbox");
-                        env.metrics.duplicates.inc()
+        let end = match &failing {
+            Some(f) if f.at == start => {
+                if f.failures > env.effect.retries {
+                    let record = &records[start].record;
+                    if !give_up(env, record, env.effect.on_error, &f.error, cancel, progress).await
+                    {
+                        return false;
                     }
+                    failing = None;
+                    start += 1;
+                    continue;
                 }
-                env.metrics.records_consumed.inc();
-                progress.done(record.offset);
-                return true;
+                if !pause(backoff.next_delay(), cancel).await {
+                    return false;
+                }
+                start + 1
+            }
+            Some(f) => f.at,
+            None if start < alone_until => start + 1,
+            None => records.len(),
+        };
+        let chunk = &records[start..end];
+        let err = match attempt(&env.pool, chunk).await {
+            Ok(outcomes) => {
+                crash_point!("inbox::batch-committed");
+                record_outcomes(env, chunk, &outcomes);
+                progress.done(chunk[chunk.len() - 1].record.offset);
+                if failing.as_ref().is_some_and(|f| f.at < end) {
+                    failing = None;
+                    backoff = new_backoff();
+                }
+                start = end;
+                continue;
             }
             Err(e) => e,
         };
-        match err.class() {
+        let head = describe(&chunk[0].record);
+        match err.error.class() {
             ErrorClass::Transient => {
-                tracing::warn!(record = %describe(record), error = %err, "postgres unavailable; retrying");
-            }
-            ErrorClass::Effect => {
-                env.metrics.effect_errors.inc();
-                failures += 1;
-                if failures > env.effect.retries {
-                    return give_up(env, record, env.effect.on_error, &err, cancel, progress).await;
+                tracing::warn!(record = %head, records = chunk.len(), error = %err.error, "postgres unavailable; retrying");
+                if !pause(backoff.next_delay(), cancel).await {
+                    return false;
                 }
-                tracing::warn!(record = %describe(record), error = %err, attempt = failures, "effect failed; the transaction was rolled back, retrying");
-            }
-            ErrorClass::Invalid => {
-                return give_up(env, record, env.effect.on_invalid, &err, cancel, progress).await
             }
             ErrorClass::Fatal(failure) => {
                 let _ = env.fatal.send(FatalError {
                     failure,
-                    message: format!("processing {}: {err}", describe(record)),
+                    message: format!("processing {head}: {}", err.error),
                 });
                 return false;
             }
-        }
-        let delay = backoff.next_delay();
-        if !pause(delay, cancel).await {
-            return false;
+            ErrorClass::Effect | ErrorClass::Invalid => {
+                let at = match err.at {
+                    Some(k) => start + k,
+                    None if chunk.len() == 1 => start,
+                    None => {
+                        // The transaction failed as a whole (e.g. a stored payload that is not
+                        // JSON): find the record by applying them one at a time.
+                        tracing::info!(record = %head, records = chunk.len(), error = %err.error, "batch failed; applying its records one by one");
+                        alone_until = end;
+                        continue;
+                    }
+                };
+                env.metrics.effect_errors.inc();
+                let failures = match &failing {
+                    Some(f) if f.at == at => f.failures.saturating_add(1),
+                    _ => 1,
+                };
+                let error = err.error.to_string();
+                if failures <= env.effect.retries {
+                    tracing::warn!(record = %describe(&records[at].record), error = %error, attempt = failures, "effect failed; the transaction was rolled back, retrying");
+                }
+                failing = Some(Failing {
+                    at,
+                    failures,
+                    error,
+                });
+            }
         }
     }
+    true
 }
 
-async fn attempt(pool: &Pool, record: &Record) -> Result<Outcome, StoreError> {
-    let mut lease = pool.get().await?;
-    let result = pool.statements().process(&mut lease.conn, record).await;
+fn record_outcomes(env: &WorkerEnv, chunk: &[Prepared], outcomes: &[Outcome]) {
+    for (p, outcome) in chunk.iter().zip(outcomes) {
+        match outcome {
+            Outcome::Applied => env.metrics.effects_applied.inc(),
+            Outcome::Duplicate => {
+                tracing::debug!(record = %describe(&p.record), "duplicate absorbed by the inbox");
+                env.metrics.duplicates.inc()
+            }
+        }
+    }
+    env.metrics.records_consumed.inc_by(chunk.len() as u64);
+    env.metrics.batch_records.observe(chunk.len() as f64);
+}
+
+async fn attempt(pool: &Pool, chunk: &[Prepared]) -> Result<Vec<Outcome>, BatchError> {
+    let mut lease = pool
+        .get()
+        .await
+        .map_err(|error| BatchError { at: None, error })?;
+    let result = pool.statements().apply(&mut lease.conn, chunk).await;
     match &result {
-        Err(e) if e.broken_connection() => {}
+        Err(e) if e.error.broken_connection() => {}
         _ => pool.put(lease),
     }
     result
@@ -189,7 +321,7 @@ async fn give_up(
     env: &WorkerEnv,
     record: &Record,
     policy: Policy,
-    err: &StoreError,
+    reason: &str,
     cancel: &mut watch::Receiver<bool>,
     progress: &Progress,
 ) -> bool {
@@ -199,14 +331,13 @@ async fn give_up(
             let _ = env.fatal.send(FatalError {
                 failure: Failure::InboxRecord,
                 message: format!(
-                    "record {} cannot be processed: {err}; its offset is not committed (fix the cause and restart, or set a dead_letter policy)",
+                    "record {} cannot be processed: {reason}; its offset is not committed (fix the cause and restart, or set a dead_letter policy)",
                     describe(record)
                 ),
             });
             return false;
         }
     };
-    let reason = err.to_string();
     let partition = record.partition.to_string();
     let offset = record.offset.to_string();
     let mut backoff = Backoff::new(env.effect.backoff_initial, env.effect.backoff_max);
