@@ -69,6 +69,11 @@ pub enum SandboxError {
         "PostgreSQL server binaries not found; install them with: apt-get install -y postgresql"
     )]
     NotInstalled,
+    /// The requested major version is neither Debian's nor in the version cache.
+    #[error(
+        "PostgreSQL {0} server binaries not found in /usr/lib/postgresql/{0}/bin or {1}/{0}/bin; install them with: bash scripts/install-deps.sh"
+    )]
+    MajorNotInstalled(u32, String),
     /// A file-system or process-spawning operation (described) failed.
     #[error("{0}: {1}; check that /tmp is writable and not full")]
     Io(String, io::Error),
@@ -119,6 +124,10 @@ pub struct PgClusterOptions {
     /// directory once this process is gone. Set it for clusters that are
     /// never dropped, e.g. kept in a `static`.
     pub watchdog: bool,
+    /// The PostgreSQL major version to run (`13`…`18`): Debian's
+    /// `/usr/lib/postgresql/<major>/bin`, else the version cache (see
+    /// [`version_cache`]). `None`: the newest installed by Debian.
+    pub major: Option<u32>,
 }
 
 /// An unprivileged OS user to run PostgreSQL as.
@@ -148,7 +157,10 @@ impl PgCluster {
     /// Creates, configures and starts a new cluster, and creates the roles
     /// [`MD5_ROLE`], [`PLAIN_ROLE`] and [`NOPRIVS_ROLE`].
     pub fn start(opts: PgClusterOptions) -> Result<PgCluster> {
-        let bin_dir = find_bin_dir()?;
+        let bin_dir = match opts.major {
+            Some(major) => bin_dir_for_major(major)?,
+            None => find_bin_dir()?,
+        };
         let tmp = tempfile::Builder::new()
             .prefix("walbox-pg-")
             .tempdir_in("/tmp")
@@ -543,6 +555,37 @@ fn run(mut cmd: Command, what: &str) -> Result<Output> {
     ))
 }
 
+/// Where server binaries of other majors than Debian's live, one directory per
+/// major (`<cache>/<major>/bin/initdb`): `$WALBOX_PG_CACHE`, by default
+/// `/var/cache/walbox/postgresql`.
+pub fn version_cache() -> PathBuf {
+    std::env::var_os("WALBOX_PG_CACHE")
+        .filter(|v| !v.is_empty())
+        .map_or_else(
+            || PathBuf::from("/var/cache/walbox/postgresql"),
+            PathBuf::from,
+        )
+}
+
+/// The `bin` directory of PostgreSQL `major`: Debian's package if installed,
+/// else the version cache.
+pub fn bin_dir_for_major(major: u32) -> Result<PathBuf> {
+    let has_initdb = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
+    let debian = PathBuf::from(format!("/usr/lib/postgresql/{major}/bin"));
+    if has_initdb(&debian) {
+        return Ok(debian);
+    }
+    let cache = version_cache();
+    let cached = cache.join(major.to_string()).join("bin");
+    if has_initdb(&cached) {
+        return Ok(cached);
+    }
+    Err(SandboxError::MajorNotInstalled(
+        major,
+        cache.display().to_string(),
+    ))
+}
+
 /// Locates the PostgreSQL programs: `pg_config --bindir` if it holds
 /// `initdb` (Debian's `postgresql-common` wrapper may report a directory
 /// without it), else the newest `/usr/lib/postgresql/<version>/bin`.
@@ -727,6 +770,7 @@ mod tests {
             settings: vec![("wal_sender_timeout".into(), "7s".into())],
             ssl: true,
             watchdog: true,
+            major: None,
         })
         .expect("start cluster");
         let show = pg.psql(
