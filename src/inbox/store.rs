@@ -356,7 +356,9 @@ impl Statements {
             })
             .collect();
         if !outcomes.contains(&Outcome::Applied) {
-            tx.rollback().await.map_err(|e| whole(StoreError::Inbox(e)))?;
+            tx.rollback()
+                .await
+                .map_err(|e| whole(StoreError::Inbox(e)))?;
             return Ok(outcomes);
         }
         if let Some(stmt) = &conn.effect {

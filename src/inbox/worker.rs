@@ -167,7 +167,16 @@ async fn process(
                 }
                 run.clear();
                 let reason = StoreError::Invalid(invalid).to_string();
-                if !give_up(env, &record, env.effect.on_invalid, &reason, cancel, progress).await {
+                if !give_up(
+                    env,
+                    &record,
+                    env.effect.on_invalid,
+                    &reason,
+                    cancel,
+                    progress,
+                )
+                .await
+                {
                     return false;
                 }
             }

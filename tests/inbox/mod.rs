@@ -3,6 +3,8 @@
 //! offset commit), effect errors rolled back with their inbox row, per-partition order, the
 //! retention guard, and an end-to-end run of both halves under SIGKILL.
 
+mod batch;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -22,7 +24,7 @@ use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 /// and a function that can be told to fail.
 fn inbox_db(tag: &str) -> TestDb {
     let db = TestDb::new(tag);
-    db.sql(include_str!("../migrations/inbox.sql"));
+    db.sql(include_str!("../../migrations/inbox.sql"));
     db.sql(
         "CREATE TABLE effects (
              seq bigint GENERATED ALWAYS AS IDENTITY,

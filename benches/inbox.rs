@@ -1,0 +1,715 @@
+//! Inbox benchmark: `walbox inbox` against the per-record inbox it replaces and against
+//! PostgreSQL's own rate for the same transactions, in one run, on a throwaway cluster and broker.
+//!
+//! `cargo bench --bench inbox`:
+//! 1. starts a private PostgreSQL cluster (the sandbox's settings, `track_commit_timestamp=on`)
+//!    with `migrations/inbox.sql` and 50 accounts, and librdkafka's mock Kafka cluster in a
+//!    child process (or `WALBOX_BENCH_KAFKA_BROKERS`);
+//! 2. produces N records (50 keys, an `id` header, a small JSON payload) to a 1-, a 4- and a
+//!    16-partition topic;
+//! 3. for each topic, with `fsync` off and on (`ALTER SYSTEM` + reload), with the one-statement
+//!    effect (`UPDATE accounts … WHERE id = $key`) and with the stored-record form, drains the
+//!    topic from the beginning with a fresh consumer group and an empty inbox:
+//!    - `walbox inbox` with the default settings (`effect.batch_max = 100`, no linger);
+//!    - the per-record inbox (`effect.batch_max = 1`: one transaction per record, what
+//!      `walbox inbox` did before batching);
+//!    - the direct reference: the same multi-row `INSERT … ON CONFLICT DO NOTHING RETURNING`,
+//!      the same effect statements and one COMMIT per 100 records, issued by a plain client
+//!      over the same socket on as many connections (`effect.max_parallel`), without Kafka;
+//! 4. latency at fixed produce rates (1k and 10k records/s, 4 partitions, the effect form):
+//!    from the producer's send call to the inbox transaction's commit timestamp
+//!    (`pg_xact_commit_timestamp` of the inbox row), p50/p99/max.
+//!
+//! Rates are records over the time from the first record applied to the last (consumer-group
+//! start-up excluded; the reference has none). walbox runs in this process, like the reference,
+//! and nothing else runs during a measurement. Nothing is asserted: targets are reported.
+//!
+//! Environment: `WALBOX_BENCH_INBOX_RECORDS` (N, default 20,000), `WALBOX_BENCH_QUICK=1`
+//! (N = 5,000, 3 s latency runs), `WALBOX_BENCH_LATENCY_SECS` (default 10),
+//! `WALBOX_BENCH_INBOX_OUTPUT` (default `benches/inbox-results.md`), `WALBOX_BENCH_KAFKA_BROKERS`.
+
+#[path = "e2e/broker.rs"]
+mod broker;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls};
+
+use walbox::inbox::config::{load_from, InboxConfig};
+use walbox::inbox::metrics::InboxMetrics;
+use walbox::inbox::Handles;
+use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+
+use broker::BenchBroker;
+
+/// Accounts, i.e. distinct keys.
+const ACCOUNTS: usize = 50;
+/// `effect.max_parallel` of every run (walbox's default) and connections of the reference.
+const CONNECTIONS: usize = 4;
+/// The reference's records per transaction (walbox's default `effect.batch_max`).
+const DIRECT_BATCH: usize = 100;
+/// The effect: one statement.
+const EFFECT: &str =
+    "UPDATE accounts SET balance = balance + ($payload->>'amount')::numeric WHERE id = $key";
+
+/// The accounts the effect updates.
+const SCHEMA: &str =
+    "CREATE TABLE accounts (id text PRIMARY KEY, balance numeric NOT NULL DEFAULT 0);
+INSERT INTO accounts (id) SELECT 'acct-' || n FROM generate_series(0, 49) n;";
+
+struct Settings {
+    records: usize,
+    latency: Duration,
+    output: PathBuf,
+}
+
+impl Settings {
+    fn from_env() -> anyhow::Result<Self> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let quick = var("WALBOX_BENCH_QUICK").is_some_and(|v| v != "0");
+        let num = |k: &str, default: usize| -> anyhow::Result<usize> {
+            var(k).map_or(Ok(default), |v| {
+                v.replace(['_', ','], "")
+                    .parse()
+                    .with_context(|| format!("{k}={v}: not a number"))
+            })
+        };
+        Ok(Settings {
+            records: num(
+                "WALBOX_BENCH_INBOX_RECORDS",
+                if quick { 5_000 } else { 20_000 },
+            )?,
+            latency: Duration::from_secs(num(
+                "WALBOX_BENCH_LATENCY_SECS",
+                if quick { 3 } else { 10 },
+            )? as u64),
+            output: var("WALBOX_BENCH_INBOX_OUTPUT").map_or_else(
+                || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/inbox-results.md"),
+                PathBuf::from,
+            ),
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    if std::env::args().any(|a| a == broker::HOST_ARG) {
+        broker::host_main();
+    }
+    // `cargo test --all-targets` runs bench targets without --bench: skip.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("inbox bench: run it with `cargo bench --bench inbox` (skipped under cargo test)");
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("inbox bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("inbox bench failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The two inbox forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// `effect.sql` = [`EFFECT`].
+    Effect,
+    /// No effect; the record is stored in the inbox row.
+    Stored,
+}
+
+impl Form {
+    fn name(self) -> &'static str {
+        match self {
+            Form::Effect => "one-statement effect",
+            Form::Stored => "stored record",
+        }
+    }
+}
+
+/// One produced record, as the reference binds it.
+struct Rec {
+    id: String,
+    key: String,
+    payload: String,
+    headers: String,
+    offset: i64,
+}
+
+struct Bench {
+    cluster: PgCluster,
+    broker: BenchBroker,
+    admin: Client,
+    url: String,
+    runs: usize,
+}
+
+async fn run() -> anyhow::Result<()> {
+    let settings = Settings::from_env()?;
+    let started = Instant::now();
+    let cluster = tokio::task::spawn_blocking(|| {
+        PgCluster::start(PgClusterOptions {
+            settings: [
+                ("shared_buffers", "512MB"),
+                ("max_wal_size", "4GB"),
+                ("track_commit_timestamp", "on"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+            watchdog: true,
+            ..Default::default()
+        })
+    })
+    .await?
+    .context("starting PostgreSQL")?;
+    cluster.create_database("bench")?;
+    cluster.psql("bench", include_str!("../migrations/inbox.sql"))?;
+    cluster.psql("bench", SCHEMA)?;
+    let url = cluster.socket_url("bench");
+    let (admin, conn) = tokio_postgres::connect(&url, NoTls).await?;
+    tokio::spawn(conn);
+    let broker = BenchBroker::start()?;
+    let mut bench = Bench {
+        cluster,
+        broker,
+        admin,
+        url,
+        runs: 0,
+    };
+    let n = settings.records;
+    let version: String = bench.admin.query_one("SELECT version()", &[]).await?.get(0);
+
+    let mut out = String::new();
+    writeln!(
+        out,
+        "# walbox inbox benchmark\n\n{version}; {} Kafka; {n} records, {ACCOUNTS} keys; \
+         `effect.max_parallel = {CONNECTIONS}`; rates from the first record applied to the last.\n",
+        if bench.broker.is_mock() {
+            "librdkafka mock"
+        } else {
+            "external"
+        }
+    )?;
+    writeln!(
+        out,
+        "| partitions | form | fsync | walbox (batch_max 100) | per-record (batch_max 1) | direct INSERT | ×per-record | ×direct |\n|---|---|---|---|---|---|---|---|"
+    )?;
+    for partitions in [1, 4, 16] {
+        let topic = format!("inbox_{partitions}");
+        let records = bench.produce_backlog(&topic, partitions, n)?;
+        for fsync in [false, true] {
+            bench.set_fsync(fsync).await?;
+            for form in [Form::Effect, Form::Stored] {
+                let batched = bench.drain(&topic, n, form, 100).await?;
+                let naive = bench.drain(&topic, n, form, 1).await?;
+                let direct = bench.direct(&records, partitions, form).await?;
+                let line = format!(
+                    "| {partitions} | {} | {} | {} | {} | {} | {:.1}× | {:.2}× |",
+                    form.name(),
+                    if fsync { "on" } else { "off" },
+                    rate(batched),
+                    rate(naive),
+                    rate(direct),
+                    batched / naive,
+                    batched / direct
+                );
+                eprintln!("{line}");
+                writeln!(out, "{line}")?;
+            }
+        }
+    }
+
+    writeln!(
+        out,
+        "\nLatency, send → inbox commit (4 partitions, one-statement effect, {} s per rate):\n\n\
+         | rate | fsync | batch_max | p50 | p99 | max |\n|---|---|---|---|---|---|",
+        settings.latency.as_secs()
+    )?;
+    for fsync in [false, true] {
+        bench.set_fsync(fsync).await?;
+        for (rate, batch_max) in [(1_000, 100), (1_000, 1), (10_000, 100)] {
+            let l = bench.latency(rate, batch_max, settings.latency).await?;
+            let line = format!(
+                "| {rate}/s | {} | {batch_max} | {} | {} | {} |",
+                if fsync { "on" } else { "off" },
+                ms(l.p50),
+                ms(l.p99),
+                ms(l.max)
+            );
+            eprintln!("{line}");
+            writeln!(out, "{line}")?;
+        }
+    }
+    writeln!(
+        out,
+        "\nTargets (reported, not asserted): ≥ 20,000 records/s with the one-statement effect; \
+         ≥ 0.8 × the direct INSERT rate; p99 ≤ 20 ms at 1,000 records/s.\n\nTotal bench time: {:.0} s.",
+        started.elapsed().as_secs_f64()
+    )?;
+    print!("{out}");
+    std::fs::write(&settings.output, &out)
+        .with_context(|| format!("writing {}", settings.output.display()))?;
+    eprintln!("written to {}", settings.output.display());
+    bench.cluster.stop()?;
+    Ok(())
+}
+
+fn rate(r: f64) -> String {
+    format!("{:.0}/s", r)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+fn producer(
+    bootstrap: &str,
+    linger_ms: &str,
+) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", linger_ms)
+        .create()?)
+}
+
+fn record_for(i: usize, id: String, offset: i64) -> Rec {
+    let key = format!("acct-{}", i % ACCOUNTS);
+    Rec {
+        headers: format!("{{\"id\":\"{id}\"}}"),
+        id,
+        key,
+        payload: format!("{{\"amount\": 1.25, \"n\": {i}}}"),
+        offset,
+    }
+}
+
+impl Bench {
+    /// Produces `n` records to a new topic, each key to one partition (as the relay does).
+    fn produce_backlog(
+        &mut self,
+        topic: &str,
+        partitions: i32,
+        n: usize,
+    ) -> anyhow::Result<Vec<Rec>> {
+        self.broker.create_topic(topic, partitions)?;
+        let p = producer(&self.broker.bootstrap(), "5")?;
+        let mut records = Vec::with_capacity(n);
+        for i in 0..n {
+            let r = record_for(i, format!("{topic}-{i}"), i as i64);
+            let partition = (i % ACCOUNTS) as i32 % partitions;
+            let mut br = BaseRecord::to(topic)
+                .key(r.key.as_bytes())
+                .payload(r.payload.as_bytes())
+                .partition(partition)
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "id",
+                    value: Some(r.id.as_bytes()),
+                }));
+            loop {
+                match p.send(br) {
+                    Ok(()) => break,
+                    Err((_, back)) => {
+                        // Queue full: let it drain.
+                        p.poll(Duration::from_millis(10));
+                        br = back;
+                    }
+                }
+            }
+            records.push(r);
+        }
+        p.flush(Duration::from_secs(60))?;
+        Ok(records)
+    }
+
+    async fn set_fsync(&self, on: bool) -> anyhow::Result<()> {
+        self.admin
+            .batch_execute(&format!(
+                "ALTER SYSTEM SET fsync = {}",
+                if on { "on" } else { "off" }
+            ))
+            .await?;
+        self.admin.batch_execute("SELECT pg_reload_conf()").await?;
+        // A reload is asynchronous: wait until a new session sees it.
+        let want = if on { "on" } else { "off" };
+        for _ in 0..500 {
+            let (c, conn) = tokio_postgres::connect(&self.url, NoTls).await?;
+            let h = tokio::spawn(conn);
+            let v: String = c.query_one("SHOW fsync", &[]).await?.get(0);
+            drop(c);
+            let _ = h.await;
+            if v == want {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        bail!("fsync did not become {want}")
+    }
+
+    /// An empty inbox and a checkpoint, so every run starts from the same state.
+    async fn reset(&self) -> anyhow::Result<()> {
+        self.admin.batch_execute("TRUNCATE inbox").await?;
+        self.admin.batch_execute("VACUUM accounts").await?;
+        self.admin.batch_execute("CHECKPOINT").await?;
+        Ok(())
+    }
+
+    fn inbox_config(
+        &mut self,
+        topic: &str,
+        form: Form,
+        batch_max: usize,
+    ) -> anyhow::Result<InboxConfig> {
+        self.runs += 1;
+        let mut env: Vec<(String, String)> = [
+            ("WALBOX_INBOX_POSTGRES_URL", self.url.clone()),
+            ("WALBOX_INBOX_KAFKA_BROKERS", self.broker.bootstrap()),
+            (
+                "WALBOX_INBOX_KAFKA_GROUP_ID",
+                format!("bench-{}", self.runs),
+            ),
+            ("WALBOX_INBOX_POSTGRES_CONSUMER", "bench".to_owned()),
+            ("WALBOX_INBOX_KAFKA_TOPICS", topic.to_owned()),
+            ("WALBOX_INBOX_EFFECT_BATCH_MAX", batch_max.to_string()),
+            ("WALBOX_INBOX_EFFECT_MAX_PARALLEL", CONNECTIONS.to_string()),
+            ("WALBOX_INBOX_HTTP_LISTEN", "off".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        if form == Form::Effect {
+            env.push(("WALBOX_INBOX_EFFECT_SQL".into(), EFFECT.into()));
+        }
+        Ok(load_from(None, &mut env.into_iter())?)
+    }
+
+    /// Runs `walbox inbox` in this process until `done` says so; returns its metrics.
+    async fn with_inbox<F, Fut>(&self, config: InboxConfig, done: F) -> anyhow::Result<()>
+    where
+        F: FnOnce(Arc<InboxMetrics>) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        let handles = Handles::default();
+        let metrics = handles.metrics.clone();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(walbox::inbox::run_with(
+            config,
+            async move {
+                let _ = stop_rx.await;
+            },
+            handles,
+        ));
+        let result = tokio::select! {
+            r = done(metrics) => r,
+            r = async { task_result(&task).await } => r,
+        };
+        let _ = stop_tx.send(());
+        let ended = task.await;
+        result?;
+        match ended {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => bail!("walbox inbox stopped: {}", e.message),
+            Err(e) => bail!("walbox inbox panicked: {e}"),
+        }
+    }
+
+    /// Drains `topic` (n records) with `walbox inbox`; records per second.
+    async fn drain(
+        &mut self,
+        topic: &str,
+        n: usize,
+        form: Form,
+        batch_max: usize,
+    ) -> anyhow::Result<f64> {
+        self.reset().await?;
+        let config = self.inbox_config(topic, form, batch_max)?;
+        let mut rate = 0.0;
+        self.with_inbox(config, |m| async {
+            let m = m;
+            let deadline = Instant::now() + Duration::from_secs(600);
+            let mut first: Option<(Instant, u64)> = None;
+            loop {
+                let done = m.records_consumed.get();
+                if first.is_none() && done > 0 {
+                    first = Some((Instant::now(), done));
+                }
+                if done >= n as u64 {
+                    let (t0, c0) = first.unwrap_or((Instant::now(), 0));
+                    let span = t0.elapsed().as_secs_f64().max(1e-6);
+                    rate = (done - c0) as f64 / span;
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    bail!("walbox inbox applied {done} of {n} records in 10 minutes");
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await?;
+        Ok(rate)
+    }
+
+    /// The same transactions, issued directly: per partition, batches of [`DIRECT_BATCH`]
+    /// records in offset order, partitions spread over [`CONNECTIONS`] connections.
+    async fn direct(&self, records: &[Rec], partitions: i32, form: Form) -> anyhow::Result<f64> {
+        self.reset().await?;
+        let mut per_partition: Vec<Vec<&Rec>> = vec![Vec::new(); partitions as usize];
+        for r in records {
+            let p = records_partition(r, partitions);
+            per_partition[p].push(r);
+        }
+        let streams = CONNECTIONS.min(partitions as usize);
+        let mut lanes: Vec<Vec<Vec<&Rec>>> = vec![Vec::new(); streams];
+        for (p, recs) in per_partition.into_iter().enumerate() {
+            lanes[p % streams].push(recs);
+        }
+        let mut clients = Vec::new();
+        for _ in 0..streams {
+            let (c, conn) = tokio_postgres::connect(&self.url, NoTls).await?;
+            tokio::spawn(conn);
+            clients.push(c);
+        }
+        let t0 = Instant::now();
+        let work = clients.iter_mut().zip(&lanes).map(|(c, lane)| async move {
+            let insert = c.prepare(insert_sql(form)).await?;
+            // As walbox rewrites EFFECT: `$payload` → `($1::jsonb)`, sent as text.
+            let effect = c
+                .prepare_typed(
+                    "UPDATE accounts SET balance = balance + (($1::jsonb)->>'amount')::numeric WHERE id = $2",
+                    &[Type::TEXT, Type::TEXT],
+                )
+                .await?;
+            for partition in lane {
+                for chunk in partition.chunks(DIRECT_BATCH) {
+                    direct_batch(c, &insert, &effect, chunk, form).await?;
+                }
+            }
+            anyhow::Ok(())
+        });
+        for r in futures_util::future::join_all(work).await {
+            r?;
+        }
+        Ok(records.len() as f64 / t0.elapsed().as_secs_f64())
+    }
+
+    /// Produces at `rate` records/s for `secs` to a 4-partition topic while `walbox inbox`
+    /// consumes it; the send → commit latency of every record.
+    async fn latency(
+        &mut self,
+        rate: u64,
+        batch_max: usize,
+        secs: Duration,
+    ) -> anyhow::Result<Latency> {
+        self.reset().await?;
+        let topic = format!("latency_{}", self.runs);
+        self.broker.create_topic(&topic, 4)?;
+        let config = self.inbox_config(&topic, Form::Effect, batch_max)?;
+        let bootstrap = self.broker.bootstrap();
+        let total = (rate * secs.as_secs()) as usize;
+        let mut sent: HashMap<String, i64> = HashMap::with_capacity(total);
+        let sent_ref = &mut sent;
+        let topic_ref = topic.as_str();
+        self.with_inbox(config, |m| async move {
+            // The consumer group joins before the first record is sent.
+            wait_ready(&bootstrap, topic_ref, &m).await?;
+            let p = producer(&bootstrap, "0")?;
+            let start = Instant::now();
+            let mut i = 0usize;
+            while i < total {
+                let due = ((start.elapsed().as_secs_f64() * rate as f64) as usize).min(total);
+                while i < due {
+                    let id = format!("{topic_ref}-{i}");
+                    let key = format!("acct-{}", i % ACCOUNTS);
+                    let payload = format!("{{\"amount\": 1.25, \"n\": {i}}}");
+                    sent_ref.insert(id.clone(), now_us());
+                    p.send(
+                        BaseRecord::to(topic_ref)
+                            .key(key.as_bytes())
+                            .payload(payload.as_bytes())
+                            .partition((i % ACCOUNTS) as i32 % 4)
+                            .headers(OwnedHeaders::new().insert(Header {
+                                key: "id",
+                                value: Some(id.as_bytes()),
+                            })),
+                    )
+                    .map_err(|(e, _)| e)?;
+                    i += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            p.flush(Duration::from_secs(30))?;
+            let deadline = Instant::now() + Duration::from_secs(300);
+            // The warm-up record of wait_ready is counted too.
+            while m.records_consumed.get() < total as u64 + 1 {
+                if Instant::now() > deadline {
+                    bail!("the inbox did not catch up within 5 minutes");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(())
+        })
+        .await?;
+        let rows = self
+            .admin
+            .query(
+                "SELECT message_id, (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000000)::int8 FROM inbox",
+                &[],
+            )
+            .await?;
+        let mut lat: Vec<i64> = rows
+            .iter()
+            .filter_map(|r| {
+                let id: String = r.get(0);
+                let committed: i64 = r.get(1);
+                sent.get(&id).map(|s| committed - s)
+            })
+            .collect();
+        if lat.len() != total {
+            bail!("{} of {total} records have a commit timestamp", lat.len());
+        }
+        lat.sort_unstable();
+        let at = |q: f64| {
+            Duration::from_micros(lat[((lat.len() - 1) as f64 * q) as usize].max(0) as u64)
+        };
+        Ok(Latency {
+            p50: at(0.5),
+            p99: at(0.99),
+            max: at(1.0),
+        })
+    }
+}
+
+async fn task_result(
+    task: &tokio::task::JoinHandle<Result<(), walbox::failure::FatalError>>,
+) -> anyhow::Result<()> {
+    // Resolves only if walbox stops by itself (an error): polled alongside the measurement.
+    while !task.is_finished() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("walbox inbox stopped during the measurement")
+}
+
+/// Sends one record and waits until it is applied: the group has joined and fetches.
+async fn wait_ready(bootstrap: &str, topic: &str, m: &InboxMetrics) -> anyhow::Result<()> {
+    let p = producer(bootstrap, "0")?;
+    p.send(
+        BaseRecord::to(topic)
+            .key("acct-0")
+            .payload("{\"amount\": 0}")
+            .headers(OwnedHeaders::new().insert(Header {
+                key: "id",
+                value: Some("warm-up".as_bytes()),
+            })),
+    )
+    .map_err(|(e, _)| e)?;
+    p.flush(Duration::from_secs(30))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while m.records_consumed.get() == 0 {
+        if Instant::now() > deadline {
+            bail!("the inbox did not start consuming within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+struct Latency {
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
+fn records_partition(r: &Rec, partitions: i32) -> usize {
+    let i: usize = r.key.trim_start_matches("acct-").parse().unwrap_or(0);
+    (i % ACCOUNTS) % partitions as usize
+}
+
+/// The inbox statement walbox prepares (see `inbox::store`), written out.
+fn insert_sql(form: Form) -> &'static str {
+    match form {
+        Form::Effect => {
+            "INSERT INTO inbox (consumer, message_id) \
+             SELECT $1, u.id FROM unnest($2::text[]) WITH ORDINALITY AS u(id, n) ORDER BY u.n \
+             ON CONFLICT DO NOTHING RETURNING message_id"
+        }
+        Form::Stored => {
+            "INSERT INTO inbox (consumer, message_id, topic, kafka_partition, kafka_offset, message_key, headers, payload) \
+             SELECT $1, u.id, $3, $4, u.off, u.key, u.headers::jsonb, u.payload::jsonb \
+             FROM unnest($2::text[], $5::int8[], $6::text[], $7::text[], $8::text[]) \
+             WITH ORDINALITY AS u(id, off, key, headers, payload, n) ORDER BY u.n \
+             ON CONFLICT DO NOTHING RETURNING message_id"
+        }
+    }
+}
+
+async fn direct_batch(
+    c: &mut Client,
+    insert: &tokio_postgres::Statement,
+    effect: &tokio_postgres::Statement,
+    chunk: &[&Rec],
+    form: Form,
+) -> anyhow::Result<()> {
+    let tx = c.transaction().await?;
+    let ids: Vec<&str> = chunk.iter().map(|r| r.id.as_str()).collect();
+    let consumer = "bench";
+    match form {
+        Form::Effect => {
+            let rows = tx.query(insert, &[&consumer, &ids]).await?;
+            let new: std::collections::HashSet<String> =
+                rows.iter().map(|r| r.get::<_, String>(0)).collect();
+            let params: Vec<[&(dyn ToSql + Sync); 2]> = chunk
+                .iter()
+                .filter(|r| new.contains(&r.id))
+                .map(|r| [&r.payload as &(dyn ToSql + Sync), &r.key])
+                .collect();
+            let pending = params.iter().map(|p| tx.execute(effect, p));
+            for r in futures_util::future::join_all(pending).await {
+                r?;
+            }
+        }
+        Form::Stored => {
+            let offsets: Vec<i64> = chunk.iter().map(|r| r.offset).collect();
+            let keys: Vec<&str> = chunk.iter().map(|r| r.key.as_str()).collect();
+            let headers: Vec<&str> = chunk.iter().map(|r| r.headers.as_str()).collect();
+            let payloads: Vec<&str> = chunk.iter().map(|r| r.payload.as_str()).collect();
+            tx.query(
+                insert,
+                &[
+                    &consumer, &ids, &"topic", &0i32, &offsets, &keys, &headers, &payloads,
+                ],
+            )
+            .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
