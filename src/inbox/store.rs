@@ -4,10 +4,12 @@
 //! # Invariants
 //! - A batch (consecutive records of one partition) is applied in exactly one transaction:
 //!   `BEGIN`; one multi-row `INSERT INTO <inbox> … ON CONFLICT DO NOTHING RETURNING message_id`;
-//!   the effect for each record whose row that inserted, in offset order (pipelined: one round
-//!   trip for all of them); `COMMIT`. An error anywhere rolls the whole transaction back, inbox
-//!   rows included, so a failed batch leaves no trace and can be retried, split or
-//!   dead-lettered record by record ([`BatchError::at`] says which record failed).
+//!   the effect for each record whose row that inserted, in offset order; `COMMIT`. Requests
+//!   are pipelined: `BEGIN` with the `INSERT`, the effects with the `COMMIT` (the whole
+//!   transaction in one round trip when there is no effect). An error anywhere rolls the whole
+//!   transaction back, inbox rows included, so a failed batch leaves no trace and can be
+//!   retried, split or dead-lettered record by record ([`BatchError::at`] says which record
+//!   failed).
 //! - Within a batch the first record with a message id wins; later ones with the same id are
 //!   duplicates and run no effect, exactly as if they came in a later transaction.
 //! - Every value is computed before `BEGIN` ([`Statements::prepare`]): a record that cannot be
@@ -265,7 +267,7 @@ impl Statements {
 
     /// Computes everything a record binds; an [`InvalidRecord`] (no usable message id, a key
     /// or header that is not UTF-8 where text is needed) can never be applied.
-    pub fn prepare(&self, record: Record) -> Result<Prepared, (Record, InvalidRecord)> {
+    pub fn prepare(&self, record: Record) -> Result<Prepared, Box<(Record, InvalidRecord)>> {
         let bound = (|| {
             let message_id = record.message_id(&self.message_id_header)?.to_owned();
             let effect = match &self.effect {
@@ -290,12 +292,18 @@ impl Statements {
                 effect,
                 stored,
             }),
-            Err(e) => Err((record, e)),
+            Err(e) => Err(Box::new((record, e))),
         }
     }
 
     /// Applies `batch` (consecutive records of one partition) in one transaction; see the
     /// module invariants. On success, one [`Outcome`] per record, in order.
+    ///
+    /// Two round trips with an effect, one without: `BEGIN` and the inbox `INSERT` are sent
+    /// together (with `COMMIT` when there is no effect), then the effects and `COMMIT`. After
+    /// the first error the server ignores the rest of the transaction ("current transaction is
+    /// aborted") and answers the pipelined `COMMIT` with a rollback, so nothing after a failure
+    /// commits.
     pub async fn apply(
         &self,
         conn: &mut Conn,
@@ -305,93 +313,104 @@ impl Statements {
         let Some(first) = batch.first() else {
             return Ok(Vec::new());
         };
+        let client = &conn.client;
         let ids: Vec<&str> = batch.iter().map(|p| p.message_id.as_str()).collect();
-        let tx = conn
-            .client
-            .transaction()
-            .await
-            .map_err(|e| whole(StoreError::Inbox(e)))?;
-        let inserted = if self.store_record {
-            let offsets: Vec<i64> = batch.iter().map(|p| p.record.offset).collect();
+        let offsets: Vec<i64>;
+        let keys: Vec<Option<&str>>;
+        let headers: Vec<Option<&str>>;
+        let payloads: Vec<Option<&str>>;
+        let params: Vec<&(dyn ToSql + Sync)> = if self.store_record {
+            offsets = batch.iter().map(|p| p.record.offset).collect();
             let column = |f: fn(&Stored) -> Option<&str>| -> Vec<Option<&str>> {
                 batch
                     .iter()
                     .map(|p| p.stored.as_ref().and_then(f))
                     .collect()
             };
-            let keys = column(|s| s.key.as_deref());
-            let headers = column(|s| Some(s.headers.as_str()));
-            let payloads = column(|s| s.payload.as_deref());
-            tx.query(
-                &conn.insert,
-                &[
-                    &self.consumer,
-                    &ids,
-                    &first.record.topic,
-                    &first.record.partition,
-                    &offsets,
-                    &keys,
-                    &headers,
-                    &payloads,
-                ],
-            )
-            .await
+            keys = column(|s| s.key.as_deref());
+            headers = column(|s| Some(s.headers.as_str()));
+            payloads = column(|s| s.payload.as_deref());
+            vec![
+                &self.consumer,
+                &ids,
+                &first.record.topic,
+                &first.record.partition,
+                &offsets,
+                &keys,
+                &headers,
+                &payloads,
+            ]
         } else {
-            tx.query(&conn.insert, &[&self.consumer, &ids]).await
-        }
-        .map_err(|e| whole(StoreError::Inbox(e)))?;
-        let mut new: HashSet<&str> = HashSet::with_capacity(inserted.len());
-        for row in &inserted {
-            new.insert(row.try_get(0).map_err(|e| whole(StoreError::Inbox(e)))?);
-        }
-        // The first record with each inserted id is new; the rest are duplicates.
-        let outcomes: Vec<Outcome> = batch
-            .iter()
-            .map(|p| {
-                if new.remove(p.message_id.as_str()) {
-                    Outcome::Applied
+            vec![&self.consumer, &ids]
+        };
+        // Futures send their request when first polled, and `join` polls them in this order.
+        let commit_at_once = conn.effect.is_none();
+        let (begun, inserted, committed) = futures_util::future::join3(
+            client.batch_execute("BEGIN"),
+            client.query(&conn.insert, &params),
+            async {
+                if commit_at_once {
+                    Some(client.batch_execute("COMMIT").await)
                 } else {
-                    Outcome::Duplicate
+                    None
                 }
-            })
-            .collect();
+            },
+        )
+        .await;
+        begun.map_err(|e| whole(StoreError::Inbox(e)))?;
+        let inserted = match inserted {
+            Ok(rows) => rows,
+            Err(e) => {
+                if !commit_at_once {
+                    rollback(client).await.map_err(whole)?;
+                }
+                return Err(whole(StoreError::Inbox(e)));
+            }
+        };
+        let outcomes = outcomes(batch, &inserted).map_err(whole)?;
+        let Some(stmt) = &conn.effect else {
+            if let Some(Err(e)) = committed {
+                return Err(whole(StoreError::Inbox(e)));
+            }
+            return Ok(outcomes);
+        };
         if !outcomes.contains(&Outcome::Applied) {
-            tx.rollback()
-                .await
-                .map_err(|e| whole(StoreError::Inbox(e)))?;
+            rollback(client).await.map_err(whole)?;
             return Ok(outcomes);
         }
-        if let Some(stmt) = &conn.effect {
-            let applied: Vec<usize> = (0..batch.len())
-                .filter(|&i| outcomes[i] == Outcome::Applied)
-                .collect();
-            let params: Vec<Vec<&(dyn ToSql + Sync)>> = applied
-                .iter()
-                .map(|&i| {
-                    batch[i]
-                        .effect
-                        .iter()
-                        .flatten()
-                        .map(|v| v.as_ref() as &(dyn ToSql + Sync))
-                        .collect()
-                })
-                .collect();
-            // Sent in order, answered in order: the server runs them one after the other, and
-            // after the first error every later one fails with "transaction aborted" unrun.
-            let results =
-                futures_util::future::join_all(params.iter().map(|p| tx.execute(stmt, p))).await;
-            if let Some((k, e)) = results
-                .into_iter()
-                .enumerate()
-                .find_map(|(k, r)| r.err().map(|e| (k, e)))
-            {
-                return Err(BatchError {
-                    at: Some(applied[k]),
-                    error: StoreError::Effect(e),
-                });
-            }
+        let applied: Vec<usize> = (0..batch.len())
+            .filter(|&i| outcomes[i] == Outcome::Applied)
+            .collect();
+        let params: Vec<Vec<&(dyn ToSql + Sync)>> = applied
+            .iter()
+            .map(|&i| {
+                batch[i]
+                    .effect
+                    .iter()
+                    .flatten()
+                    .map(|v| v.as_ref() as &(dyn ToSql + Sync))
+                    .collect()
+            })
+            .collect();
+        // Sent in order, answered in order: the server runs them one after the other.
+        let (results, committed) = futures_util::future::join(
+            futures_util::future::join_all(params.iter().map(|p| client.execute(stmt, p))),
+            client.batch_execute("COMMIT"),
+        )
+        .await;
+        if let Some((k, e)) = results
+            .into_iter()
+            .enumerate()
+            .find_map(|(k, r)| r.err().map(|e| (k, e)))
+        {
+            // The COMMIT rolled the transaction back; if it could not even be sent, the
+            // connection is gone and the server rolls back.
+            return Err(BatchError {
+                at: Some(applied[k]),
+                error: StoreError::Effect(e),
+            });
         }
-        tx.commit().await.map_err(|e| whole(StoreError::Inbox(e)))?;
+        committed.map_err(|e| whole(StoreError::Inbox(e)))?;
         Ok(outcomes)
     }
 
@@ -469,4 +488,35 @@ impl Pool {
             v.push(lease.conn);
         }
     }
+}
+
+/// Which records of `batch` the inbox INSERT made new: the first record with each returned id;
+/// every other record is a duplicate.
+fn outcomes(
+    batch: &[Prepared],
+    inserted: &[tokio_postgres::Row],
+) -> Result<Vec<Outcome>, StoreError> {
+    let mut new: HashSet<&str> = HashSet::with_capacity(inserted.len());
+    for row in inserted {
+        new.insert(row.try_get(0).map_err(StoreError::Inbox)?);
+    }
+    Ok(batch
+        .iter()
+        .map(|p| {
+            if new.remove(p.message_id.as_str()) {
+                Outcome::Applied
+            } else {
+                Outcome::Duplicate
+            }
+        })
+        .collect())
+}
+
+/// Rolls the open transaction back. An error here means the connection is unusable: it is
+/// returned so the caller drops the connection.
+async fn rollback(client: &Client) -> Result<(), StoreError> {
+    client
+        .batch_execute("ROLLBACK")
+        .await
+        .map_err(StoreError::Inbox)
 }

@@ -161,7 +161,8 @@ async fn process(
     for record in batch {
         match statements.prepare(record) {
             Ok(p) => run.push(p),
-            Err((record, invalid)) => {
+            Err(rejected) => {
+                let (record, invalid) = *rejected;
                 if !apply(env, &run, cancel, progress).await {
                     return false;
                 }
