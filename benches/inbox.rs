@@ -25,7 +25,9 @@
 //! and nothing else runs during a measurement. Nothing is asserted: targets are reported.
 //!
 //! Environment: `WALBOX_BENCH_INBOX_RECORDS` (N, default 20,000), `WALBOX_BENCH_QUICK=1`
-//! (N = 5,000, 3 s latency runs), `WALBOX_BENCH_LATENCY_SECS` (default 10),
+//! (N = 5,000, 3 s latency runs), `WALBOX_BENCH_LATENCY_SECS` (default 10; 0 skips them),
+//! `WALBOX_BENCH_INBOX_PARTITIONS` (default `1,4,16`), `WALBOX_BENCH_INBOX_FSYNC` (`off`, `on`,
+//! default `both`),
 //! `WALBOX_BENCH_INBOX_OUTPUT` (default `benches/inbox-results.md`), `WALBOX_BENCH_KAFKA_BROKERS`.
 
 #[path = "e2e/broker.rs"]
@@ -71,6 +73,8 @@ struct Settings {
     records: usize,
     latency: Duration,
     output: PathBuf,
+    partitions: Vec<i32>,
+    fsync: Vec<bool>,
 }
 
 impl Settings {
@@ -84,7 +88,25 @@ impl Settings {
                     .with_context(|| format!("{k}={v}: not a number"))
             })
         };
+        let partitions = match var("WALBOX_BENCH_INBOX_PARTITIONS") {
+            Some(v) => v
+                .split(',')
+                .map(|p| p.trim().parse())
+                .collect::<Result<Vec<i32>, _>>()
+                .with_context(|| {
+                    format!("WALBOX_BENCH_INBOX_PARTITIONS={v}: not a list of numbers")
+                })?,
+            None => vec![1, 4, 16],
+        };
+        let fsync = match var("WALBOX_BENCH_INBOX_FSYNC").as_deref() {
+            None | Some("both") => vec![false, true],
+            Some("off") => vec![false],
+            Some("on") => vec![true],
+            Some(v) => bail!("WALBOX_BENCH_INBOX_FSYNC={v}: off, on or both"),
+        };
         Ok(Settings {
+            partitions,
+            fsync,
             records: num(
                 "WALBOX_BENCH_INBOX_RECORDS",
                 if quick { 5_000 } else { 20_000 },
@@ -216,10 +238,10 @@ async fn run() -> anyhow::Result<()> {
         out,
         "| partitions | form | fsync | walbox (batch_max 100) | per-record (batch_max 1) | direct INSERT | ×per-record | ×direct |\n|---|---|---|---|---|---|---|---|"
     )?;
-    for partitions in [1, 4, 16] {
+    for &partitions in &settings.partitions {
         let topic = format!("inbox_{partitions}");
         let records = bench.produce_backlog(&topic, partitions, n)?;
-        for fsync in [false, true] {
+        for &fsync in &settings.fsync {
             bench.set_fsync(fsync).await?;
             for form in [Form::Effect, Form::Stored] {
                 let batched = bench.drain(&topic, n, form, 100).await?;
@@ -247,7 +269,10 @@ async fn run() -> anyhow::Result<()> {
          | rate | fsync | batch_max | p50 | p99 | max |\n|---|---|---|---|---|---|",
         settings.latency.as_secs()
     )?;
-    for fsync in [false, true] {
+    for &fsync in &settings.fsync {
+        if settings.latency.is_zero() {
+            break;
+        }
         bench.set_fsync(fsync).await?;
         for (rate, batch_max) in [(1_000, 100), (1_000, 1), (10_000, 100)] {
             let l = bench.latency(rate, batch_max, settings.latency).await?;

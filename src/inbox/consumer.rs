@@ -10,9 +10,15 @@
 //! # Invariants
 //! - `enable.auto.commit=false`: the only offsets ever committed are read from the workers'
 //!   [`Progress`], which moves only after the record's transaction committed.
-//! - Per partition, records reach the worker in offset order: when a partition's queue is full
-//!   the partition is paused and later records wait, in order, in a pending list until the
-//!   queue has room; then the partition is resumed.
+//! - Per partition, records reach the worker in offset order: when a partition's queue is full,
+//!   later records wait, in order, in its backlog until the queue has room.
+//! - Memory is bounded: a partition whose backlog reaches [`PAUSE_RECORDS`] records or
+//!   [`PAUSE_BYTES`] is paused, and resumed once the backlog is down to half of both. Pausing
+//!   makes librdkafka drop what it prefetched for the partition and fetch it again on resume,
+//!   which takes a fetch round trip (up to `fetch.wait.max.ms` when the fetcher waits at the end
+//!   of the log): the half-full backlog keeps the worker busy meanwhile, so a pause costs no
+//!   throughput. (Pausing whenever the two-batch queue filled up stalled every partition for a
+//!   round trip per two batches: 10–50× slower in `cargo bench --bench inbox`.)
 //! - Revocation (rebalance, shutdown): the revoked partitions' workers are cancelled, the
 //!   polling thread waits until each has finished its current transaction, and their processed
 //!   offsets are committed synchronously before librdkafka gives the partitions up. The next
@@ -41,9 +47,67 @@ use super::metrics::InboxMetrics;
 use super::worker::{self, Progress, WorkerEnv};
 use crate::metrics::Health;
 
-/// Records queued per partition before the partition is paused, at least: the queue holds two
-/// batches, so the next one is fetched and waiting while the current one commits.
+/// Records queued per partition for its worker, at least: the queue holds two batches, so the
+/// next one is fetched and waiting while the current one commits.
 const QUEUE: usize = 64;
+
+/// A partition's backlog at which it is paused (records)…
+pub const PAUSE_RECORDS: usize = 4096;
+/// … or bytes of keys, values and headers.
+pub const PAUSE_BYTES: usize = 8 << 20;
+
+/// Records of one partition waiting for room in its worker's queue, in offset order.
+#[derive(Default)]
+struct Backlog {
+    records: VecDeque<Record>,
+    bytes: usize,
+}
+
+impl Backlog {
+    fn size(r: &Record) -> usize {
+        let headers: usize = r
+            .headers
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+            .sum();
+        r.key.as_ref().map_or(0, Vec::len) + r.payload.as_ref().map_or(0, Vec::len) + headers
+    }
+
+    fn push_back(&mut self, r: Record) {
+        self.bytes += Self::size(&r);
+        self.records.push_back(r);
+    }
+
+    fn push_front(&mut self, r: Record) {
+        self.bytes += Self::size(&r);
+        self.records.push_front(r);
+    }
+
+    fn pop_front(&mut self) -> Option<Record> {
+        let r = self.records.pop_front()?;
+        self.bytes -= Self::size(&r);
+        Some(r)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.records.clear();
+        self.bytes = 0;
+    }
+
+    /// Time to pause the partition.
+    fn full(&self) -> bool {
+        self.records.len() >= PAUSE_RECORDS || self.bytes >= PAUSE_BYTES
+    }
+
+    /// Time to resume it.
+    fn half(&self) -> bool {
+        self.records.len() <= PAUSE_RECORDS / 2 && self.bytes <= PAUSE_BYTES / 2
+    }
+}
 
 type Tp = (String, i32);
 
@@ -57,7 +121,7 @@ struct Worker {
 #[derive(Default)]
 struct State {
     workers: HashMap<Tp, Worker>,
-    pending: HashMap<Tp, VecDeque<Record>>,
+    pending: HashMap<Tp, Backlog>,
     paused: HashSet<Tp>,
 }
 
@@ -180,34 +244,44 @@ impl Shared {
     fn dispatch(&self, consumer: &BaseConsumer<Ctx>, record: Record) {
         let tp = (record.topic.clone(), record.partition);
         let mut st = self.lock();
-        if let Some(q) = st.pending.get_mut(&tp) {
-            q.push_back(record);
-            return;
-        }
-        if !st.workers.contains_key(&tp) {
-            self.spawn_worker(&mut st, &tp);
-        }
-        let Some(w) = st.workers.get(&tp) else { return };
-        match w.records.try_send(record) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(r)) => {
-                st.pending.entry(tp.clone()).or_default().push_back(r);
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition(&tp.0, tp.1);
-                if consumer.pause(&tpl).is_ok() {
-                    st.paused.insert(tp);
-                }
+        let record = match st.pending.get_mut(&tp) {
+            Some(q) => {
+                q.push_back(record);
+                None
             }
-            // The worker stopped on a fatal error; the process is stopping.
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+            None => Some(record),
+        };
+        if let Some(record) = record {
+            if !st.workers.contains_key(&tp) {
+                self.spawn_worker(&mut st, &tp);
+            }
+            let Some(w) = st.workers.get(&tp) else { return };
+            match w.records.try_send(record) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(r)) => {
+                    st.pending.entry(tp.clone()).or_default().push_back(r);
+                }
+                // The worker stopped on a fatal error; the process is stopping.
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+        let full = st.pending.get(&tp).is_some_and(Backlog::full);
+        if full && !st.paused.contains(&tp) {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&tp.0, tp.1);
+            if consumer.pause(&tpl).is_ok() {
+                self.metrics.partition_pauses.inc();
+                st.paused.insert(tp);
+            }
         }
     }
 
-    /// Moves pending records into queues with room; resumes partitions whose backlog is gone.
-    fn flush_pending(&self, consumer: &BaseConsumer<Ctx>) {
+    /// Moves backlogged records into queues with room; resumes paused partitions whose
+    /// backlog is down to half. Returns whether records are still waiting.
+    fn flush_pending(&self, consumer: &BaseConsumer<Ctx>) -> bool {
         let mut st = self.lock();
         if st.pending.is_empty() {
-            return;
+            return false;
         }
         let State {
             workers,
@@ -215,6 +289,7 @@ impl Shared {
             paused,
         } = &mut *st;
         let mut drained = Vec::new();
+        let mut resumed = Vec::new();
         for (tp, q) in pending.iter_mut() {
             let Some(w) = workers.get(tp) else {
                 q.clear();
@@ -236,18 +311,25 @@ impl Shared {
             }
             if q.is_empty() {
                 drained.push(tp.clone());
+            } else if q.half() && paused.contains(tp) {
+                resumed.push(tp.clone());
+            }
+        }
+        for tp in drained {
+            pending.remove(&tp);
+            if paused.contains(&tp) {
+                resumed.push(tp);
             }
         }
         let mut resume = TopicPartitionList::new();
-        for tp in drained {
-            pending.remove(&tp);
-            if paused.remove(&tp) {
-                resume.add_partition(&tp.0, tp.1);
-            }
+        for tp in resumed {
+            paused.remove(&tp);
+            resume.add_partition(&tp.0, tp.1);
         }
         if resume.count() > 0 {
             let _ = consumer.resume(&resume);
         }
+        !pending.is_empty()
     }
 
     /// Commits every worker's processed offset that moved since the last commit.
@@ -302,6 +384,12 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("auto.offset.reset", "earliest"),
     ("isolation.level", "read_committed"),
     ("enable.partition.eof", "false"),
+    // Bound the wait for the re-fetch after a paused partition resumes, when the fetcher was
+    // waiting at the end of the log or backing off (librdkafka: 500 ms, 1 s, 500 ms): with
+    // librdkafka's defaults a pause costs up to a second of that partition's throughput.
+    ("fetch.wait.max.ms", "100"),
+    ("fetch.queue.backoff.ms", "10"),
+    ("fetch.error.backoff.ms", "10"),
     ("statistics.interval.ms", "5000"),
     ("client.id", "walbox-inbox"),
 ];
@@ -376,8 +464,10 @@ impl ConsumerLoop {
         let mut last_commit = Instant::now();
         health.set_ready(true);
         while !stop.load(Ordering::Acquire) {
-            self.shared.flush_pending(&self.consumer);
-            match self.consumer.poll(Duration::from_millis(100)) {
+            // While records wait for room, come back soon to hand them over.
+            let waiting = self.shared.flush_pending(&self.consumer);
+            let wait = Duration::from_millis(if waiting { 2 } else { 100 });
+            match self.consumer.poll(wait) {
                 Some(Ok(m)) => {
                     let record = to_record(&m);
                     drop(m);
@@ -403,5 +493,61 @@ impl ConsumerLoop {
         self.shared.stop(&self.consumer, &all);
         self.consumer.unsubscribe();
         tracing::info!("consumer stopped; processed offsets committed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(offset: i64, payload: usize) -> Record {
+        Record {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            key: Some(b"k".to_vec()),
+            payload: Some(vec![b'x'; payload]),
+            headers: vec![("id".into(), Some(offset.to_string().into_bytes()))],
+            timestamp_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_backlog_is_full_at_either_bound_and_half_below_both() {
+        let mut b = Backlog::default();
+        for i in 0..PAUSE_RECORDS as i64 - 1 {
+            b.push_back(record(i, 10));
+        }
+        assert!(!b.full());
+        b.push_back(record(PAUSE_RECORDS as i64, 10));
+        assert!(b.full(), "{} records", b.records.len());
+        while b.records.len() > PAUSE_RECORDS / 2 {
+            b.pop_front();
+        }
+        assert!(b.half());
+
+        let mut b = Backlog::default();
+        b.push_back(record(0, PAUSE_BYTES));
+        assert!(b.full(), "{} bytes", b.bytes);
+        let r = b.pop_front().expect("a record");
+        assert_eq!(b.bytes, 0, "popping gives its bytes back");
+        b.push_front(r);
+        assert!(b.full() && !b.half());
+        b.clear();
+        assert!(b.is_empty() && b.half() && b.bytes == 0);
+    }
+
+    #[test]
+    fn a_backlog_keeps_offset_order_through_a_push_front() {
+        let mut b = Backlog::default();
+        for i in 0..3 {
+            b.push_back(record(i, 1));
+        }
+        let first = b.pop_front().expect("a record");
+        b.push_front(first);
+        let order: Vec<i64> = std::iter::from_fn(|| b.pop_front())
+            .map(|r| r.offset)
+            .collect();
+        assert_eq!(order, [0, 1, 2]);
     }
 }

@@ -27,6 +27,9 @@ pub struct InboxMetrics {
     pub retention_deleted: IntCounter,
     /// `walbox_inbox_batch_records`: records per committed transaction.
     pub batch_records: Histogram,
+    /// `walbox_inbox_partition_pauses_total`: partitions paused because their backlog reached
+    /// its bound (the workers are behind the fetcher).
+    pub partition_pauses: IntCounter,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -74,6 +77,10 @@ impl InboxMetrics {
             retention_deleted: counter(
                 "walbox_inbox_retention_deleted_total",
                 "Inbox rows deleted by the retention clean-up job.",
+            ),
+            partition_pauses: counter(
+                "walbox_inbox_partition_pauses_total",
+                "Partitions paused because their backlog of fetched records reached its bound.",
             ),
             batch_records: register(
                 &r,

@@ -324,9 +324,10 @@ impl Relay {
         let messages = self.settings.heartbeats || self.settings.outbox.messages.is_some();
         let stream = open.start(pg, start, messages).await?;
         self.health.set_ready(true);
-        self.metrics.streaming.set(1);
-        // The slot is active: walbox streams from it (the monitor's reading may be older).
+        // The slot is active: walbox streams from it (the monitor's reading may be older). Set
+        // before `streaming`, so a scrape that sees walbox streaming sees the slot active too.
         self.metrics.slot_active.set(1);
+        self.metrics.streaming.set(1);
         self.metrics.confirmed_flush_lsn.set(start.as_u64() as i64);
         self.reached_streaming = true;
         crash_point!("relay::session-started");

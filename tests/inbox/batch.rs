@@ -306,3 +306,47 @@ fn a_stored_record_that_is_not_json_fails_alone_in_its_batch() {
     assert!(reader.poll_until(WAIT, |r| !r.is_empty()), "a dead letter");
     assert_eq!(reader.records[0].header_str("id"), Some("garbled"));
 }
+
+#[test]
+fn a_partition_far_behind_is_paused_and_resumed_without_losing_or_reordering_records() {
+    let db = inbox_db("inbox_pause");
+    let broker = support::broker();
+    let topic = format!("t_{}", db.name);
+    broker.create_topic(&topic, 1).expect("topic");
+    let brokers = broker.bootstrap_servers();
+    // More than twice the backlog bound, consumed one record per transaction: the fetcher runs
+    // far ahead of the worker, so the partition is paused and resumed several times.
+    let total = 2 * walbox::inbox::consumer::PAUSE_RECORDS as i64 + 500;
+    let records: Vec<Rec> = (0..total)
+        .map(|i| rec("w", &format!("evt-{i}"), &format!("{{\"n\": {}}}", i + 1)))
+        .collect();
+    produce(&brokers, &topic, &records);
+    let port = free_port();
+    let mut w = Walbox::spawn_subcommand(
+        "inbox",
+        &inbox_env(
+            &db,
+            &brokers,
+            &format!("g_{}", db.name),
+            &topic,
+            port,
+            &[("WALBOX_INBOX_EFFECT_BATCH_MAX", "1")],
+        ),
+    );
+    wait_metric(
+        port,
+        "walbox_inbox_records_consumed_total",
+        total as f64,
+        &w,
+    );
+    let pauses = metric(port, "walbox_inbox_partition_pauses_total").expect("metric");
+    w.terminate();
+    assert!(w.wait_exit(WAIT).success(), "{}", w.log());
+    assert!(pauses >= 1.0, "the partition was never paused: {pauses}");
+    assert_exactly_once(&db, total);
+    let out_of_order = db.sql(
+        "SELECT count(*) FROM (SELECT kafka_offset, lag(kafka_offset) OVER (ORDER BY seq) AS prev \
+         FROM effects) o WHERE prev IS NOT NULL AND kafka_offset <> prev + 1",
+    );
+    assert_eq!(out_of_order, "0", "records applied out of offset order");
+}
