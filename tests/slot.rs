@@ -13,23 +13,19 @@ use crate::support::{
 /// A cluster of its own with 1 MB WAL segments and `max_slot_wal_keep_size = 64MB`, so a
 /// stalled slot walks reserved → extended → unreserved → lost in a few 6 MB steps.
 fn small_wal_cluster() -> &'static PgCluster {
-    Box::leak(Box::new(
-        PgCluster::start(PgClusterOptions {
-            wal_segsize_mb: Some(1),
-            settings: [
-                ("max_slot_wal_keep_size", "64MB"),
-                ("max_wal_size", "32MB"),
-                ("min_wal_size", "4MB"),
-                ("checkpoint_timeout", "1h"),
-            ]
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-            watchdog: true,
-            ..Default::default()
-        })
-        .expect("cluster"),
-    ))
+    Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+        wal_segsize_mb: Some(1),
+        settings: [
+            ("max_slot_wal_keep_size", "64MB"),
+            ("max_wal_size", "32MB"),
+            ("min_wal_size", "4MB"),
+            ("checkpoint_timeout", "1h"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect(),
+        ..support::pg_options()
+    })))
 }
 
 /// Writes about 6 MB of WAL through a table outside the publication, then checkpoints.
