@@ -163,6 +163,22 @@ fn heartbeats_come_back_through_the_stream() {
     with(&mut env, "WALBOX_SLOT_HEARTBEAT_INTERVAL", "100ms".into());
     with(&mut env, "WALBOX_SLOT_CHECK_INTERVAL", "100ms".into());
     let walbox = Walbox::spawn(&env);
+    if support::major() < 14 {
+        // Before 14 pgoutput cannot send logical messages: the heartbeat is written, its empty
+        // transaction still moves the slot, but no round trip is measured.
+        wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
+        let start = db.confirmed(&db.name);
+        wait_until(WAIT, "heartbeats to be written and confirmed", || {
+            let body = scrape(port);
+            metric(&body, "walbox_heartbeats_sent_total").is_some_and(|n| n >= 3.0)
+                && db.confirmed(&db.name) > start
+        });
+        let body = scrape(port);
+        assert_eq!(metric(&body, "walbox_heartbeats_received_total"), Some(0.0));
+        let line = "heartbeats are written but not measured: PostgreSQL 13";
+        assert!(walbox.log().contains(line), "{}", walbox.log());
+        return;
+    }
     wait_until(WAIT, "heartbeats to round-trip and a slot reading", || {
         let body = scrape(port);
         metric(&body, "walbox_heartbeats_received_total").is_some_and(|n| n >= 3.0)
