@@ -94,6 +94,26 @@ pub fn render(h: &SlotHealth, a: &Assessment) -> String {
     if let Some(t) = &h.idle_replication_slot_timeout {
         line("idle_replication_slot_timeout", t.clone());
     }
+    // Columns of newer majors: shown where the server has them.
+    if let Some(since) = &h.inactive_since {
+        line("inactive_since", since.clone());
+    }
+    if let Some(reason) = &h.invalidation_reason {
+        line("invalidation_reason", reason.clone());
+    }
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_owned();
+    if let Some(failover) = h.failover {
+        line("failover", yes_no(failover));
+    }
+    if let Some(synced) = h.synced {
+        line("synced", yes_no(synced));
+    }
+    if let Some(spilled) = h.spill_bytes {
+        line(
+            "spilled to disk",
+            human(u64::try_from(spilled).unwrap_or(0)),
+        );
+    }
     line("server_version_num", h.server_version_num.to_string());
     out
 }
