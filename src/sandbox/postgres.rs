@@ -18,6 +18,11 @@
 //!   `static`, or in a process killed by a signal) is cleaned up by the
 //!   watchdog when [`PgClusterOptions::watchdog`] is set.
 //!
+//! The major is Debian's by default, or any installed one
+//! ([`PgClusterOptions::major`]; where the programs come from is
+//! `sandbox::programs`). The configuration written here is accepted by every
+//! major from 13 to 18, and [`PgCluster::major`] says which one runs.
+//!
 //! The API is synchronous (`std::process`); from async code it is meant for
 //! set-up and tear-down, where blocking for a second is acceptable.
 
