@@ -82,3 +82,24 @@ fn newest_debian_dir(wanted: impl Fn(&Path) -> bool) -> Option<PathBuf> {
     versions.sort();
     versions.pop().map(|(_, dir)| dir)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_missing_from_the_servers_directory_comes_from_debian() {
+        let server = tempfile::tempdir().unwrap();
+        let debian = newest_debian_dir(|dir| dir.join("psql").is_file())
+            .expect("Debian's psql (scripts/install-deps.sh installs it)");
+        assert_eq!(client_dir(server.path(), "psql"), debian);
+        std::fs::write(server.path().join("psql"), "").unwrap();
+        assert_eq!(client_dir(server.path(), "psql"), server.path());
+        let nowhere = client_dir(server.path(), "no_such_program");
+        assert_eq!(
+            nowhere,
+            server.path(),
+            "spawning it reports the missing program"
+        );
+    }
+}
