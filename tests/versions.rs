@@ -195,3 +195,47 @@ fn a_slot_invalidated_for_idleness_is_reported_with_its_cause_and_exits_7() {
         "{line}"
     );
 }
+
+#[test]
+fn recreate_slot_keeps_a_failover_slot_a_failover_slot() {
+    let major = support::major();
+    let db = TestDb::new("recreate");
+    let slot = db.name.clone();
+    let failover = if major >= 17 {
+        ", false, false, true"
+    } else {
+        ""
+    };
+    db.sql(&format!(
+        "CREATE PUBLICATION {slot} FOR TABLE outbox WITH (publish = 'insert');
+         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'{failover});"
+    ));
+    let before: String = db.sql(&format!(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    ));
+    db.sql("SELECT pg_logical_emit_message(true, 'x', 'moves the WAL on')");
+    let broker = support::broker();
+    let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
+        .args(["recreate-slot", "--confirm-data-loss"])
+        .env_clear()
+        .envs(walbox_env(&db, &slot, &broker.bootstrap_servers()))
+        .output()
+        .expect("run walbox recreate-slot");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = db.sql(&format!(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    ));
+    assert_ne!(before, after, "a new slot, at a new position");
+    if major >= 17 {
+        let flag = format!("SELECT failover FROM pg_replication_slots WHERE slot_name = '{slot}'");
+        assert_eq!(db.sql(&flag), "t", "{text}");
+        assert!(text.contains("failover: kept"), "{text}");
+    } else {
+        assert!(!text.contains("failover:"), "{text}");
+    }
+}

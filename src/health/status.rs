@@ -169,13 +169,17 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
         .or(record.as_ref().map(|r| r.confirmed_lsn))
         .map(|l| l.to_string())
         .unwrap_or_else(|| "none".into());
-    let new = slot::recreate(&client, name).await.map_err(|e| {
+    let failover = health.as_ref().and_then(|h| h.failover);
+    let new = slot::recreate(&client, name, failover).await.map_err(|e| {
         fatal(
             Failure::Schema,
             format!("cannot recreate slot {name:?}: {e}"),
         )
     })?;
     println!("recreated replication slot {name:?}");
+    if failover == Some(true) {
+        println!("  failover: kept (synchronized to standbys, as the old slot was)");
+    }
     println!("  old confirmed position: {old}");
     println!("  new slot starts at:     {new}");
     println!(

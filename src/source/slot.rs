@@ -185,20 +185,38 @@ pub async fn read(
 
 /// Drops the slot (which must not be active) and creates it again with pgoutput; returns the new
 /// slot's consistent point. Events committed between the old slot's confirmed position and that
-/// point are not in the new slot's stream.
-pub async fn recreate(client: &Client, slot: &str) -> Result<Lsn, tokio_postgres::Error> {
+/// point are not in the new slot's stream. `failover` (PostgreSQL 17+, the old slot's flag) is
+/// kept: a slot synchronized to standbys stays so.
+pub async fn recreate(
+    client: &Client,
+    slot: &str,
+    failover: Option<bool>,
+) -> Result<Lsn, tokio_postgres::Error> {
     client
         .execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
-    let row = client
-        .query_one(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&slot],
-        )
-        .await?;
+    // The fifth argument (failover) exists from 17 on: passed only when the old slot had it.
+    let row = match failover {
+        Some(true) => {
+            client
+                .query_one(
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)",
+                    &[&slot],
+                )
+                .await?
+        }
+        _ => {
+            client
+                .query_one(
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                    &[&slot],
+                )
+                .await?
+        }
+    };
     Ok(row
         .get::<_, Option<String>>(0)
         .and_then(|t| t.parse().ok())
