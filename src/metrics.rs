@@ -59,6 +59,15 @@ pub struct Metrics {
     pub slot_keep_used_ratio: OptionalGauge,
     /// `walbox_slot_wal_status{status}`: 1 for the current status.
     pub slot_wal_status: IntGaugeVec,
+    /// `walbox_slot_failover`: 1 when the slot is synchronized to standbys (absent before 17).
+    pub slot_failover: OptionalGauge,
+    /// `walbox_slot_synced`: 1 on a standby's synchronized copy (absent before 17).
+    pub slot_synced: OptionalGauge,
+    /// `walbox_slot_idle_timeout_seconds`: `idle_replication_slot_timeout` (absent before 18
+    /// and when disabled).
+    pub slot_idle_timeout: OptionalGauge,
+    /// `walbox_slot_spilled_bytes`: `pg_stat_replication_slots.spill_bytes` (absent before 14).
+    pub slot_spilled: OptionalGauge,
     /// `walbox_slot_alert_level`: 0 ok, 1 warning, 2 critical, 3 lost.
     pub slot_alert_level: IntGauge,
     /// `walbox_slot_active`: 1 while some process streams from the slot.
@@ -208,6 +217,26 @@ impl Metrics {
                     &["status"],
                 )
                 .expect("valid metric"),
+            ),
+            slot_failover: optional(
+                &r,
+                "walbox_slot_failover",
+                "1 when the slot is synchronized to standbys for failover (PostgreSQL 17+).",
+            ),
+            slot_synced: optional(
+                &r,
+                "walbox_slot_synced",
+                "1 when the slot is a standby's copy synchronized from the primary (PostgreSQL 17+).",
+            ),
+            slot_idle_timeout: optional(
+                &r,
+                "walbox_slot_idle_timeout_seconds",
+                "idle_replication_slot_timeout: an inactive slot is invalidated after it (PostgreSQL 18+, absent when disabled).",
+            ),
+            slot_spilled: optional(
+                &r,
+                "walbox_slot_spilled_bytes",
+                "Decoded transaction bytes the walsender spilled to disk, cumulative (PostgreSQL 14+).",
             ),
             slot_alert_level: int_gauge(
                 "walbox_slot_alert_level",

@@ -60,12 +60,10 @@ fn tcp(
 fn cluster_without_tls() -> &'static PgCluster {
     static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
-        PgCluster::start(PgClusterOptions {
-            watchdog: true,
+        support::start_cluster(PgClusterOptions {
             ssl: false,
-            ..Default::default()
+            ..support::pg_options()
         })
-        .expect("start the PostgreSQL cluster without TLS")
     })
 }
 

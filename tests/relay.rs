@@ -8,7 +8,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
-use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+use walbox::sandbox::postgres::PgCluster;
 
 use crate::support::events::{
     assert_per_aggregate_commit_order, distinct_ids, id_of, write_txn, Written,
@@ -301,13 +301,8 @@ fn broker_outage_holds_the_slot_and_everything_arrives_after_recovery() {
 #[test]
 fn postgres_restart_mid_stream_reconnects_and_loses_nothing() {
     // Its own cluster: restarting the shared one would disturb the other tests.
-    let cluster: &'static PgCluster = Box::leak(Box::new(
-        PgCluster::start(PgClusterOptions {
-            watchdog: true,
-            ..Default::default()
-        })
-        .expect("cluster"),
-    ));
+    let cluster: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(support::pg_options())));
     let db = TestDb::on(cluster, "pgrestart");
     let slot = db.name.clone();
     let topic = format!("t_{}", db.name);

@@ -397,6 +397,12 @@ fn unknown_walbox_variables_are_errors_naming_them() {
     );
     let e = load(&[("WALBOX_OUTBOX_MESSAGES_PREFIX", "x")]).unwrap_err();
     assert!(e.contains("WALBOX_OUTBOX_MESSAGES_PREFIX"), "{e}");
+    // Only the version cache's own variables are accepted, not a WALBOX_PG_ namespace.
+    let e = load(&[("WALBOX_PG_URL", "postgres://u@h/d")]).unwrap_err();
+    assert!(
+        e.contains("unknown environment variable WALBOX_PG_URL"),
+        "{e}"
+    );
     // Not settings, or not walbox run's: accepted.
     load(&[
         ("WALBOX_CONFIG", "/etc/walbox.toml"),
@@ -405,6 +411,8 @@ fn unknown_walbox_variables_are_errors_naming_them() {
         ("WALBOX_INBOX_ANYTHING", "x"),
         ("WALBOX_TEST_KAFKA_BROKERS", "k:9092"),
         ("WALBOX_BENCH_QUICK", "1"),
+        ("WALBOX_PG_CACHE", "/var/cache/walbox/postgresql"),
+        ("WALBOX_PG_MAJORS", "13 18"),
         ("WALBOXER", "x"),
         ("OTHER_WALBOX_X", "x"),
         ("WALBOX_KAFKA_PROPERTY_COMPRESSION_TYPE", "lz4"),

@@ -80,8 +80,15 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
     scalars: SCALARS,
     // The config file (clap reads it) and the log filter override (main reads it).
     accepted: &["WALBOX_CONFIG", LOG_ENV],
-    // `walbox inbox`'s, and the variables of the tests and benchmarks.
-    foreign: &["WALBOX_INBOX_", "WALBOX_TEST_", "WALBOX_BENCH_"],
+    // `walbox inbox`'s, the variables of the tests and benchmarks, and where the sandbox and
+    // scripts/install-deps.sh keep other PostgreSQL majors (which ones).
+    foreign: &[
+        "WALBOX_INBOX_",
+        "WALBOX_TEST_",
+        "WALBOX_BENCH_",
+        "WALBOX_PG_CACHE",
+        "WALBOX_PG_MAJORS",
+    ],
 };
 
 impl EnvLayout {

@@ -12,7 +12,7 @@
 //! is an error naming it, like an unknown key in the file, except those that are not settings
 //! (`EnvLayout::accepted`: `WALBOX_CONFIG`, `WALBOX_LOG`) or belong to others
 //! (`EnvLayout::foreign`: `WALBOX_INBOX_*`, the tests' `WALBOX_TEST_*`, the benchmarks'
-//! `WALBOX_BENCH_*`). `log.level` and `WALBOX_LOG` must be valid filters whose bare directives
+//! `WALBOX_BENCH_*`, the version cache's `WALBOX_PG_CACHE` and `WALBOX_PG_MAJORS`). `log.level` and `WALBOX_LOG` must be valid filters whose bare directives
 //! are levels: `EnvFilter` would take a misspelt level for a target and silence every line.
 //!
 //! Secrets (the Postgres password, `sasl.password`, `ssl.key.password`, …) never appear in

@@ -2,7 +2,9 @@
 //! to tell the operator when the level changes.
 //!
 //! Levels, with the configurable thresholds of `[slot]`:
-//! - **lost** (3): `wal_status = lost`, or the slot disappeared. Events may be gone; walbox stops.
+//! - **lost** (3): `wal_status = lost` (or an `invalidation_reason`, 17+), or the slot
+//!   disappeared. Events may be gone; walbox stops. The reason names the cause where the server
+//!   reports it (WAL removed, idle timeout, …).
 //! - **critical** (2): retained WAL ≥ `critical_ratio` × `max_slot_wal_keep_size`, or
 //!   `wal_status = unreserved` (the next checkpoint may remove WAL the slot needs).
 //! - **warning** (1): retained WAL ≥ `warning_ratio` × `max_slot_wal_keep_size`.
@@ -20,7 +22,7 @@ use std::fmt;
 use serde_json::json;
 
 use crate::config::SlotConfig;
-use crate::source::slot::SlotHealth;
+use crate::source::slot::{self, SlotHealth};
 
 /// How close the slot is to endangering the primary or being lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -92,7 +94,10 @@ pub fn assess(health: Option<&SlotHealth>, cfg: &SlotConfig) -> Assessment {
     if h.is_lost() {
         return Assessment {
             level: AlertLevel::Lost,
-            reason: "wal_status = lost: PostgreSQL invalidated the slot".into(),
+            reason: format!(
+                "PostgreSQL invalidated the slot: {}",
+                slot::invalidation_cause(h.invalidation_reason.as_deref())
+            ),
             action: ACTION_LOST,
             headroom_bytes: Some(0),
         };
@@ -251,6 +256,12 @@ mod tests {
             max_wal_bytes: 0,
             server_version_num: 150000,
             idle_replication_slot_timeout: None,
+            idle_timeout_seconds: None,
+            invalidation_reason: None,
+            inactive_since: None,
+            failover: None,
+            synced: None,
+            spill_bytes: None,
         }
     }
 

@@ -75,6 +75,13 @@ pub fn export(metrics: &Metrics, h: &SlotHealth, level: AlertLevel) {
             .with_label_values(&[s])
             .set(on as i64);
     }
+    let flag = |v: Option<bool>| v.map(|b| f64::from(u8::from(b)));
+    metrics.slot_failover.set(flag(h.failover));
+    metrics.slot_synced.set(flag(h.synced));
+    metrics
+        .slot_idle_timeout
+        .set(h.idle_timeout_seconds.map(|v| v as f64));
+    metrics.slot_spilled.set(h.spill_bytes.map(|v| v as f64));
     metrics.slot_alert_level.set(level.value());
     export_active(metrics, h.active);
 }
@@ -107,6 +114,7 @@ struct Monitor {
     level: Option<AlertLevel>,
     seen_slot: bool,
     warned_unlimited: bool,
+    warned_idle: bool,
 }
 
 impl Monitor {
@@ -160,6 +168,16 @@ impl Monitor {
         let assessment = alert::assess(health.as_ref(), &self.slot);
         if let Some(h) = &health {
             export(&self.metrics, h, assessment.level);
+            if let (Some(timeout), false) = (&h.idle_replication_slot_timeout, self.warned_idle) {
+                if h.idle_timeout_seconds.is_some() {
+                    self.warned_idle = true;
+                    tracing::warn!(
+                        slot = %slot_name,
+                        idle_replication_slot_timeout = %timeout,
+                        "idle_replication_slot_timeout is set: if walbox stays disconnected longer than that, PostgreSQL invalidates this slot at a checkpoint and events after its confirmed position can only be republished; keep walbox outages shorter, or disable the timeout for this slot's server"
+                    );
+                }
+            }
             if h.max_slot_wal_keep_bytes.is_none() && !self.warned_unlimited {
                 self.warned_unlimited = true;
                 tracing::warn!(
@@ -233,6 +251,7 @@ pub async fn run(
         level: None,
         seen_slot: false,
         warned_unlimited: false,
+        warned_idle: false,
     };
     loop {
         tokio::select! {

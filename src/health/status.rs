@@ -94,6 +94,26 @@ pub fn render(h: &SlotHealth, a: &Assessment) -> String {
     if let Some(t) = &h.idle_replication_slot_timeout {
         line("idle_replication_slot_timeout", t.clone());
     }
+    // Columns of newer majors: shown where the server has them.
+    if let Some(since) = &h.inactive_since {
+        line("inactive_since", since.clone());
+    }
+    if let Some(reason) = &h.invalidation_reason {
+        line("invalidation_reason", reason.clone());
+    }
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_owned();
+    if let Some(failover) = h.failover {
+        line("failover", yes_no(failover));
+    }
+    if let Some(synced) = h.synced {
+        line("synced", yes_no(synced));
+    }
+    if let Some(spilled) = h.spill_bytes {
+        line(
+            "spilled to disk",
+            human(u64::try_from(spilled).unwrap_or(0)),
+        );
+    }
     line("server_version_num", h.server_version_num.to_string());
     out
 }
@@ -149,13 +169,17 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
         .or(record.as_ref().map(|r| r.confirmed_lsn))
         .map(|l| l.to_string())
         .unwrap_or_else(|| "none".into());
-    let new = slot::recreate(&client, name).await.map_err(|e| {
+    let failover = health.as_ref().and_then(|h| h.failover);
+    let new = slot::recreate(&client, name, failover).await.map_err(|e| {
         fatal(
             Failure::Schema,
             format!("cannot recreate slot {name:?}: {e}"),
         )
     })?;
     println!("recreated replication slot {name:?}");
+    if failover == Some(true) {
+        println!("  failover: kept (synchronized to standbys, as the old slot was)");
+    }
     println!("  old confirmed position: {old}");
     println!("  new slot starts at:     {new}");
     println!(

@@ -18,6 +18,11 @@
 //!   `static`, or in a process killed by a signal) is cleaned up by the
 //!   watchdog when [`PgClusterOptions::watchdog`] is set.
 //!
+//! The major is Debian's by default, or any installed one
+//! ([`PgClusterOptions::major`]; where the programs come from is
+//! `sandbox::programs`). The configuration written here is accepted by every
+//! major from 13 to 18, and [`PgCluster::major`] says which one runs.
+//!
 //! The API is synchronous (`std::process`); from async code it is meant for
 //! set-up and tear-down, where blocking for a second is acceptable.
 
@@ -35,6 +40,8 @@ use std::time::Duration;
 use openssl::error::ErrorStack;
 use tempfile::TempDir;
 
+use super::programs;
+pub use super::programs::version_cache;
 use super::tls::issue_cert;
 
 /// Superuser created by `initdb`: SCRAM over TCP, trust over the unix socket.
@@ -151,6 +158,7 @@ pub struct PgCluster {
     password: String,
     run_as: Option<OsUser>,
     watchdog: Option<Child>,
+    major: u32,
 }
 
 impl PgCluster {
@@ -159,7 +167,7 @@ impl PgCluster {
     pub fn start(opts: PgClusterOptions) -> Result<PgCluster> {
         let bin_dir = match opts.major {
             Some(major) => bin_dir_for_major(major)?,
-            None => find_bin_dir()?,
+            None => programs::debian_server_dir().ok_or(SandboxError::NotInstalled)?,
         };
         let tmp = tempfile::Builder::new()
             .prefix("walbox-pg-")
@@ -188,6 +196,7 @@ impl PgCluster {
             password,
             run_as,
             watchdog: None,
+            major: 0,
         };
         // From here on, an early return drops `cluster`, which cleans up.
         cluster.chown(&cluster.root)?;
@@ -201,17 +210,24 @@ impl PgCluster {
         cluster.start_on_free_port()?;
         let ((md5, md5_pw), (plain, plain_pw)) = (MD5_ROLE, PLAIN_ROLE);
         let (noprivs, noprivs_pw) = NOPRIVS_ROLE;
-        cluster.psql(
+        let version = cluster.psql(
             "postgres",
             &format!(
                 "SET password_encryption = 'md5';\n\
                  CREATE ROLE {md5} LOGIN REPLICATION PASSWORD '{md5_pw}';\n\
                  RESET password_encryption;\n\
                  CREATE ROLE {plain} LOGIN REPLICATION PASSWORD '{plain_pw}';\n\
-                 CREATE ROLE {noprivs} LOGIN PASSWORD '{noprivs_pw}';\n"
+                 CREATE ROLE {noprivs} LOGIN PASSWORD '{noprivs_pw}';\n\
+                 SHOW server_version_num;\n"
             ),
         )?;
+        cluster.major = version.trim().parse::<u32>().map_or(0, |num| num / 10_000);
         Ok(cluster)
+    }
+
+    /// The server's major version (`server_version_num / 10000`, e.g. 15).
+    pub fn major(&self) -> u32 {
+        self.major
     }
 
     /// The TCP port the server listens on at `127.0.0.1`.
@@ -334,9 +350,12 @@ impl PgCluster {
         restart.map_err(|_| self.start_error(offset)).map(drop)
     }
 
-    /// A command for PostgreSQL program `prog`, run in the cluster directory.
+    /// A command for PostgreSQL program `prog` (a client program from
+    /// Debian's installation when the server's directory lacks it), run in
+    /// the cluster directory.
     fn command(&self, prog: &str) -> Command {
-        let mut cmd = self.base_command(self.bin_dir.join(prog));
+        let dir = programs::client_dir(&self.bin_dir, prog);
+        let mut cmd = self.base_command(dir.join(prog));
         cmd.current_dir(&self.root);
         cmd
     }
@@ -555,69 +574,12 @@ fn run(mut cmd: Command, what: &str) -> Result<Output> {
     ))
 }
 
-/// Where server binaries of other majors than Debian's live, one directory per
-/// major (`<cache>/<major>/bin/initdb`): `$WALBOX_PG_CACHE`, by default
-/// `/var/cache/walbox/postgresql`.
-pub fn version_cache() -> PathBuf {
-    std::env::var_os("WALBOX_PG_CACHE")
-        .filter(|v| !v.is_empty())
-        .map_or_else(
-            || PathBuf::from("/var/cache/walbox/postgresql"),
-            PathBuf::from,
-        )
-}
-
 /// The `bin` directory of PostgreSQL `major`: Debian's package if installed,
 /// else the version cache.
 pub fn bin_dir_for_major(major: u32) -> Result<PathBuf> {
-    let has_initdb = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    let debian = PathBuf::from(format!("/usr/lib/postgresql/{major}/bin"));
-    if has_initdb(&debian) {
-        return Ok(debian);
-    }
-    let cache = version_cache();
-    let cached = cache.join(major.to_string()).join("bin");
-    if has_initdb(&cached) {
-        return Ok(cached);
-    }
-    Err(SandboxError::MajorNotInstalled(
-        major,
-        cache.display().to_string(),
-    ))
-}
-
-/// Locates the PostgreSQL programs: `pg_config --bindir` if it holds
-/// `initdb` (Debian's `postgresql-common` wrapper may report a directory
-/// without it), else the newest `/usr/lib/postgresql/<version>/bin`.
-fn find_bin_dir() -> Result<PathBuf> {
-    let has_initdb = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
-        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        if out.status.success() && has_initdb(&dir) {
-            return Ok(dir);
-        }
-    }
-    let entries = fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten();
-    let mut versions: Vec<(Vec<u32>, PathBuf)> = entries
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let version: Vec<u32> = name
-                .split('.')
-                .map(str::parse)
-                .collect::<Result<_, _>>()
-                .ok()?;
-            let bin = entry.path().join("bin");
-            has_initdb(&bin).then_some((version, bin))
-        })
-        .collect();
-    versions.sort();
-    versions
-        .pop()
-        .map(|(_, dir)| dir)
-        .ok_or(SandboxError::NotInstalled)
+    programs::server_dir(major).ok_or_else(|| {
+        SandboxError::MajorNotInstalled(major, version_cache().display().to_string())
+    })
 }
 
 /// The OS user to run PostgreSQL as when we are root: `postgres` if it

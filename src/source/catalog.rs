@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 use crate::config::{OutboxConfig, PostgresConfig, Route, RouteSource};
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
+use crate::source::slot;
 use postgres_protocol::escape::escape_identifier as quote_ident;
 
 /// Oldest supported server (`server_version_num`).
@@ -93,12 +94,14 @@ pub enum CatalogError {
         reason: String,
     },
     /// The slot was invalidated.
-    #[error("replication slot {slot:?} is lost (wal_status = lost, confirmed up to {confirmed}): PostgreSQL removed WAL it still needed, so events after {confirmed} may never be relayed; see the runbook \"Slot lost\" before recreating it")]
+    #[error("replication slot {slot:?} is lost (wal_status = lost, confirmed up to {confirmed}): {cause}, so events after {confirmed} may never be relayed; see the runbook \"Slot lost\" before recreating it")]
     SlotLost {
         /// The slot.
         slot: String,
         /// Its last confirmed position.
         confirmed: Lsn,
+        /// Why PostgreSQL invalidated it ([`slot::invalidation_cause`]).
+        cause: String,
     },
 }
 
@@ -292,7 +295,8 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
     let row = client
         .query_opt(
             "SELECT s.plugin::text, s.slot_type, s.database::text = current_database(), \
-                    s.confirmed_flush_lsn::text, s.wal_status \
+                    s.confirmed_flush_lsn::text, s.wal_status, \
+                    to_jsonb(s) ->> 'invalidation_reason' \
              FROM pg_replication_slots s WHERE s.slot_name = $1",
             &[&slot],
         )
@@ -327,10 +331,13 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         .get::<_, Option<String>>(3)
         .and_then(|t| t.parse::<Lsn>().ok())
         .unwrap_or(Lsn::ZERO);
-    if row.get::<_, Option<String>>(4).as_deref() == Some("lost") {
+    // `invalidation_reason` exists from 17 on (NULL before, see `source::slot`).
+    let reason: Option<String> = row.get(5);
+    if row.get::<_, Option<String>>(4).as_deref() == Some("lost") || reason.is_some() {
         return Err(CatalogError::SlotLost {
             slot: slot.to_owned(),
             confirmed,
+            cause: slot::invalidation_cause(reason.as_deref()),
         });
     }
     Ok(Some(SlotState {

@@ -14,7 +14,8 @@
 //! - Streaming starts at the position the caller gives (never below the slot's
 //!   `confirmed_flush_lsn`, which the caller reads from [`OpenSession::slot`]); `0/0` is never
 //!   sent, because PostgreSQL 15 would accept a lower position and move the slot backwards.
-//! - `messages` is requested only from PostgreSQL 14 on (pgoutput rejects it before).
+//! - `messages` is requested only from PostgreSQL 14 on (pgoutput rejects it before); on 13
+//!   heartbeats still advance the slot, unmeasured, and the log says so.
 
 use crate::config::{OutboxConfig, PostgresConfig};
 use crate::failure::{Classify, Failure};
@@ -102,6 +103,12 @@ impl OpenSession {
         ];
         if messages && self.repl.server_version_num() >= 140_000 {
             options.push(("messages", "true"));
+        } else if messages {
+            // Only heartbeats get here: catalog::prepare refuses [outbox.messages] before 14.
+            tracing::warn!(
+                server_version_num = self.repl.server_version_num(),
+                "heartbeats are written but not measured: PostgreSQL 13 cannot stream logical messages to pgoutput (14+), so walbox_heartbeat_round_trip_seconds stays empty; each heartbeat's empty transaction still advances the slot"
+            );
         }
         let stream = self.repl.start_logical(&pg.slot, start, &options).await?;
         tracing::info!(slot = %pg.slot, start = %start, "streaming");

@@ -6,6 +6,11 @@
 //! `max_slot_wal_keep_size` set, until PostgreSQL invalidates the slot (`wal_status = lost`) and
 //! the events in the removed WAL can no longer be relayed. [`SlotHealth`] holds every number an
 //! operator needs to see that coming; `crate::health::alert` turns it into alert levels.
+//!
+//! One reading works on every supported major (13 and newer): columns that only newer servers
+//! have (`invalidation_reason`, `inactive_since`, `failover`, `synced`: 17; the
+//! `idle_replication_slot_timeout` setting: 18; `pg_stat_replication_slots`: 14) are read so
+//! that they are `None` where they do not exist, never an error.
 
 use tokio_postgres::Client;
 
@@ -40,6 +45,20 @@ pub struct SlotHealth {
     pub server_version_num: i32,
     /// `idle_replication_slot_timeout` (PostgreSQL 18+), as PostgreSQL prints it.
     pub idle_replication_slot_timeout: Option<String>,
+    /// The same in seconds; `None` before 18 and when 0 (disabled).
+    pub idle_timeout_seconds: Option<u64>,
+    /// Why PostgreSQL invalidated the slot (PostgreSQL 17+: `wal_removed`, `rows_removed`,
+    /// `wal_level_insufficient`, 18+: `idle_timeout`); `None` while valid or before 17.
+    pub invalidation_reason: Option<String>,
+    /// Since when no process streams from the slot (PostgreSQL 17+), as PostgreSQL prints it.
+    pub inactive_since: Option<String>,
+    /// Whether the slot is synchronized to standbys for failover (PostgreSQL 17+).
+    pub failover: Option<bool>,
+    /// Whether this is a standby's copy synchronized from the primary (PostgreSQL 17+).
+    pub synced: Option<bool>,
+    /// Bytes of decoded transactions the walsender spilled to disk, cumulative
+    /// (`pg_stat_replication_slots.spill_bytes`, PostgreSQL 14+).
+    pub spill_bytes: Option<i64>,
 }
 
 impl SlotHealth {
@@ -66,9 +85,45 @@ impl SlotHealth {
 
     /// Whether PostgreSQL invalidated the slot.
     pub fn is_lost(&self) -> bool {
-        self.wal_status.as_deref() == Some("lost")
+        self.wal_status.as_deref() == Some("lost") || self.invalidation_reason.is_some()
     }
 }
+
+/// What an invalidated slot's `invalidation_reason` means, for the operator's message. Before
+/// PostgreSQL 17 (no reason column) a lost slot was invalidated for WAL removal.
+pub fn invalidation_cause(reason: Option<&str>) -> String {
+    match reason {
+        None | Some("wal_removed") => {
+            "PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)".into()
+        }
+        Some("idle_timeout") => {
+            "it stayed inactive longer than idle_replication_slot_timeout".into()
+        }
+        Some("rows_removed") => {
+            "the primary removed catalog rows it needed (a slot on a standby: set hot_standby_feedback = on)".into()
+        }
+        Some("wal_level_insufficient") => {
+            "the primary's wal_level is no longer logical".into()
+        }
+        Some(other) => format!("invalidation_reason = {other}"),
+    }
+}
+
+/// The columns of `pg_replication_slots` read by [`read`] whichever the server's major:
+/// `to_jsonb(s) ->> '<column>'` is NULL for a column the major does not have.
+const SLOT_COLUMNS: &str = "SELECT s.restart_lsn::text, s.confirmed_flush_lsn::text, \
+    s.wal_status, s.safe_wal_size, s.active, s.active_pid, \
+    to_jsonb(s) ->> 'invalidation_reason', to_jsonb(s) ->> 'inactive_since', \
+    (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool, \
+    (SELECT (to_jsonb(r) ->> 'spill_bytes')::bigint FROM pg_stat_replication_slots r \
+     WHERE r.slot_name = s.slot_name) \
+    FROM pg_replication_slots s WHERE s.slot_name = $1";
+
+/// The same before PostgreSQL 14, which has no `pg_stat_replication_slots`.
+const SLOT_COLUMNS_13: &str = "SELECT s.restart_lsn::text, s.confirmed_flush_lsn::text, \
+    s.wal_status, s.safe_wal_size, s.active, s.active_pid, \
+    NULL::text, NULL::text, NULL::bool, NULL::bool, NULL::bigint \
+    FROM pg_replication_slots s WHERE s.slot_name = $1";
 
 /// Reads the slot's health. `Ok(None)` when the slot does not exist.
 pub async fn read(
@@ -82,18 +137,19 @@ pub async fn read(
                     pg_size_bytes(current_setting('wal_keep_size')), \
                     pg_size_bytes(current_setting('max_wal_size')), \
                     current_setting('server_version_num')::int, \
-                    current_setting('idle_replication_slot_timeout', true)",
+                    current_setting('idle_replication_slot_timeout', true), \
+                    (SELECT setting::bigint * CASE unit WHEN 'min' THEN 60 ELSE 1 END \
+                     FROM pg_settings WHERE name = 'idle_replication_slot_timeout')",
             &[],
         )
         .await?;
-    let row = client
-        .query_opt(
-            "SELECT restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size, \
-                    active, active_pid \
-             FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
+    let server_version_num: i32 = settings.get(4);
+    let columns = if server_version_num >= 140_000 {
+        SLOT_COLUMNS
+    } else {
+        SLOT_COLUMNS_13
+    };
+    let row = client.query_opt(columns, &[&slot]).await?;
     let Some(row) = row else {
         return Ok(None);
     };
@@ -111,29 +167,56 @@ pub async fn read(
         max_slot_wal_keep_bytes: u64::try_from(max_keep).ok(),
         wal_keep_bytes: u64::try_from(settings.get::<_, i64>(2)).unwrap_or(0),
         max_wal_bytes: u64::try_from(settings.get::<_, i64>(3)).unwrap_or(0),
-        server_version_num: settings.get(4),
+        server_version_num,
         idle_replication_slot_timeout: settings
             .get::<_, Option<String>>(5)
             .filter(|v| !v.is_empty()),
+        idle_timeout_seconds: settings
+            .get::<_, Option<i64>>(6)
+            .and_then(|v| u64::try_from(v).ok())
+            .filter(|v| *v > 0),
+        invalidation_reason: row.get(6),
+        inactive_since: row.get(7),
+        failover: row.get(8),
+        synced: row.get(9),
+        spill_bytes: row.get(10),
     }))
 }
 
 /// Drops the slot (which must not be active) and creates it again with pgoutput; returns the new
 /// slot's consistent point. Events committed between the old slot's confirmed position and that
-/// point are not in the new slot's stream.
-pub async fn recreate(client: &Client, slot: &str) -> Result<Lsn, tokio_postgres::Error> {
+/// point are not in the new slot's stream. `failover` (PostgreSQL 17+, the old slot's flag) is
+/// kept: a slot synchronized to standbys stays so.
+pub async fn recreate(
+    client: &Client,
+    slot: &str,
+    failover: Option<bool>,
+) -> Result<Lsn, tokio_postgres::Error> {
     client
         .execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
-    let row = client
-        .query_one(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&slot],
-        )
-        .await?;
+    // The fifth argument (failover) exists from 17 on: passed only when the old slot had it.
+    let row = match failover {
+        Some(true) => {
+            client
+                .query_one(
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)",
+                    &[&slot],
+                )
+                .await?
+        }
+        _ => {
+            client
+                .query_one(
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                    &[&slot],
+                )
+                .await?
+        }
+    };
     Ok(row
         .get::<_, Option<String>>(0)
         .and_then(|t| t.parse().ok())
@@ -159,6 +242,12 @@ mod tests {
             max_wal_bytes: 1 << 30,
             server_version_num: 150018,
             idle_replication_slot_timeout: None,
+            idle_timeout_seconds: None,
+            invalidation_reason: None,
+            inactive_since: None,
+            failover: None,
+            synced: None,
+            spill_bytes: None,
         }
     }
 
@@ -173,5 +262,20 @@ mod tests {
             ..h
         };
         assert_eq!(unlimited.keep_used_ratio(), None);
+    }
+
+    #[test]
+    fn an_invalidation_reason_means_lost_and_names_its_cause() {
+        let idle = SlotHealth {
+            wal_status: Some("reserved".into()),
+            invalidation_reason: Some("idle_timeout".into()),
+            ..health()
+        };
+        assert!(idle.is_lost());
+        assert!(!health().is_lost());
+        let cause = invalidation_cause(idle.invalidation_reason.as_deref());
+        assert!(cause.contains("idle_replication_slot_timeout"), "{cause}");
+        assert!(invalidation_cause(None).contains("max_slot_wal_keep_size"));
+        assert!(invalidation_cause(Some("new_reason")).contains("new_reason"));
     }
 }

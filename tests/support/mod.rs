@@ -29,17 +29,54 @@ pub const WAIT: Duration = Duration::from_secs(60);
 /// The seeds' outbox table (`000_…`), plus a business table: the demo's schema.
 pub const OUTBOX_DDL: &str = walbox::sandbox::demo::SCHEMA;
 
+/// The PostgreSQL major the tests run on: `WALBOX_TEST_PG` (13 to 18; installed by
+/// `scripts/install-deps.sh`), by default `None`, Debian's.
+pub fn test_major() -> Option<u32> {
+    let value = std::env::var("WALBOX_TEST_PG").ok()?;
+    match value.trim().parse::<u32>() {
+        Ok(major) if (13..=18).contains(&major) => Some(major),
+        _ if value.trim().is_empty() => None,
+        _ => panic!("WALBOX_TEST_PG={value:?}: expected a PostgreSQL major from 13 to 18"),
+    }
+}
+
+/// Options for a test cluster: the major of [`test_major`], a watchdog (test clusters live
+/// in statics or leaked boxes), the rest as `PgClusterOptions::default()`.
+pub fn pg_options() -> PgClusterOptions {
+    PgClusterOptions {
+        major: test_major(),
+        watchdog: true,
+        ..Default::default()
+    }
+}
+
+/// Starts a test cluster with `opts`, naming the major in the panic when it cannot.
+pub fn start_cluster(opts: PgClusterOptions) -> PgCluster {
+    let major = opts.major;
+    let cluster = PgCluster::start(opts).unwrap_or_else(|e| {
+        let which = major.map_or("Debian's".to_owned(), |m| m.to_string());
+        panic!("start a PostgreSQL cluster ({which}): {e}")
+    });
+    if let Some(major) = major {
+        assert_eq!(cluster.major(), major, "the cluster runs another major");
+    }
+    cluster
+}
+
 /// The cluster shared by every test of this binary.
 pub fn cluster() -> &'static PgCluster {
     static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
-        PgCluster::start(PgClusterOptions {
-            watchdog: true,
+        start_cluster(PgClusterOptions {
             ssl: true,
-            ..Default::default()
+            ..pg_options()
         })
-        .expect("start the test PostgreSQL cluster")
     })
+}
+
+/// The major of the test clusters (from the running shared cluster).
+pub fn major() -> u32 {
+    cluster().major()
 }
 
 /// A name unique within this test run.
