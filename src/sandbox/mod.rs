@@ -5,4 +5,5 @@
 pub mod broker;
 pub mod demo;
 pub mod postgres;
+pub mod standby;
 mod tls;
