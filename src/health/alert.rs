@@ -248,6 +248,7 @@ mod tests {
             active_pid: Some(7),
             max_slot_wal_keep_bytes: max,
             wal_keep_bytes: 0,
+            in_recovery: false,
             max_wal_bytes: 0,
             server_version_num: 150000,
             idle_replication_slot_timeout: None,

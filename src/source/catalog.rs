@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 use crate::config::{OutboxConfig, PostgresConfig, Route, RouteSource};
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
+use crate::source::standby::{self, Role, StandbyError};
 use postgres_protocol::escape::escape_identifier as quote_ident;
 
 /// Oldest supported server (`server_version_num`).
@@ -92,6 +93,9 @@ pub enum CatalogError {
         /// Why.
         reason: String,
     },
+    /// `postgres.url` names a standby that cannot be decoded from.
+    #[error(transparent)]
+    Standby(#[from] StandbyError),
     /// The slot was invalidated.
     #[error("replication slot {slot:?} is lost (wal_status = lost, confirmed up to {confirmed}): PostgreSQL removed WAL it still needed, so events after {confirmed} may never be relayed; see the runbook \"Slot lost\" before recreating it")]
     SlotLost {
@@ -109,6 +113,7 @@ impl Classify for CatalogError {
                 .code()
                 .and_then(|c| Failure::from_sqlstate(c.code(), &e.to_string())),
             CatalogError::SlotLost { .. } => Some(Failure::SlotLost),
+            CatalogError::Standby(e) => e.failure(),
             _ => Some(Failure::Schema),
         }
     }
@@ -121,12 +126,13 @@ pub struct SlotState {
     pub confirmed_flush_lsn: Lsn,
 }
 
-/// Checks server, tables and publication; creates the publication when asked.
+/// Checks server (and, on a standby, what decoding there needs), tables and publication;
+/// creates the publication when asked. Returns where `postgres.url` points.
 pub async fn prepare(
     client: &Client,
     pg: &PostgresConfig,
     outbox: &OutboxConfig,
-) -> Result<(), CatalogError> {
+) -> Result<Role, CatalogError> {
     let row = client
         .query_one(
             "SELECT current_setting('server_version_num')::int, current_setting('server_version'), current_setting('wal_level')",
@@ -136,6 +142,10 @@ pub async fn prepare(
     let (num, version, wal_level): (i32, String, String) = (row.get(0), row.get(1), row.get(2));
     if num < MIN_SERVER_VERSION {
         return Err(CatalogError::TooOld(version));
+    }
+    let role = standby::role(client).await?;
+    if role == Role::Standby {
+        standby::check(client, pg.primary.as_ref(), num, &version).await?;
     }
     if wal_level != "logical" {
         return Err(CatalogError::WalLevel(wal_level));
@@ -166,6 +176,9 @@ pub async fn prepare(
         )
         .await?;
     match publication {
+        None if role == Role::Standby => {
+            return Err(StandbyError::MissingPublication(pg.publication.clone()).into())
+        }
         None if pg.create_publication => {
             let list: Vec<&str> = tables.iter().map(|t| t.1.as_str()).collect();
             let via_root = if tables.iter().any(|t| t.4) {
@@ -216,7 +229,7 @@ pub async fn prepare(
             }
         }
     }
-    Ok(())
+    Ok(role)
 }
 
 /// Checks that the table exists with the mapped columns; returns whether it is partitioned.

@@ -6,6 +6,10 @@
 //! `max_slot_wal_keep_size` set, until PostgreSQL invalidates the slot (`wal_status = lost`) and
 //! the events in the removed WAL can no longer be relayed. [`SlotHealth`] holds every number an
 //! operator needs to see that coming; `crate::health::alert` turns it into alert levels.
+//!
+//! On a standby the slot retains the standby's WAL, and both lag and retained WAL are measured
+//! against `pg_last_wal_replay_lsn()`: how far the standby has replayed, which is as far as its
+//! slot can be decoded.
 
 use tokio_postgres::Client;
 
@@ -16,8 +20,11 @@ use crate::lsn::Lsn;
 pub struct SlotHealth {
     /// The slot's name.
     pub slot: String,
-    /// `pg_current_wal_lsn()`.
+    /// How far the server's WAL goes: `pg_current_wal_lsn()` on a primary,
+    /// `pg_last_wal_replay_lsn()` on a standby (which has no current WAL position of its own).
     pub current_lsn: Lsn,
+    /// Whether the server is a standby (`pg_is_in_recovery()`).
+    pub in_recovery: bool,
     /// WAL the slot retains from here on.
     pub restart_lsn: Option<Lsn>,
     /// Last position confirmed by walbox.
@@ -77,12 +84,14 @@ pub async fn read(
 ) -> Result<Option<SlotHealth>, tokio_postgres::Error> {
     let settings = client
         .query_one(
-            "SELECT pg_current_wal_lsn()::text, \
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                          ELSE pg_current_wal_lsn() END)::text, \
                     pg_size_bytes(current_setting('max_slot_wal_keep_size')), \
                     pg_size_bytes(current_setting('wal_keep_size')), \
                     pg_size_bytes(current_setting('max_wal_size')), \
                     current_setting('server_version_num')::int, \
-                    current_setting('idle_replication_slot_timeout', true)",
+                    current_setting('idle_replication_slot_timeout', true), \
+                    pg_is_in_recovery()",
             &[],
         )
         .await?;
@@ -115,6 +124,7 @@ pub async fn read(
         idle_replication_slot_timeout: settings
             .get::<_, Option<String>>(5)
             .filter(|v| !v.is_empty()),
+        in_recovery: settings.get(6),
     }))
 }
 
@@ -159,6 +169,7 @@ mod tests {
             max_wal_bytes: 1 << 30,
             server_version_num: 150018,
             idle_replication_slot_timeout: None,
+            in_recovery: false,
         }
     }
 
