@@ -15,3 +15,4 @@ mod recovery;
 mod relay;
 mod routing;
 mod slot;
+mod standby;
