@@ -13,7 +13,7 @@ use walbox::sandbox::broker::TopicReader;
 use walbox::sandbox::postgres::PgCluster;
 
 use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, write_txn, Written};
-use crate::support::standby::{clusters, old_pair};
+use crate::support::standby::{clusters, old_pair, StandbyClusters};
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
 /// Events the writer commits on the primary during the crash test.
@@ -21,8 +21,12 @@ const EVENTS: usize = 10_000;
 
 /// A database on the shared primary with its publication, and the same database on `standby`
 /// once the standby has replayed both.
-fn database_on(standby: &'static PgCluster, tag: &str) -> (TestDb, TestDb) {
-    let db = TestDb::on(&clusters().primary, tag);
+fn database_on(
+    shared: &'static StandbyClusters,
+    standby: &'static PgCluster,
+    tag: &str,
+) -> (TestDb, TestDb) {
+    let db = TestDb::on(&shared.primary, tag);
     let slot = &db.name;
     db.sql(&format!(
         "CREATE PUBLICATION {slot} FOR TABLE outbox WITH (publish = 'insert')"
@@ -46,10 +50,14 @@ fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
 
 #[test]
 fn walbox_on_a_standby_loses_nothing_through_sigkills_and_a_standby_restart() {
-    let standby = &clusters().standby;
-    let (db, replica) = database_on(standby, "standby");
+    let (shared, _exclusive) = clusters();
+    let standby = &shared.standby;
+    let (db, replica) = database_on(shared, standby, "standby");
     let version: u32 = replica.sql("SHOW server_version_num").parse().unwrap();
-    assert!(version >= 160_000, "decoding on a standby needs 16+, this is {version}");
+    assert!(
+        version >= 160_000,
+        "decoding on a standby needs 16+, this is {version}"
+    );
     let slot = db.name.clone();
     let topic = format!("t_{}", db.name);
     let broker = support::broker();
@@ -128,9 +136,11 @@ fn walbox_on_a_standby_loses_nothing_through_sigkills_and_a_standby_restart() {
                 replica.streaming(&slot)
             });
             standby.restart().expect("restart the standby");
-            wait_until(WAIT, "walbox to stream again after the standby restart", || {
-                replica.streaming(&slot)
-            });
+            wait_until(
+                WAIT,
+                "walbox to stream again after the standby restart",
+                || replica.streaming(&slot),
+            );
             assert!(walbox.log().contains("reconnecting"), "{}", walbox.log());
             restarted = true;
         }
@@ -208,4 +218,104 @@ fn walbox_on_a_standby_loses_nothing_through_sigkills_and_a_standby_restart() {
     assert_eq!(v["in_recovery"], true, "{v}");
     let replayed: Lsn = v["current_lsn"].as_str().unwrap().parse().unwrap();
     assert!(replayed >= last, "replayed {replayed} < {last}: {v}");
+}
+
+/// Runs walbox with `env` until it exits; returns (exit code, its output).
+fn run_to_exit(env: &[(String, String)]) -> (i32, String) {
+    let mut w = Walbox::spawn(env);
+    let status = w.wait_exit(WAIT);
+    (status.code().unwrap_or(-1), w.log())
+}
+
+/// The one-line error a refused start ends with, checked to be the last line and free of the
+/// superuser's password.
+fn fatal_line(code: i32, log: &str, password: &str) -> String {
+    assert_eq!(code, 5, "{log}");
+    assert!(!log.contains(password), "a password in the output:\n{log}");
+    log.lines().last().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn a_standby_that_cannot_decode_is_refused_with_the_fix() {
+    let (shared, _exclusive) = clusters();
+    let broker = support::broker();
+    let password = shared.primary.password().to_owned();
+    let env_for = |url: String, primary_url: Option<String>| {
+        let (db, replica) = database_on(shared, &shared.no_feedback, "refused");
+        let mut env = walbox_env(&replica, &db.name, &broker.bootstrap_servers());
+        set(&mut env, "WALBOX_POSTGRES_URL", url);
+        if let Some(p) = primary_url {
+            set(&mut env, "WALBOX_POSTGRES_PRIMARY_URL", p);
+        }
+        env
+    };
+
+    // hot_standby_feedback = off on the standby.
+    let (code, log) = run_to_exit(&env_for(shared.no_feedback.url("postgres"), None));
+    let line = fatal_line(code, &log, &password);
+    assert!(
+        line.contains("hot_standby_feedback is off")
+            && line.contains("set hot_standby_feedback = on")
+            && line.contains("pg_reload_conf()"),
+        "{line}"
+    );
+
+    // A PostgreSQL 15 standby; and a primary_url whose wal_level is not logical.
+    let (old_primary, old_standby) = old_pair();
+    let (code, log) = run_to_exit(&env_for(old_standby.url("postgres"), None));
+    let line = fatal_line(code, &log, old_standby.password());
+    assert!(
+        line.contains("standby running PostgreSQL 15") && line.contains("needs PostgreSQL 16"),
+        "{line}"
+    );
+    let (code, log) = run_to_exit(&env_for(
+        shared.standby.url("postgres"),
+        Some(old_primary.url("postgres")),
+    ));
+    let line = fatal_line(code, &log, old_primary.password());
+    assert!(
+        line.contains("wal_level is \"replica\" on the primary")
+            && line.contains("set wal_level = logical"),
+        "{line}"
+    );
+}
+
+#[test]
+fn without_primary_url_slot_creation_says_what_to_run_on_the_primary() {
+    let (shared, _exclusive) = clusters();
+    let (db, replica) = database_on(shared, &shared.standby, "hint");
+    let slot = db.name.clone();
+    let broker = support::broker();
+    let env = walbox_env(&replica, &slot, &broker.bootstrap_servers());
+    // An open transaction on the primary: no running-transactions record written before it
+    // ends lets the slot's creation finish, so walbox is still waiting when the hint is due.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, conn) = rt
+        .block_on(tokio_postgres::connect(&db.url(), tokio_postgres::NoTls))
+        .expect("connect to the primary");
+    rt.spawn(conn);
+    rt.block_on(client.batch_execute("BEGIN; SELECT txid_current();"))
+        .unwrap();
+
+    let walbox = Walbox::spawn(&env);
+    let hint = "run on the primary: SELECT pg_log_standby_snapshot();";
+    wait_until(WAIT, "walbox to say what to run on the primary", || {
+        walbox.log().contains(hint)
+    });
+    assert!(!replica.streaming(&slot), "{}", walbox.log());
+    // Doing what it says (once the open transaction ended) lets the creation finish.
+    rt.block_on(client.batch_execute("COMMIT")).unwrap();
+    wait_until(WAIT, "the slot's creation to finish", || {
+        db.sql("SELECT pg_log_standby_snapshot()");
+        replica.streaming(&slot)
+    });
+    assert_eq!(
+        walbox.log().matches(hint).count(),
+        1,
+        "said once: {}",
+        walbox.log()
+    );
 }

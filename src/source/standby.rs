@@ -158,14 +158,18 @@ pub async fn while_slot_is_created<T>(
 ) -> T {
     tokio::pin!(create);
     let start = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval_at(start + Duration::from_millis(100), SNAPSHOT_INTERVAL);
+    // The first tick is immediate: the creation has been sent (polled once) by then.
+    let mut tick = tokio::time::interval(SNAPSHOT_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client: Option<Client> = None;
-    let mut hinted = false;
+    let (mut hinted, mut requested) = (false, 0u32);
     loop {
         tokio::select! {
             biased;
-            created = &mut create => return created,
+            created = &mut create => {
+                tracing::info!(slot, requested, "slot creation on the standby done; running-transactions records asked of the primary: {requested}");
+                return created;
+            }
             _ = tick.tick() => {}
         }
         let written = match primary {
@@ -173,7 +177,7 @@ pub async fn while_slot_is_created<T>(
             None => Err("postgres.primary_url is not set".to_owned()),
         };
         match written {
-            Ok(()) => tracing::debug!(slot, "asked the primary for a running-transactions record"),
+            Ok(()) => requested += 1,
             Err(why) if !hinted && start.elapsed() >= SNAPSHOT_HINT_AFTER => {
                 hinted = true;
                 tracing::warn!(slot, reason = %why, "creating the slot on a standby waits for a running-transactions record from the primary (written about every 15 s while the primary has traffic); to finish now, run on the primary: {LOG_STANDBY_SNAPSHOT};");

@@ -3,7 +3,7 @@
 //! primary's data directory), shared by the tests of this binary; and, per test, an old pair
 //! (PostgreSQL 15, whose standby cannot decode).
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 use walbox::sandbox::standby::StandbyOptions;
@@ -28,8 +28,18 @@ pub fn standby_major() -> u32 {
         .unwrap_or(16)
 }
 
-/// The shared clusters, started on first use (both standbys before any test writes).
-pub fn clusters() -> &'static StandbyClusters {
+/// The shared clusters, started on first use (both standbys before any test writes), and a
+/// guard that keeps the other standby tests out until dropped: one restarts the standby,
+/// another holds a transaction open on the primary.
+pub fn clusters() -> (&'static StandbyClusters, MutexGuard<'static, ()>) {
+    static EXCLUSIVE: Mutex<()> = Mutex::new(());
+    let guard = EXCLUSIVE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    (shared(), guard)
+}
+
+fn shared() -> &'static StandbyClusters {
     static CLUSTERS: OnceLock<StandbyClusters> = OnceLock::new();
     CLUSTERS.get_or_init(|| {
         let major = standby_major();
