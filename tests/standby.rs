@@ -286,7 +286,8 @@ fn without_primary_url_slot_creation_says_what_to_run_on_the_primary() {
     let (db, replica) = database_on(shared, &shared.standby, "hint");
     let slot = db.name.clone();
     let broker = support::broker();
-    let env = walbox_env(&replica, &slot, &broker.bootstrap_servers());
+    let mut env = walbox_env(&replica, &slot, &broker.bootstrap_servers());
+    env.push(("WALBOX_SLOT_HEARTBEAT_INTERVAL".into(), "100ms".into()));
     // An open transaction on the primary: no running-transactions record written before it
     // ends lets the slot's creation finish, so walbox is still waiting when the hint is due.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -316,6 +317,25 @@ fn without_primary_url_slot_creation_says_what_to_run_on_the_primary() {
         walbox.log().matches(hint).count(),
         1,
         "said once: {}",
+        walbox.log()
+    );
+
+    // No heartbeats without primary_url (said once); the slot still advances on keepalives
+    // while the primary writes other tables.
+    let lsn: Lsn = db
+        .sql("INSERT INTO payments (wallet_id, amount) VALUES ('w', 1); SELECT pg_current_wal_insert_lsn();")
+        .parse()
+        .unwrap();
+    wait_until(
+        WAIT,
+        "the idle slot to confirm past the other table's writes",
+        || replica.confirmed(&slot) >= lsn,
+    );
+    let no_heartbeats = "no heartbeats; the slot advances on keepalives alone";
+    assert_eq!(
+        walbox.log().matches(no_heartbeats).count(),
+        1,
+        "{}",
         walbox.log()
     );
 }

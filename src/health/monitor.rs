@@ -36,6 +36,7 @@ use crate::health::webhook::Webhook;
 use crate::metrics::{Metrics, WAL_STATUSES};
 use crate::pg::control::connect_control;
 use crate::source::slot::{self, SlotHealth};
+use crate::source::standby::{self, Role};
 use crate::timestamp::pg_now_micros;
 
 /// Prefix of walbox's heartbeat messages.
@@ -112,8 +113,8 @@ struct Monitor {
     /// `postgres.primary_url`, where heartbeats go when set.
     primary: Option<ConnInfo>,
     primary_client: Option<tokio_postgres::Client>,
-    /// Whether the last reading came from a standby.
-    on_standby: bool,
+    /// Whether `postgres.url` is a standby, once known (from a reading, or asked).
+    on_standby: Option<bool>,
     warned_no_heartbeat: bool,
     level: Option<AlertLevel>,
     seen_slot: bool,
@@ -135,6 +136,20 @@ impl Monitor {
         self.client.as_ref()
     }
 
+    /// Whether `postgres.url` is a standby: from the last reading, else asked (the slot may
+    /// not exist yet); `false` while the server cannot be asked.
+    async fn on_standby(&mut self) -> bool {
+        if self.on_standby.is_none() {
+            if let Some(c) = self.client().await {
+                self.on_standby = standby::role(c)
+                    .await
+                    .ok()
+                    .map(|role| role == Role::Standby);
+            }
+        }
+        self.on_standby.unwrap_or(false)
+    }
+
     /// Writes one heartbeat: through `postgres.primary_url` when set (a standby is read-only),
     /// else through `postgres.url`; on a standby without `primary_url`, none (logged once).
     async fn heartbeat(&mut self) {
@@ -152,7 +167,7 @@ impl Monitor {
                 }
                 self.primary_client.as_ref()
             }
-            None if self.on_standby => {
+            None if self.on_standby().await => {
                 if !self.warned_no_heartbeat {
                     self.warned_no_heartbeat = true;
                     tracing::warn!("slot.heartbeat_interval is set, but postgres.url is a standby (read-only) and postgres.primary_url is not set: no heartbeats; the slot advances on keepalives alone");
@@ -189,7 +204,7 @@ impl Monitor {
         };
         self.metrics.slot_checks.inc();
         if let Some(h) = &health {
-            self.on_standby = h.in_recovery;
+            self.on_standby = Some(h.in_recovery);
         }
         if health.is_none() && !self.seen_slot {
             return None; // not created yet (create_slot = true and the relay has not started)
@@ -264,7 +279,7 @@ pub async fn run(
         conn: postgres.conn,
         primary: postgres.primary,
         primary_client: None,
-        on_standby: false,
+        on_standby: None,
         warned_no_heartbeat: false,
         slot_name: postgres.slot,
         slot,

@@ -44,8 +44,7 @@ const SNAPSHOT_HINT_AFTER: Duration = Duration::from_secs(2);
 pub const LOG_STANDBY_SNAPSHOT: &str = "SELECT pg_log_standby_snapshot()";
 
 /// Where `postgres.url` points.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// A server that is not in recovery.
     Primary,
