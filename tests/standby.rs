@@ -218,6 +218,19 @@ fn walbox_on_a_standby_loses_nothing_through_sigkills_and_a_standby_restart() {
     assert_eq!(v["in_recovery"], true, "{v}");
     let replayed: Lsn = v["current_lsn"].as_str().unwrap().parse().unwrap();
     assert!(replayed >= last, "replayed {replayed} < {last}: {v}");
+    let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
+        .arg("status")
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("server") && l.contains("standby"))
+            && text.contains("replayed WAL LSN"),
+        "{text}"
+    );
 }
 
 /// Runs walbox with `env` until it exits; returns (exit code, its output).
