@@ -13,20 +13,20 @@ use walbox::sandbox::broker::TopicReader;
 use walbox::sandbox::postgres::PgCluster;
 
 use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, write_txn, Written};
-use crate::support::standby::{clusters, old_pair, StandbyClusters};
+use crate::support::standby::{clusters, old_pair};
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
 /// Events the writer commits on the primary during the crash test.
 const EVENTS: usize = 10_000;
 
-/// A database on the shared primary with its publication, and the same database on `standby`
+/// A database on `primary` with its publication, and the same database on `standby`
 /// once the standby has replayed both.
 fn database_on(
-    shared: &'static StandbyClusters,
+    primary: &'static PgCluster,
     standby: &'static PgCluster,
     tag: &str,
 ) -> (TestDb, TestDb) {
-    let db = TestDb::on(&shared.primary, tag);
+    let db = TestDb::on(primary, tag);
     let slot = &db.name;
     db.sql(&format!(
         "CREATE PUBLICATION {slot} FOR TABLE outbox WITH (publish = 'insert')"
@@ -52,7 +52,7 @@ fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
 fn walbox_on_a_standby_loses_nothing_through_sigkills_and_a_standby_restart() {
     let (shared, _exclusive) = clusters();
     let standby = &shared.standby;
-    let (db, replica) = database_on(shared, standby, "standby");
+    let (db, replica) = database_on(&shared.primary, standby, "standby");
     let version: u32 = replica.sql("SHOW server_version_num").parse().unwrap();
     assert!(
         version >= 160_000,
@@ -254,7 +254,7 @@ fn a_standby_that_cannot_decode_is_refused_with_the_fix() {
     let broker = support::broker();
     let password = shared.primary.password().to_owned();
     let env_for = |url: String, primary_url: Option<String>| {
-        let (db, replica) = database_on(shared, &shared.no_feedback, "refused");
+        let (db, replica) = database_on(&shared.primary, &shared.no_feedback, "refused");
         let mut env = walbox_env(&replica, &db.name, &broker.bootstrap_servers());
         set(&mut env, "WALBOX_POSTGRES_URL", url);
         if let Some(p) = primary_url {
@@ -296,7 +296,7 @@ fn a_standby_that_cannot_decode_is_refused_with_the_fix() {
 #[test]
 fn without_primary_url_slot_creation_says_what_to_run_on_the_primary() {
     let (shared, _exclusive) = clusters();
-    let (db, replica) = database_on(shared, &shared.standby, "hint");
+    let (db, replica) = database_on(&shared.primary, &shared.standby, "hint");
     let slot = db.name.clone();
     let broker = support::broker();
     let mut env = walbox_env(&replica, &slot, &broker.bootstrap_servers());
@@ -350,5 +350,70 @@ fn without_primary_url_slot_creation_says_what_to_run_on_the_primary() {
         1,
         "{}",
         walbox.log()
+    );
+}
+
+#[test]
+fn a_slot_the_standby_invalidates_stops_walbox_with_exit_7() {
+    // A pair of its own: no other standby may hold the primary's horizon back.
+    let major = crate::support::standby::standby_major();
+    let primary: &'static PgCluster = Box::leak(Box::new(
+        PgCluster::start(walbox::sandbox::postgres::PgClusterOptions {
+            watchdog: true,
+            major: Some(major),
+            ..Default::default()
+        })
+        .expect("primary"),
+    ));
+    let standby: &'static PgCluster = Box::leak(Box::new(
+        primary
+            .start_standby(walbox::sandbox::standby::StandbyOptions {
+                watchdog: true,
+                ..Default::default()
+            })
+            .expect("standby"),
+    ));
+    let (db, replica) = database_on(primary, standby, "invalidated");
+    let slot = db.name.clone();
+    let broker = support::broker();
+    let mut env = walbox_env(&replica, &slot, &broker.bootstrap_servers());
+    set(
+        &mut env,
+        "WALBOX_POSTGRES_CREATE_PUBLICATION",
+        "false".into(),
+    );
+    env.push(("WALBOX_POSTGRES_PRIMARY_URL".into(), db.url()));
+    env.push(("WALBOX_SLOT_CHECK_INTERVAL".into(), "100ms".into()));
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the standby", || {
+        replica.streaming(&slot)
+    });
+
+    // Feedback off: the primary's vacuum no longer spares the catalog rows the slot needs.
+    replica.sql("ALTER SYSTEM SET hot_standby_feedback = off; SELECT pg_reload_conf();");
+    let physical = replica.sql("SHOW primary_slot_name");
+    wait_until(WAIT, "the primary to forget the standby's horizon", || {
+        db.sql(&format!(
+            "SELECT xmin IS NULL AND catalog_xmin IS NULL FROM pg_replication_slots WHERE slot_name = '{physical}'"
+        )) == "t"
+    });
+    wait_until(WAIT, "walbox to stop", || {
+        if walbox.running() {
+            db.sql("CREATE TABLE gone (a int);\nDROP TABLE gone;\nVACUUM pg_class;");
+        }
+        !walbox.running()
+    });
+    let status = walbox.wait_exit(WAIT);
+    let line = walbox.last_line();
+    assert_eq!(status.code(), Some(7), "{}", walbox.log());
+    assert!(
+        line.contains("is lost") && line.contains("conflicted with recovery"),
+        "{line}"
+    );
+    assert_eq!(
+        replica.sql(&format!(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        )),
+        "lost"
     );
 }

@@ -92,7 +92,11 @@ pub fn assess(health: Option<&SlotHealth>, cfg: &SlotConfig) -> Assessment {
     if h.is_lost() {
         return Assessment {
             level: AlertLevel::Lost,
-            reason: "wal_status = lost: PostgreSQL invalidated the slot".into(),
+            reason: if h.conflicting {
+                "wal_status = lost: the standby invalidated the slot because it conflicted with recovery (the primary removed catalog rows it needed, or lowered wal_level; keep hot_standby_feedback = on and primary_slot_name set on the standby)".into()
+            } else {
+                "wal_status = lost: PostgreSQL invalidated the slot".into()
+            },
             action: ACTION_LOST,
             headroom_bytes: Some(0),
         };
@@ -249,6 +253,7 @@ mod tests {
             max_slot_wal_keep_bytes: max,
             wal_keep_bytes: 0,
             in_recovery: false,
+            conflicting: false,
             max_wal_bytes: 0,
             server_version_num: 150000,
             idle_replication_slot_timeout: None,

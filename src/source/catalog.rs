@@ -97,12 +97,14 @@ pub enum CatalogError {
     #[error(transparent)]
     Standby(#[from] StandbyError),
     /// The slot was invalidated.
-    #[error("replication slot {slot:?} is lost (wal_status = lost, confirmed up to {confirmed}): PostgreSQL removed WAL it still needed, so events after {confirmed} may never be relayed; see the runbook \"Slot lost\" before recreating it")]
+    #[error("replication slot {slot:?} is lost (wal_status = lost, confirmed up to {confirmed}): {cause}, so events after {confirmed} may never be relayed; see the runbook \"Slot lost\" before recreating it")]
     SlotLost {
         /// The slot.
         slot: String,
         /// Its last confirmed position.
         confirmed: Lsn,
+        /// Why PostgreSQL invalidated it, as far as it says.
+        cause: &'static str,
     },
 }
 
@@ -145,6 +147,8 @@ pub async fn prepare(
     }
     let role = standby::role(client).await?;
     if role == Role::Standby {
+        // A slot the standby already invalidated is the graver news (exit 7): it comes first.
+        slot_state(client, &pg.slot).await?;
         standby::check(client, pg.primary.as_ref(), num, &version).await?;
     }
     if wal_level != "logical" {
@@ -305,7 +309,8 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
     let row = client
         .query_opt(
             "SELECT s.plugin::text, s.slot_type, s.database::text = current_database(), \
-                    s.confirmed_flush_lsn::text, s.wal_status \
+                    s.confirmed_flush_lsn::text, s.wal_status, \
+                    coalesce((to_jsonb(s)->>'conflicting')::bool, false) \
              FROM pg_replication_slots s WHERE s.slot_name = $1",
             &[&slot],
         )
@@ -341,9 +346,16 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         .and_then(|t| t.parse::<Lsn>().ok())
         .unwrap_or(Lsn::ZERO);
     if row.get::<_, Option<String>>(4).as_deref() == Some("lost") {
+        // `conflicting` (PostgreSQL 16+): a standby invalidated the slot in recovery.
+        let cause = if row.get::<_, bool>(5) {
+            "the standby invalidated it because it conflicted with recovery (the primary removed catalog rows it needed, or lowered wal_level; keep hot_standby_feedback = on and primary_slot_name set on the standby)"
+        } else {
+            "PostgreSQL removed WAL it still needed"
+        };
         return Err(CatalogError::SlotLost {
             slot: slot.to_owned(),
             confirmed,
+            cause,
         });
     }
     Ok(Some(SlotState {

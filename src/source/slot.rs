@@ -25,6 +25,9 @@ pub struct SlotHealth {
     pub current_lsn: Lsn,
     /// Whether the server is a standby (`pg_is_in_recovery()`).
     pub in_recovery: bool,
+    /// `conflicting` (PostgreSQL 16+): a standby invalidated the slot in a conflict with
+    /// recovery (catalog rows removed on the primary, or `wal_level` lowered there).
+    pub conflicting: bool,
     /// WAL the slot retains from here on.
     pub restart_lsn: Option<Lsn>,
     /// Last position confirmed by walbox.
@@ -98,8 +101,8 @@ pub async fn read(
     let row = client
         .query_opt(
             "SELECT restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size, \
-                    active, active_pid \
-             FROM pg_replication_slots WHERE slot_name = $1",
+                    active, active_pid, coalesce((to_jsonb(s)->>'conflicting')::bool, false) \
+             FROM pg_replication_slots s WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
@@ -125,6 +128,7 @@ pub async fn read(
             .get::<_, Option<String>>(5)
             .filter(|v| !v.is_empty()),
         in_recovery: settings.get(6),
+        conflicting: row.get(6),
     }))
 }
 
@@ -170,6 +174,7 @@ mod tests {
             server_version_num: 150018,
             idle_replication_slot_timeout: None,
             in_recovery: false,
+            conflicting: false,
         }
     }
 
