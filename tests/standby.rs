@@ -410,10 +410,23 @@ fn a_slot_the_standby_invalidates_stops_walbox_with_exit_7() {
         line.contains("is lost") && line.contains("conflicted with recovery"),
         "{line}"
     );
-    assert_eq!(
-        replica.sql(&format!(
-            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{slot}'"
-        )),
-        "lost"
+    let wal_status =
+        format!("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{slot}'");
+    assert_eq!(replica.sql(&wal_status), "lost");
+
+    // The way out works on the standby too (the new slot waits for the primary's snapshot,
+    // asked for through primary_url).
+    let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
+        .args(["recreate-slot", "--confirm-data-loss"])
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("recreated replication slot"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(replica.sql(&wal_status), "reserved");
 }
