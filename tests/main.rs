@@ -15,4 +15,5 @@ mod recovery;
 mod relay;
 mod routing;
 mod slot;
+mod standby;
 mod versions;

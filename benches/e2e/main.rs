@@ -11,13 +11,16 @@
 //! 3. the seeds' polling relay drains the same N rows to the same broker;
 //! 4. walbox's peak RSS on a 5×N-row backlog and on one N-row transaction;
 //! 5. live latency at fixed insert rates for walbox and the polling relay (100 ms and 1 s);
+//! 6. the primary's PostgreSQL CPU per 100k events with walbox decoding on the primary and on
+//!    a physical standby (PostgreSQL 16+, a separate pair of clusters; see `standby.rs`);
 //!
 //! and prints one markdown table (also written to `benches/results.md` or
 //! `WALBOX_BENCH_OUTPUT`). Nothing is asserted: targets are reported, never enforced.
 //!
 //! Environment: `WALBOX_BENCH_ROWS` (N, default 1,000,000), `WALBOX_BENCH_QUICK=1` (N = 20,000,
 //! 5 s live runs), `WALBOX_BENCH_LIVE_SECS` (default 30), `WALBOX_BENCH_RATES` (default
-//! `1000,5000,20000`), `WALBOX_BENCH_BIG_ROWS` (default 5×N), `WALBOX_BENCH_OUTPUT`,
+//! `1000,5000,20000`), `WALBOX_BENCH_BIG_ROWS` (default 5×N), `WALBOX_BENCH_STANDBY_ROWS`
+//! (default N, at least 100,000), `WALBOX_BENCH_STANDBY_PG` (default 16), `WALBOX_BENCH_OUTPUT`,
 //! `WALBOX_BENCH_KAFKA_BROKERS`, `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn).
 
 mod broker;
@@ -25,6 +28,7 @@ mod live;
 mod poller;
 mod procs;
 mod report;
+mod standby;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
@@ -80,6 +84,7 @@ END $$;
 struct Settings {
     rows: u64,
     big_rows: u64,
+    standby_rows: u64,
     live: Duration,
     rates: Vec<u64>,
     quick: bool,
@@ -109,6 +114,7 @@ impl Settings {
         Ok(Settings {
             rows,
             big_rows: num("WALBOX_BENCH_BIG_ROWS", rows * 5)?,
+            standby_rows: num("WALBOX_BENCH_STANDBY_ROWS", rows.max(100_000))?,
             live: Duration::from_secs(num("WALBOX_BENCH_LIVE_SECS", if quick { 5 } else { 30 })?),
             rates,
             quick,
@@ -291,6 +297,19 @@ async fn run() -> anyhow::Result<()> {
                 None,
             );
         }
+    }
+
+    // 5. The primary's cost, walbox decoding on the primary and on a standby.
+    {
+        let pair = standby::Pair::start().await?;
+        let rows = bench.settings.standby_rows;
+        let on_primary = pair
+            .drain(standby::Decoder::Primary, rows, &bench.broker)
+            .await?;
+        let on_standby = pair
+            .drain(standby::Decoder::Standby, rows, &bench.broker)
+            .await?;
+        report.primary_cost(&on_primary, &on_standby, &pair.version);
     }
 
     report.elapsed = started.elapsed();

@@ -105,6 +105,18 @@ impl WalboxChild {
         brokers: &str,
         create_slot: bool,
     ) -> anyhow::Result<Self> {
+        Self::start_with(pg_url, slot, publication, brokers, create_slot, &[])
+    }
+
+    /// [`WalboxChild::start`] with more `WALBOX_*` variables.
+    pub fn start_with(
+        pg_url: &str,
+        slot: &str,
+        publication: &str,
+        brokers: &str,
+        create_slot: bool,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
         let http_port = free_port()?;
         let child = Command::new(env!("CARGO_BIN_EXE_walbox"))
             .arg("run")
@@ -120,6 +132,7 @@ impl WalboxChild {
                 "WALBOX_LOG",
                 std::env::var("WALBOX_BENCH_WALBOX_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            .envs(extra.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .spawn()
             .context("starting the walbox binary")?;

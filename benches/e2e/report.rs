@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::live::Latency;
+use crate::standby::CostDrain;
 use crate::{fmt_n, Drain, Settings};
 
 /// `pg_recvlogical` drain rates in `postgres-limits.md` (§3a, fast-host pass 2 median; slow-host
@@ -207,6 +208,46 @@ impl Report {
             comparison: format!("drained at {} events/s", k(wb.rate())),
             ratio: "–".into(),
             target: "≤ 64 MiB".into(),
+        });
+    }
+
+    /// The primary's CPU with walbox decoding on a standby, against decoding on the primary.
+    pub fn primary_cost(&mut self, on_primary: &CostDrain, on_standby: &CostDrain, version: &str) {
+        let shape = format!(
+            "{} -row backlog, 100-row tx, {}",
+            fmt_n(on_primary.events),
+            version.split(" on ").next().unwrap_or(version)
+        );
+        let rate = |d: &CostDrain| d.events as f64 / d.elapsed.as_secs_f64();
+        let (p_on_s, p_on_p) = (
+            per_100k(on_standby.primary_cpu, on_standby.events),
+            per_100k(on_primary.primary_cpu, on_primary.events),
+        );
+        self.rows.push(Row {
+            measurement: format!(
+                "primary's PostgreSQL CPU s per 100k events while walbox drains ({shape}): walbox on a standby"
+            ),
+            walbox: format!("{p_on_s:.3}"),
+            comparison: format!("walbox on the primary {p_on_p:.3}"),
+            ratio: ratio(p_on_s, p_on_p),
+            target: "lower".into(),
+        });
+        self.rows.push(Row {
+            measurement: "… same, the standby's PostgreSQL CPU s per 100k events".into(),
+            walbox: format!("{:.3}", per_100k(on_standby.standby_cpu, on_standby.events)),
+            comparison: format!(
+                "walbox on the primary {:.3}",
+                per_100k(on_primary.standby_cpu, on_primary.events)
+            ),
+            ratio: "–".into(),
+            target: "–".into(),
+        });
+        self.rows.push(Row {
+            measurement: "… same, events/s (ack + slot confirmed)".into(),
+            walbox: k(rate(on_standby)),
+            comparison: format!("walbox on the primary {}", k(rate(on_primary))),
+            ratio: ratio(rate(on_standby), rate(on_primary)),
+            target: "–".into(),
         });
     }
 

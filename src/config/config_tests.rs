@@ -441,3 +441,36 @@ fn max_in_flight_may_not_exceed_the_producers_queue() {
         .unwrap();
     assert_eq!(c.relay.max_in_flight, 500);
 }
+
+#[test]
+fn the_primary_of_a_standby_is_optional_and_never_shown() {
+    let f = file(MINIMAL);
+    let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
+    assert!(c.postgres.primary.is_none());
+    let primary = "postgres://walbox:hunter2@primary:5432/app";
+    let c = load_from(
+        Some(f.path()),
+        &mut env(&[("WALBOX_POSTGRES_PRIMARY_URL", primary)]).into_iter(),
+    )
+    .unwrap();
+    let p = c
+        .postgres
+        .primary
+        .as_ref()
+        .expect("primary_url from the environment");
+    assert!(p.to_string().contains("@primary:5432/app"), "{p}");
+    assert_eq!(p.password.as_deref(), Some("hunter2"));
+    let dbg = format!("{c:?}");
+    assert!(!dbg.contains("hunter2"), "{dbg}");
+    let f = file(&MINIMAL.replace(
+        "[kafka]",
+        "primary_url = \"host=primary user=walbox password=hunter2 sslmode=sometimes\"\n[kafka]",
+    ));
+    let e = load_from(Some(f.path()), &mut std::iter::empty())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("postgres.primary_url") && !e.contains("hunter2") && !e.contains('\n'),
+        "{e}"
+    );
+}

@@ -110,6 +110,12 @@ impl RawConfig {
         let conn: ConnInfo = url
             .parse()
             .map_err(|e| ConfigError::Invalid(format!("postgres.url: {e}")))?;
+        let primary: Option<ConnInfo> = self
+            .postgres
+            .primary_url
+            .map(|u| u.parse())
+            .transpose()
+            .map_err(|e| ConfigError::Invalid(format!("postgres.primary_url: {e}")))?;
         let slot = self.postgres.slot.unwrap_or_else(|| "walbox".into());
         if !slot
             .chars()
@@ -267,6 +273,7 @@ impl RawConfig {
         Ok(Config {
             postgres: PostgresConfig {
                 conn,
+                primary,
                 slot,
                 publication,
                 create_slot: self.postgres.create_slot.unwrap_or(false),

@@ -147,6 +147,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// `(section path, key, kind)` of every scalar setting; `WALBOX_<PATH>_<KEY>` sets it.
 const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["postgres"], "url", Kind::Str),
+    (&["postgres"], "primary_url", Kind::Str),
     (&["postgres"], "slot", Kind::Str),
     (&["postgres"], "publication", Kind::Str),
     (&["postgres"], "create_slot", Kind::Bool),

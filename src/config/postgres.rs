@@ -1,8 +1,9 @@
 //! `[postgres]`: where the WAL comes from: the connection, the replication slot, the
 //! publication and the interval of standby status updates.
 //!
-//! Invariants: the connection string is never shown: `RawPostgres`'s `Debug` redacts `url`, and
-//! [`PostgresConfig`] holds it parsed as a `ConnInfo`, whose `Debug` redacts the password.
+//! Invariants: the connection strings are never shown: `RawPostgres`'s `Debug` redacts `url` and
+//! `primary_url`, and [`PostgresConfig`] holds them parsed as `ConnInfo`s, whose `Debug` redacts
+//! the password.
 //! Validation (`RawConfig::validate`, in `document.rs`) guarantees a slot name of lower-case
 //! letters, digits and underscores, slot and publication names of 1 to 63 characters, and a
 //! status interval between 1 ms and 1 s.
@@ -22,6 +23,8 @@ use super::units::HumanDuration;
 pub struct RawPostgres {
     /// Connection URL or libpq key=value string.
     pub url: Option<String>,
+    /// The primary's connection, when `url` is a standby.
+    pub primary_url: Option<String>,
     /// Replication slot name.
     pub slot: Option<String>,
     /// Publication name.
@@ -38,6 +41,10 @@ impl fmt::Debug for RawPostgres {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RawPostgres")
             .field("url", &self.url.as_ref().map(|_| "<redacted>"))
+            .field(
+                "primary_url",
+                &self.primary_url.as_ref().map(|_| "<redacted>"),
+            )
             .field("slot", &self.slot)
             .field("publication", &self.publication)
             .finish_non_exhaustive()
@@ -49,6 +56,10 @@ impl fmt::Debug for RawPostgres {
 pub struct PostgresConfig {
     /// Parsed connection settings (password redacted in `Debug`).
     pub conn: ConnInfo,
+    /// `primary_url`: the primary of the standby `conn` names, for what a standby cannot do
+    /// (heartbeats, `pg_log_standby_snapshot()` while a slot is created, the primary's
+    /// `wal_level`). Password redacted in `Debug`.
+    pub primary: Option<ConnInfo>,
     /// Replication slot.
     pub slot: String,
     /// Publication.

@@ -96,7 +96,11 @@ pub fn assess(health: Option<&SlotHealth>, cfg: &SlotConfig) -> Assessment {
             level: AlertLevel::Lost,
             reason: format!(
                 "PostgreSQL invalidated the slot: {}",
-                slot::invalidation_cause(h.invalidation_reason.as_deref())
+                if h.conflicting {
+                    crate::source::catalog::STANDBY_CONFLICT.to_owned()
+                } else {
+                    slot::invalidation_cause(h.invalidation_reason.as_deref())
+                }
             ),
             action: ACTION_LOST,
             headroom_bytes: Some(0),
@@ -253,6 +257,8 @@ mod tests {
             active_pid: Some(7),
             max_slot_wal_keep_bytes: max,
             wal_keep_bytes: 0,
+            in_recovery: false,
+            conflicting: false,
             max_wal_bytes: 0,
             server_version_num: 150000,
             idle_replication_slot_timeout: None,

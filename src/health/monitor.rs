@@ -17,6 +17,11 @@
 //! logical messages to pgoutput) and records the round trip in
 //! `walbox_heartbeat_round_trip_seconds`; the empty transaction it rides in is confirmed like any
 //! other, so the slot advances even when no table is written.
+//!
+//! With `postgres.primary_url` set, heartbeats are written there: when `postgres.url` is a
+//! standby, which is read-only, the message is written on the primary and reaches the standby's
+//! slot through physical replication. On a standby without `primary_url` no heartbeat is
+//! written (a warning says so once) and the slot advances on keepalives alone.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,6 +36,7 @@ use crate::health::webhook::Webhook;
 use crate::metrics::{Metrics, WAL_STATUSES};
 use crate::pg::control::connect_control;
 use crate::source::slot::{self, SlotHealth};
+use crate::source::standby::{self, Role};
 use crate::timestamp::pg_now_micros;
 
 /// Prefix of walbox's heartbeat messages.
@@ -111,6 +117,12 @@ struct Monitor {
     webhook: Option<Webhook>,
     fatal: FatalSignal,
     client: Option<tokio_postgres::Client>,
+    /// `postgres.primary_url`, where heartbeats go when set.
+    primary: Option<ConnInfo>,
+    primary_client: Option<tokio_postgres::Client>,
+    /// Whether `postgres.url` is a standby, once known (from a reading, or asked).
+    on_standby: Option<bool>,
+    warned_no_heartbeat: bool,
     level: Option<AlertLevel>,
     seen_slot: bool,
     warned_unlimited: bool,
@@ -132,9 +144,47 @@ impl Monitor {
         self.client.as_ref()
     }
 
+    /// Whether `postgres.url` is a standby: from the last reading, else asked (the slot may
+    /// not exist yet); `false` while the server cannot be asked.
+    async fn on_standby(&mut self) -> bool {
+        if self.on_standby.is_none() {
+            if let Some(c) = self.client().await {
+                self.on_standby = standby::role(c)
+                    .await
+                    .ok()
+                    .map(|role| role == Role::Standby);
+            }
+        }
+        self.on_standby.unwrap_or(false)
+    }
+
+    /// Writes one heartbeat: through `postgres.primary_url` when set (a standby is read-only),
+    /// else through `postgres.url`; on a standby without `primary_url`, none (logged once).
     async fn heartbeat(&mut self) {
         let metrics = self.metrics.clone();
-        let Some(c) = self.client().await else { return };
+        let c = match self.primary.clone() {
+            Some(info) => {
+                if self.primary_client.as_ref().is_none_or(|c| c.is_closed()) {
+                    match connect_control(&info).await {
+                        Ok(c) => self.primary_client = Some(c),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "heartbeat: cannot connect to the primary (postgres.primary_url)");
+                            return;
+                        }
+                    }
+                }
+                self.primary_client.as_ref()
+            }
+            None if self.on_standby().await => {
+                if !self.warned_no_heartbeat {
+                    self.warned_no_heartbeat = true;
+                    tracing::warn!("slot.heartbeat_interval is set, but postgres.url is a standby (read-only) and postgres.primary_url is not set: no heartbeats; the slot advances on keepalives alone");
+                }
+                return;
+            }
+            None => self.client().await,
+        };
+        let Some(c) = c else { return };
         let content = format!("{{\"sent_at_us\": {}}}", pg_now_micros());
         match c
             .execute(
@@ -161,6 +211,9 @@ impl Monitor {
             }
         };
         self.metrics.slot_checks.inc();
+        if let Some(h) = &health {
+            self.on_standby = Some(h.in_recovery);
+        }
         if health.is_none() && !self.seen_slot {
             return None; // not created yet (create_slot = true and the relay has not started)
         }
@@ -242,6 +295,10 @@ pub async fn run(
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut m = Monitor {
         conn: postgres.conn,
+        primary: postgres.primary,
+        primary_client: None,
+        on_standby: None,
+        warned_no_heartbeat: false,
         slot_name: postgres.slot,
         slot,
         metrics,

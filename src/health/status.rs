@@ -15,6 +15,7 @@ use crate::pg::control::connect_control;
 use crate::sink::progress::{self, ProgressKey, ProgressRecord};
 use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
+use crate::source::standby::{self, Role};
 
 fn fatal(failure: Failure, message: impl ToString) -> FatalError {
     FatalError {
@@ -64,7 +65,16 @@ pub fn render(h: &SlotHealth, a: &Assessment) -> String {
         },
     );
     line("wal_status", opt(h.wal_status.clone()));
-    line("current WAL LSN", h.current_lsn.to_string());
+    if h.in_recovery {
+        line(
+            "server",
+            "standby (lag and retained WAL against its replayed WAL)".into(),
+        );
+        line("replayed WAL LSN", h.current_lsn.to_string());
+    } else {
+        line("server", "primary".into());
+        line("current WAL LSN", h.current_lsn.to_string());
+    }
     line(
         "confirmed_flush_lsn",
         opt(h.confirmed_flush_lsn.map(|l| l.to_string())),
@@ -170,7 +180,15 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
         .map(|l| l.to_string())
         .unwrap_or_else(|| "none".into());
     let failover = health.as_ref().and_then(|h| h.failover);
-    let new = slot::recreate(&client, name, failover).await.map_err(|e| {
+    let recreate = slot::recreate(&client, name, failover);
+    // On a standby the slot may be gone, and with it the reading that says so: ask the server.
+    let on_standby = matches!(standby::role(&client).await, Ok(Role::Standby));
+    let recreated = if on_standby {
+        standby::while_slot_is_created(config.postgres.primary.as_ref(), name, recreate).await
+    } else {
+        recreate.await
+    };
+    let new = recreated.map_err(|e| {
         fatal(
             Failure::Schema,
             format!("cannot recreate slot {name:?}: {e}"),

@@ -63,6 +63,7 @@ use crate::source::catalog::CatalogError;
 use crate::source::pgoutput::{self, LogicalMessage};
 use crate::source::replication::{ReplicationError, ReplicationMessage, ReplicationStream};
 use crate::source::session::{self, OpenError};
+use crate::source::standby::Role;
 use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros};
 use checkpoint::Checkpoint;
 use error::RejectedTxn;
@@ -174,6 +175,9 @@ pub struct Relay {
     confirmed_commit_time: Option<i64>,
     /// The transaction of the event that stopped the last session, if one was rejected.
     rejected: Option<RejectedTxn>,
+    /// Whether the last session's server was a standby (the way out of a dropped publication
+    /// differs there).
+    on_standby: bool,
 }
 
 impl Relay {
@@ -202,6 +206,7 @@ impl Relay {
             progress_at: None,
             confirmed_commit_time: None,
             rejected: None,
+            on_standby: false,
         }
     }
 
@@ -227,8 +232,17 @@ impl Relay {
                 None => e.to_string(),
             }
         } else if e.publication_missing() {
+            let (on_primary, position, on_standby) = if self.on_standby {
+                (
+                    " on the primary",
+                    "pg_last_wal_replay_lsn()",
+                    " on the standby, once it has replayed the re-creation,",
+                )
+            } else {
+                ("", "pg_current_wal_lsn()", "")
+            };
             format!(
-                "{e}: the publication was dropped while walbox streamed (or is missing for changes after the confirmed position {}). Re-creating it alone does not help: PostgreSQL decodes each change with the catalog as of that change. Way out, with walbox stopped: create the publication again, run SELECT pg_replication_slot_advance({}, pg_current_wal_lsn()); to move the slot past the re-creation, start walbox, then {} (runbook \"Publication dropped\")",
+                "{e}: the publication was dropped while walbox streamed (or is missing for changes after the confirmed position {}). Re-creating it alone does not help: PostgreSQL decodes each change with the catalog as of that change. Way out, with walbox stopped: create the publication again{on_primary}, run SELECT pg_replication_slot_advance({}, {position});{on_standby} to move the slot past the re-creation, start walbox, then {} (runbook \"Publication dropped\")",
                 self.acked_frontier,
                 postgres_protocol::escape::escape_literal(slot),
                 self.republish_hint()
@@ -270,6 +284,7 @@ impl Relay {
         self.reached_streaming = false;
         let pg = &self.settings.postgres;
         let mut open = session::open(pg, &self.settings.outbox).await?;
+        self.on_standby = open.role == Role::Standby;
         let key = ProgressKey {
             system_identifier: open.identity.system_id.clone(),
             database: open.identity.dbname.clone().unwrap_or_default(),

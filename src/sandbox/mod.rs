@@ -6,4 +6,5 @@ pub mod broker;
 pub mod demo;
 pub mod postgres;
 mod programs;
+pub mod standby;
 mod tls;

@@ -107,7 +107,7 @@ impl From<ErrorStack> for SandboxError {
     }
 }
 
-type Result<T, E = SandboxError> = std::result::Result<T, E>;
+pub(super) type Result<T, E = SandboxError> = std::result::Result<T, E>;
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> SandboxError {
     let what = what.into();
@@ -158,7 +158,7 @@ pub struct PgCluster {
     password: String,
     run_as: Option<OsUser>,
     watchdog: Option<Child>,
-    major: u32,
+    pub(super) major: u32,
 }
 
 impl PgCluster {
@@ -169,42 +169,8 @@ impl PgCluster {
             Some(major) => bin_dir_for_major(major)?,
             None => programs::debian_server_dir().ok_or(SandboxError::NotInstalled)?,
         };
-        let tmp = tempfile::Builder::new()
-            .prefix("walbox-pg-")
-            .tempdir_in("/tmp")
-            .map_err(io_err("creating a directory in /tmp"))?;
-        let root = tmp.path().to_path_buf();
-        fs::set_permissions(&root, fs::Permissions::from_mode(0o700))
-            .map_err(io_err(format!("chmod {}", root.display())))?;
-        // A new directory belongs to its creator: our effective uid.
-        let meta = fs::metadata(&root).map_err(io_err(format!("stat {}", root.display())))?;
-        let run_as = if meta.uid() == 0 {
-            Some(unprivileged_user()?)
-        } else {
-            None
-        };
-        let password = random_password()?;
-        let mut cluster = PgCluster {
-            data_dir: root.join("data"),
-            socket_dir: root.join("s"),
-            log_file: root.join("postgres.log"),
-            root,
-            tmp: Some(tmp),
-            bin_dir,
-            ca_cert: None,
-            port: 0,
-            password,
-            run_as,
-            watchdog: None,
-            major: 0,
-        };
+        let mut cluster = PgCluster::empty(bin_dir, None, opts.watchdog)?;
         // From here on, an early return drops `cluster`, which cleans up.
-        cluster.chown(&cluster.root)?;
-        fs::create_dir(&cluster.socket_dir).map_err(io_err("creating the socket directory"))?;
-        cluster.chown(&cluster.socket_dir)?;
-        if opts.watchdog {
-            cluster.spawn_watchdog()?;
-        }
         cluster.initdb(&opts)?;
         cluster.configure(&opts)?;
         cluster.start_on_free_port()?;
@@ -228,6 +194,55 @@ impl PgCluster {
     /// The server's major version (`server_version_num / 10000`, e.g. 15).
     pub fn major(&self) -> u32 {
         self.major
+    }
+
+    /// A cluster that is not there yet: a fresh private directory (owned by the user that
+    /// will run PostgreSQL) with its socket directory, and the programs of `bin_dir`.
+    /// `password` is [`SUPERUSER`]'s (random when `None`). Dropping it removes the directory.
+    pub(super) fn empty(
+        bin_dir: PathBuf,
+        password: Option<String>,
+        watchdog: bool,
+    ) -> Result<PgCluster> {
+        let tmp = tempfile::Builder::new()
+            .prefix("walbox-pg-")
+            .tempdir_in("/tmp")
+            .map_err(io_err("creating a directory in /tmp"))?;
+        let root = tmp.path().to_path_buf();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o700))
+            .map_err(io_err(format!("chmod {}", root.display())))?;
+        // A new directory belongs to its creator: our effective uid.
+        let meta = fs::metadata(&root).map_err(io_err(format!("stat {}", root.display())))?;
+        let run_as = if meta.uid() == 0 {
+            Some(unprivileged_user()?)
+        } else {
+            None
+        };
+        let password = match password {
+            Some(p) => p,
+            None => random_password()?,
+        };
+        let mut cluster = PgCluster {
+            data_dir: root.join("data"),
+            socket_dir: root.join("s"),
+            log_file: root.join("postgres.log"),
+            root,
+            tmp: Some(tmp),
+            bin_dir,
+            ca_cert: None,
+            port: 0,
+            password,
+            run_as,
+            watchdog: None,
+            major: 0,
+        };
+        cluster.chown(&cluster.root)?;
+        fs::create_dir(&cluster.socket_dir).map_err(io_err("creating the socket directory"))?;
+        cluster.chown(&cluster.socket_dir)?;
+        if watchdog {
+            cluster.spawn_watchdog()?;
+        }
+        Ok(cluster)
     }
 
     /// The TCP port the server listens on at `127.0.0.1`.
@@ -353,7 +368,7 @@ impl PgCluster {
     /// A command for PostgreSQL program `prog` (a client program from
     /// Debian's installation when the server's directory lacks it), run in
     /// the cluster directory.
-    fn command(&self, prog: &str) -> Command {
+    pub(super) fn command(&self, prog: &str) -> Command {
         let dir = programs::client_dir(&self.bin_dir, prog);
         let mut cmd = self.base_command(dir.join(prog));
         cmd.current_dir(&self.root);
@@ -362,7 +377,7 @@ impl PgCluster {
 
     /// A command run as the unprivileged user (if any), without `PG*`
     /// variables, with `HOME` in the cluster directory and C messages.
-    fn base_command(&self, program: impl AsRef<OsStr>) -> Command {
+    pub(super) fn base_command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut cmd = Command::new(program);
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("PG") {
@@ -452,7 +467,7 @@ impl PgCluster {
 
     /// Starts the server, moving to another port when a parallel process
     /// grabbed the one we picked.
-    fn start_on_free_port(&mut self) -> Result<()> {
+    pub(super) fn start_on_free_port(&mut self) -> Result<()> {
         for attempt in 1..=PORT_ATTEMPTS {
             self.port = free_port()?;
             let port_conf = self.data_dir.join("walbox_port.conf");
@@ -472,11 +487,11 @@ impl PgCluster {
         unreachable!("the last attempt returns")
     }
 
-    fn log_len(&self) -> u64 {
+    pub(super) fn log_len(&self) -> u64 {
         fs::metadata(&self.log_file).map_or(0, |m| m.len())
     }
 
-    fn log_since(&self, offset: u64) -> String {
+    pub(super) fn log_since(&self, offset: u64) -> String {
         let log = fs::read(&self.log_file).unwrap_or_default();
         let start = usize::try_from(offset).unwrap_or(0).min(log.len());
         String::from_utf8_lossy(&log[start..]).into_owned()
@@ -516,7 +531,7 @@ impl PgCluster {
     }
 
     /// Writes `path` with `mode`, owned by the user running PostgreSQL.
-    fn write_owned(&self, path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    pub(super) fn write_owned(&self, path: &Path, contents: &[u8], mode: u32) -> Result<()> {
         OpenOptions::new()
             .write(true)
             .create(true)
@@ -556,7 +571,7 @@ impl Drop for PgCluster {
 }
 
 /// Runs `cmd`, capturing its output; a failure becomes [`SandboxError::Command`].
-fn run(mut cmd: Command, what: &str) -> Result<Output> {
+pub(super) fn run(mut cmd: Command, what: &str) -> Result<Output> {
     let out = cmd.output().map_err(io_err(format!("spawning {what}")))?;
     if out.status.success() {
         return Ok(out);
@@ -674,87 +689,5 @@ fn random_password() -> Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio_postgres::NoTls;
-
-    #[tokio::test]
-    async fn serves_sql_over_socket_and_tcp_with_every_auth_method() {
-        let pg = PgCluster::start(PgClusterOptions::default()).expect("start cluster");
-        pg.create_database("walbox test").unwrap();
-        assert_eq!(
-            pg.psql("walbox test", "SHOW wal_level").unwrap(),
-            "logical\n"
-        );
-        let sql = "CREATE TABLE t (v int);\nINSERT INTO t VALUES (41), (1);\nSELECT sum(v) FROM t;";
-        assert_eq!(pg.psql("walbox test", sql).unwrap(), "42\n");
-        let err = pg.psql("postgres", "SELECT nope;").unwrap_err().to_string();
-        assert!(err.contains("nope") && !err.contains('\n'), "{err}");
-
-        let db = "walbox test";
-        let roles = [MD5_ROLE, PLAIN_ROLE, NOPRIVS_ROLE];
-        let mut urls: Vec<_> = roles
-            .iter()
-            .map(|(r, pw)| (pg.role_url(r, pw, db), *r))
-            .collect();
-        urls.extend([(pg.url(db), SUPERUSER), (pg.socket_url(db), SUPERUSER)]);
-        for (url, role) in &urls {
-            let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect(url);
-            tokio::spawn(conn);
-            let row = client
-                .query_one("SELECT current_user::text", &[])
-                .await
-                .unwrap();
-            assert_eq!(row.get::<_, String>(0), *role);
-        }
-        let wrong = pg.role_url(SUPERUSER, "wrong", "postgres");
-        assert!(tokio_postgres::connect(&wrong, NoTls).await.is_err());
-        let mut libpq = pg.command("psql"); // libpq takes the socket URL too
-        libpq
-            .args(["-XAtc", "SELECT 1"])
-            .arg(pg.socket_url("postgres"));
-        assert_eq!(run(libpq, "psql").unwrap().stdout, b"1\n");
-
-        pg.restart().unwrap();
-        pg.stop().unwrap();
-        assert!(pg.psql("postgres", "SELECT 1").is_err());
-        pg.start_again().unwrap();
-        assert_eq!(pg.psql("postgres", "SELECT 1").unwrap(), "1\n");
-        let dir = pg.root.clone();
-        drop(pg);
-        assert!(!dir.exists(), "{} left behind", dir.display());
-    }
-
-    #[tokio::test]
-    async fn applies_ssl_settings_and_wal_segsize() {
-        let pg = PgCluster::start(PgClusterOptions {
-            wal_segsize_mb: Some(1),
-            settings: vec![("wal_sender_timeout".into(), "7s".into())],
-            ssl: true,
-            watchdog: true,
-            major: None,
-        })
-        .expect("start cluster");
-        let show = pg.psql(
-            "postgres",
-            "SHOW ssl; SHOW wal_segment_size; SHOW wal_sender_timeout;",
-        );
-        assert_eq!(show.unwrap(), "on\n1MB\n7s\n");
-
-        let mut tls = openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls()).unwrap();
-        tls.set_ca_file(pg.ca_cert().unwrap()).unwrap();
-        let tls = postgres_openssl::MakeTlsConnector::new(tls.build());
-        for host in ["127.0.0.1", "localhost"] {
-            let url = pg
-                .url("postgres")
-                .replace("disable", "require")
-                .replace("127.0.0.1", host);
-            let (client, conn) = tokio_postgres::connect(&url, tls.clone())
-                .await
-                .expect(&url);
-            tokio::spawn(conn);
-            let sql = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
-            assert!(client.query_one(sql, &[]).await.unwrap().get::<_, bool>(0));
-        }
-    }
-}
+#[path = "postgres_tests.rs"]
+mod tests;

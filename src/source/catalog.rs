@@ -13,7 +13,11 @@ use crate::config::{OutboxConfig, PostgresConfig, Route, RouteSource};
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::source::slot;
+use crate::source::standby::{self, Role, StandbyError};
 use postgres_protocol::escape::escape_identifier as quote_ident;
+
+/// Why a standby invalidated a slot when the server (16) gives no `invalidation_reason`.
+pub const STANDBY_CONFLICT: &str = "the standby invalidated it because it conflicted with recovery (the primary removed catalog rows it needed, or lowered wal_level; keep hot_standby_feedback = on and primary_slot_name set on the standby)";
 
 /// Oldest supported server (`server_version_num`).
 pub const MIN_SERVER_VERSION: i32 = 130_000;
@@ -93,6 +97,9 @@ pub enum CatalogError {
         /// Why.
         reason: String,
     },
+    /// `postgres.url` names a standby that cannot be decoded from.
+    #[error(transparent)]
+    Standby(#[from] StandbyError),
     /// The slot was invalidated.
     #[error("replication slot {slot:?} is lost (wal_status = lost, confirmed up to {confirmed}): {cause}, so events after {confirmed} may never be relayed; see the runbook \"Slot lost\" before recreating it")]
     SlotLost {
@@ -112,6 +119,7 @@ impl Classify for CatalogError {
                 .code()
                 .and_then(|c| Failure::from_sqlstate(c.code(), &e.to_string())),
             CatalogError::SlotLost { .. } => Some(Failure::SlotLost),
+            CatalogError::Standby(e) => e.failure(),
             _ => Some(Failure::Schema),
         }
     }
@@ -124,12 +132,13 @@ pub struct SlotState {
     pub confirmed_flush_lsn: Lsn,
 }
 
-/// Checks server, tables and publication; creates the publication when asked.
+/// Checks server (and, on a standby, what decoding there needs), tables and publication;
+/// creates the publication when asked. Returns where `postgres.url` points.
 pub async fn prepare(
     client: &Client,
     pg: &PostgresConfig,
     outbox: &OutboxConfig,
-) -> Result<(), CatalogError> {
+) -> Result<Role, CatalogError> {
     let row = client
         .query_one(
             "SELECT current_setting('server_version_num')::int, current_setting('server_version'), current_setting('wal_level')",
@@ -139,6 +148,12 @@ pub async fn prepare(
     let (num, version, wal_level): (i32, String, String) = (row.get(0), row.get(1), row.get(2));
     if num < MIN_SERVER_VERSION {
         return Err(CatalogError::TooOld(version));
+    }
+    let role = standby::role(client).await?;
+    if role == Role::Standby {
+        // A slot the standby already invalidated is the graver news (exit 7): it comes first.
+        slot_state(client, &pg.slot).await?;
+        standby::check(client, pg.primary.as_ref(), num, &version).await?;
     }
     if wal_level != "logical" {
         return Err(CatalogError::WalLevel(wal_level));
@@ -169,6 +184,9 @@ pub async fn prepare(
         )
         .await?;
     match publication {
+        None if role == Role::Standby => {
+            return Err(StandbyError::MissingPublication(pg.publication.clone()).into())
+        }
         None if pg.create_publication => {
             let list: Vec<&str> = tables.iter().map(|t| t.1.as_str()).collect();
             let via_root = if tables.iter().any(|t| t.4) {
@@ -219,7 +237,7 @@ pub async fn prepare(
             }
         }
     }
-    Ok(())
+    Ok(role)
 }
 
 /// Checks that the table exists with the mapped columns; returns whether it is partitioned.
@@ -296,7 +314,8 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         .query_opt(
             "SELECT s.plugin::text, s.slot_type, s.database::text = current_database(), \
                     s.confirmed_flush_lsn::text, s.wal_status, \
-                    to_jsonb(s) ->> 'invalidation_reason' \
+                    to_jsonb(s) ->> 'invalidation_reason', \
+                    coalesce((to_jsonb(s)->>'conflicting')::bool, false) \
              FROM pg_replication_slots s WHERE s.slot_name = $1",
             &[&slot],
         )
@@ -331,13 +350,19 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         .get::<_, Option<String>>(3)
         .and_then(|t| t.parse::<Lsn>().ok())
         .unwrap_or(Lsn::ZERO);
-    // `invalidation_reason` exists from 17 on (NULL before, see `source::slot`).
+    // `invalidation_reason` exists from 17 on (NULL before, see `source::slot`); `conflicting`
+    // (16+): a standby invalidated the slot in a conflict with recovery (16 gives no reason).
     let reason: Option<String> = row.get(5);
     if row.get::<_, Option<String>>(4).as_deref() == Some("lost") || reason.is_some() {
+        let cause = if row.get::<_, bool>(6) {
+            STANDBY_CONFLICT.to_owned()
+        } else {
+            slot::invalidation_cause(reason.as_deref())
+        };
         return Err(CatalogError::SlotLost {
             slot: slot.to_owned(),
             confirmed,
-            cause: slot::invalidation_cause(reason.as_deref()),
+            cause,
         });
     }
     Ok(Some(SlotState {

@@ -1,9 +1,11 @@
 //! PostgreSQL side: WAL → [`pgoutput::LogicalMessage`]. Start-up checks and set-up
 //! ([`catalog`]), opening a slot session ([`session`]), the replication connection and its CopyBoth stream ([`replication`]), the
-//! pgoutput decoder ([`pgoutput`]) and slot health readings ([`slot`]).
+//! pgoutput decoder ([`pgoutput`]), slot health readings ([`slot`]) and what decoding on a
+//! standby changes ([`standby`]).
 
 pub mod catalog;
 pub mod pgoutput;
 pub mod replication;
 pub mod session;
 pub mod slot;
+pub mod standby;

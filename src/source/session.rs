@@ -1,7 +1,9 @@
 //! Opening a slot session: everything between "connect" and "streaming".
 //!
 //! ```text
-//! control connection ──catalog::prepare──▶ server, wal_level, tables, publication checked
+//! control connection ──catalog::prepare──▶ server, wal_level, tables, publication checked;
+//!                                          on a standby also 16+, hot_standby_feedback, the
+//!                                          primary's wal_level (source::standby)
 //! replication connection ──IDENTIFY_SYSTEM──▶ system identifier, database
 //! catalog::slot_state ──▶ the slot as found (None: missing)
 //!   [caller decides: create it, or stop — see relay and sink::progress]
@@ -25,6 +27,7 @@ use crate::source::catalog::{self, CatalogError, SlotState};
 use crate::source::replication::{
     ReplicationConnection, ReplicationError, ReplicationStream, SystemIdentity,
 };
+use crate::source::standby::{self, Role};
 
 /// Opening the session failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,13 +61,18 @@ pub struct OpenSession {
     pub identity: SystemIdentity,
     /// The slot as found (`None`: it does not exist).
     pub slot: Option<SlotState>,
+    /// Whether `postgres.url` is the primary or a standby.
+    pub role: Role,
+    /// `postgres.primary_url`, asked for running-transactions records while a slot is created
+    /// on a standby.
+    primary: Option<crate::config::conninfo::ConnInfo>,
 }
 
 /// Connects both connections, runs the start-up checks (creating the publication when
 /// configured), identifies the server and reads the slot.
 pub async fn open(pg: &PostgresConfig, outbox: &OutboxConfig) -> Result<OpenSession, OpenError> {
     let control = connect_control(&pg.conn).await?;
-    catalog::prepare(&control, pg, outbox).await?;
+    let role = catalog::prepare(&control, pg, outbox).await?;
     let mut repl = ReplicationConnection::connect(&pg.conn).await?;
     let identity = repl.identify_system().await?;
     let slot = catalog::slot_state(&control, &pg.slot).await?;
@@ -73,13 +81,23 @@ pub async fn open(pg: &PostgresConfig, outbox: &OutboxConfig) -> Result<OpenSess
         repl,
         identity,
         slot,
+        role,
+        primary: pg.primary.clone(),
     })
 }
 
 impl OpenSession {
-    /// Creates the missing slot (pgoutput, no snapshot) and reads it back.
+    /// Creates the missing slot (pgoutput, no snapshot) and reads it back. On a standby the
+    /// creation waits for a running-transactions record from the primary, asked for through
+    /// `postgres.primary_url` (see [`standby::while_slot_is_created`]).
     pub async fn create_slot(&mut self, slot: &str) -> Result<SlotState, OpenError> {
-        let at = self.repl.create_logical_slot(slot).await?;
+        let create = self.repl.create_logical_slot(slot);
+        let at = match self.role {
+            Role::Primary => create.await?,
+            Role::Standby => {
+                standby::while_slot_is_created(self.primary.as_ref(), slot, create).await?
+            }
+        };
         tracing::info!(slot, consistent_point = %at, "created replication slot (the progress topic holds no record of it: it never existed)");
         let state = catalog::slot_state(&self.control, slot)
             .await?

@@ -11,6 +11,10 @@
 //! have (`invalidation_reason`, `inactive_since`, `failover`, `synced`: 17; the
 //! `idle_replication_slot_timeout` setting: 18; `pg_stat_replication_slots`: 14) are read so
 //! that they are `None` where they do not exist, never an error.
+//!
+//! On a standby the slot retains the standby's WAL, and both lag and retained WAL are measured
+//! against `pg_last_wal_replay_lsn()`: how far the standby has replayed, which is as far as its
+//! slot can be decoded.
 
 use tokio_postgres::Client;
 
@@ -21,8 +25,14 @@ use crate::lsn::Lsn;
 pub struct SlotHealth {
     /// The slot's name.
     pub slot: String,
-    /// `pg_current_wal_lsn()`.
+    /// How far the server's WAL goes: `pg_current_wal_lsn()` on a primary,
+    /// `pg_last_wal_replay_lsn()` on a standby (which has no current WAL position of its own).
     pub current_lsn: Lsn,
+    /// Whether the server is a standby (`pg_is_in_recovery()`).
+    pub in_recovery: bool,
+    /// `conflicting` (PostgreSQL 16+): a standby invalidated the slot in a conflict with
+    /// recovery (catalog rows removed on the primary, or `wal_level` lowered there).
+    pub conflicting: bool,
     /// WAL the slot retains from here on.
     pub restart_lsn: Option<Lsn>,
     /// Last position confirmed by walbox.
@@ -116,13 +126,14 @@ const SLOT_COLUMNS: &str = "SELECT s.restart_lsn::text, s.confirmed_flush_lsn::t
     to_jsonb(s) ->> 'invalidation_reason', to_jsonb(s) ->> 'inactive_since', \
     (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool, \
     (SELECT (to_jsonb(r) ->> 'spill_bytes')::bigint FROM pg_stat_replication_slots r \
-     WHERE r.slot_name = s.slot_name) \
+     WHERE r.slot_name = s.slot_name), \
+    coalesce((to_jsonb(s) ->> 'conflicting')::bool, false) \
     FROM pg_replication_slots s WHERE s.slot_name = $1";
 
 /// The same before PostgreSQL 14, which has no `pg_stat_replication_slots`.
 const SLOT_COLUMNS_13: &str = "SELECT s.restart_lsn::text, s.confirmed_flush_lsn::text, \
     s.wal_status, s.safe_wal_size, s.active, s.active_pid, \
-    NULL::text, NULL::text, NULL::bool, NULL::bool, NULL::bigint \
+    NULL::text, NULL::text, NULL::bool, NULL::bool, NULL::bigint, false \
     FROM pg_replication_slots s WHERE s.slot_name = $1";
 
 /// Reads the slot's health. `Ok(None)` when the slot does not exist.
@@ -132,14 +143,16 @@ pub async fn read(
 ) -> Result<Option<SlotHealth>, tokio_postgres::Error> {
     let settings = client
         .query_one(
-            "SELECT pg_current_wal_lsn()::text, \
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                          ELSE pg_current_wal_lsn() END)::text, \
                     pg_size_bytes(current_setting('max_slot_wal_keep_size')), \
                     pg_size_bytes(current_setting('wal_keep_size')), \
                     pg_size_bytes(current_setting('max_wal_size')), \
                     current_setting('server_version_num')::int, \
                     current_setting('idle_replication_slot_timeout', true), \
                     (SELECT setting::bigint * CASE unit WHEN 'min' THEN 60 ELSE 1 END \
-                     FROM pg_settings WHERE name = 'idle_replication_slot_timeout')",
+                     FROM pg_settings WHERE name = 'idle_replication_slot_timeout'), \
+                    pg_is_in_recovery()",
             &[],
         )
         .await?;
@@ -180,6 +193,8 @@ pub async fn read(
         failover: row.get(8),
         synced: row.get(9),
         spill_bytes: row.get(10),
+        in_recovery: settings.get(7),
+        conflicting: row.get(11),
     }))
 }
 
@@ -248,6 +263,8 @@ mod tests {
             failover: None,
             synced: None,
             spill_bytes: None,
+            in_recovery: false,
+            conflicting: false,
         }
     }
 

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod events;
+pub mod standby;
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -109,6 +110,14 @@ impl TestDb {
         cluster.create_database(&name).expect("create database");
         cluster.psql(&name, OUTBOX_DDL).expect("create outbox");
         TestDb { name, cluster }
+    }
+
+    /// The same database on `standby`, a physical standby of this database's cluster.
+    pub fn on_standby(&self, standby: &'static PgCluster) -> TestDb {
+        TestDb {
+            name: self.name.clone(),
+            cluster: standby,
+        }
     }
 
     /// SCRAM over TCP as the superuser.
