@@ -18,7 +18,9 @@
 //!      over the same socket on as many connections (`effect.max_parallel`), without Kafka;
 //! 4. latency at fixed produce rates (1k and 10k records/s, 4 partitions, the effect form):
 //!    from the producer's send call to the inbox transaction's commit timestamp
-//!    (`pg_xact_commit_timestamp` of the inbox row), p50/p99/max.
+//!    (`pg_xact_commit_timestamp` of the inbox row), p50/p99/max. Against the mock cluster the
+//!    consumer gets `fetch.wait.max.ms = 1`: the mock answers a fetch only when that wait
+//!    expires (a real broker answers when a record arrives), which would otherwise be measured.
 //!
 //! Rates are records over the time from the first record applied to the last (consumer-group
 //! start-up excluded; the reference has none). walbox runs in this process, like the reference,
@@ -26,7 +28,7 @@
 //!
 //! Environment: `WALBOX_BENCH_INBOX_RECORDS` (N, default 20,000), `WALBOX_BENCH_QUICK=1`
 //! (N = 5,000, 3 s latency runs), `WALBOX_BENCH_LATENCY_SECS` (default 10; 0 skips them),
-//! `WALBOX_BENCH_INBOX_PARTITIONS` (default `1,4,16`), `WALBOX_BENCH_INBOX_FSYNC` (`off`, `on`,
+//! `WALBOX_BENCH_INBOX_PARTITIONS` (default `1,4,16`; `none` runs only the latency part), `WALBOX_BENCH_INBOX_FSYNC` (`off`, `on`,
 //! default `both`),
 //! `WALBOX_BENCH_INBOX_OUTPUT` (default `benches/inbox-results.md`), `WALBOX_BENCH_KAFKA_BROKERS`.
 
@@ -89,6 +91,7 @@ impl Settings {
             })
         };
         let partitions = match var("WALBOX_BENCH_INBOX_PARTITIONS") {
+            Some(v) if v == "none" => Vec::new(),
             Some(v) => v
                 .split(',')
                 .map(|p| p.trim().parse())
@@ -413,6 +416,7 @@ impl Bench {
         topic: &str,
         form: Form,
         batch_max: usize,
+        latency: bool,
     ) -> anyhow::Result<InboxConfig> {
         self.runs += 1;
         let mut env: Vec<(String, String)> = [
@@ -433,6 +437,15 @@ impl Bench {
         .collect();
         if form == Form::Effect {
             env.push(("WALBOX_INBOX_EFFECT_SQL".into(), EFFECT.into()));
+        }
+        if latency && self.broker.is_mock() {
+            // The mock cluster answers a fetch when `fetch.wait.max.ms` expires, not when a
+            // record arrives (a real broker does): without this the latency would be the
+            // mock's fetch wait. Only the latency runs set it; the drains keep the defaults.
+            env.push((
+                "WALBOX_INBOX_KAFKA_PROPERTY_FETCH_WAIT_MAX_MS".into(),
+                "1".into(),
+            ));
         }
         Ok(load_from(None, &mut env.into_iter())?)
     }
@@ -476,7 +489,7 @@ impl Bench {
         batch_max: usize,
     ) -> anyhow::Result<f64> {
         self.reset().await?;
-        let config = self.inbox_config(topic, form, batch_max)?;
+        let config = self.inbox_config(topic, form, batch_max, false)?;
         let mut rate = 0.0;
         self.with_inbox(config, |m| async {
             let m = m;
@@ -557,7 +570,7 @@ impl Bench {
         self.reset().await?;
         let topic = format!("latency_{}", self.runs);
         self.broker.create_topic(&topic, 4)?;
-        let config = self.inbox_config(&topic, Form::Effect, batch_max)?;
+        let config = self.inbox_config(&topic, Form::Effect, batch_max, true)?;
         let bootstrap = self.broker.bootstrap();
         let total = (rate * secs.as_secs()) as usize;
         let mut sent: HashMap<String, i64> = HashMap::with_capacity(total);
