@@ -9,8 +9,8 @@ use rand::{Rng, SeedableRng};
 use walbox::sandbox::broker::TopicReader;
 
 use super::{
-    assert_exactly_once, committed, count, effects, free_port, inbox_db, inbox_env, metric,
-    produce, rec, wait_metric, Rec,
+    assert_applied_in_order, assert_exactly_once, committed, count, effects, free_port, inbox_db,
+    inbox_env, metric, produce, rec, wait_metric, Rec,
 };
 use crate::support::{self, wait_until, Walbox, WAIT};
 #[test]
@@ -239,24 +239,7 @@ fn order_per_partition_holds_with_batches_of_random_sizes_and_duplicates() {
         transactions > 4.0 && batched > transactions,
         "{batched} records in {transactions} transactions (batch_max {batch_max}, linger {linger})"
     );
-    let rows = db.sql(
-        "SELECT message_key, payload->>'n', kafka_partition, kafka_offset FROM effects ORDER BY seq",
-    );
-    let mut per_key: HashMap<String, u32> = HashMap::new();
-    let mut per_partition: HashMap<String, i64> = HashMap::new();
-    for line in rows.lines() {
-        let f: Vec<&str> = line.split('|').collect();
-        let n: u32 = f[1].parse().expect("n");
-        let last = per_key.insert(f[0].to_owned(), n).unwrap_or(0);
-        assert_eq!(n, last + 1, "key {} applied out of order", f[0]);
-        let off: i64 = f[3].parse().expect("offset");
-        let prev = per_partition.insert(f[2].to_owned(), off).unwrap_or(-1);
-        assert!(
-            off > prev,
-            "partition {} out of order: {prev} then {off}",
-            f[2]
-        );
-    }
+    assert_applied_in_order(&db);
 }
 
 #[test]

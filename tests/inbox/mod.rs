@@ -5,7 +5,7 @@
 
 mod batch;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
@@ -219,6 +219,30 @@ fn assert_exactly_once(db: &TestDb, expected: i64) {
         expected,
         "inbox rows"
     );
+}
+
+/// In the order the effects ran: per key `n` = 1, 2, 3, …; per partition increasing offsets.
+/// Returns the partitions that were used.
+fn assert_applied_in_order(db: &TestDb) -> HashSet<String> {
+    let rows = db.sql(
+        "SELECT message_key, payload->>'n', kafka_partition, kafka_offset FROM effects ORDER BY seq",
+    );
+    let mut per_key: HashMap<String, u32> = HashMap::new();
+    let mut per_partition: HashMap<String, i64> = HashMap::new();
+    for line in rows.lines() {
+        let f: Vec<&str> = line.split('|').collect();
+        let n: u32 = f[1].parse().expect("n");
+        let last = per_key.insert(f[0].to_owned(), n).unwrap_or(0);
+        assert_eq!(n, last + 1, "key {} applied out of order", f[0]);
+        let off: i64 = f[3].parse().expect("offset");
+        let prev = per_partition.insert(f[2].to_owned(), off).unwrap_or(-1);
+        assert!(
+            off > prev,
+            "partition {} out of order: {prev} then {off}",
+            f[2]
+        );
+    }
+    per_partition.into_keys().collect()
 }
 
 #[test]
@@ -463,27 +487,7 @@ fn order_per_partition_is_preserved_with_partitions_in_parallel() {
     w.terminate();
     assert!(w.wait_exit(WAIT).success(), "{}", w.log());
     assert_exactly_once(&db, 800);
-    // In the order the effects ran: per key 1, 2, 3, …; per partition increasing offsets.
-    let rows = db.sql(
-        "SELECT message_key, payload->>'n', kafka_partition, kafka_offset FROM effects ORDER BY seq",
-    );
-    let mut per_key: HashMap<String, u32> = HashMap::new();
-    let mut per_partition: HashMap<String, i64> = HashMap::new();
-    let mut partitions_used = std::collections::HashSet::new();
-    for line in rows.lines() {
-        let f: Vec<&str> = line.split('|').collect();
-        let n: u32 = f[1].parse().expect("n");
-        let last = per_key.insert(f[0].to_owned(), n).unwrap_or(0);
-        assert_eq!(n, last + 1, "key {} applied out of order", f[0]);
-        let off: i64 = f[3].parse().expect("offset");
-        let prev = per_partition.insert(f[2].to_owned(), off).unwrap_or(-1);
-        assert!(
-            off > prev,
-            "partition {} out of order: {prev} then {off}",
-            f[2]
-        );
-        partitions_used.insert(f[2].to_owned());
-    }
+    let partitions_used = assert_applied_in_order(&db);
     assert!(partitions_used.len() > 1, "records spread over partitions");
 }
 
