@@ -86,6 +86,8 @@ pub struct RawKafka {
     pub brokers: Option<String>,
     /// Consumer group.
     pub group_id: Option<String>,
+    /// Static group membership (`group.instance.id`).
+    pub group_instance_id: Option<String>,
     /// Topics to consume.
     pub topics: Option<Vec<String>>,
     /// Header holding the producer's event id.
@@ -202,6 +204,9 @@ pub struct InboxKafka {
     pub brokers: String,
     /// Consumer group.
     pub group_id: String,
+    /// This member's static id (`group.instance.id`): a restarted member with the same id gets
+    /// its partitions back at once, without a rebalance.
+    pub group_instance_id: Option<String>,
     /// Topics.
     pub topics: Vec<String>,
     /// Header with the message id.
@@ -219,6 +224,7 @@ impl fmt::Debug for InboxKafka {
         f.debug_struct("InboxKafka")
             .field("brokers", &self.brokers)
             .field("group_id", &self.group_id)
+            .field("group_instance_id", &self.group_instance_id)
             .field("topics", &self.topics)
             .field("message_id_header", &self.message_id_header)
             .field("dead_letter_topic", &self.dead_letter_topic)
@@ -274,6 +280,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["postgres"], "consumer", Kind::Str),
     (&["kafka"], "brokers", Kind::Str),
     (&["kafka"], "group_id", Kind::Str),
+    (&["kafka"], "group_instance_id", Kind::Str),
     (&["kafka"], "topics", Kind::List),
     (&["kafka"], "message_id_header", Kind::Str),
     (&["kafka"], "dead_letter_topic", Kind::Str),
@@ -386,17 +393,28 @@ impl RawInboxConfig {
         for (key, v) in &k.properties {
             let refused = match key.as_str() {
                 "enable.auto.commit" | "enable.auto.offset.store" => v != "false",
-                "bootstrap.servers" | "metadata.broker.list" | "group.id" => true,
+                "bootstrap.servers" | "metadata.broker.list" | "group.id" | "group.instance.id" => {
+                    true
+                }
                 "isolation.level" => v != "read_committed",
                 _ => false,
             };
             if refused {
                 return Err(invalid(format!(
-                    "kafka.properties.{key} = {v:?} is managed by walbox (offsets are committed only after the PostgreSQL transaction; set kafka.brokers and kafka.group_id instead of their properties)"
+                    "kafka.properties.{key} = {v:?} is managed by walbox (offsets are committed only after the PostgreSQL transaction; set kafka.brokers, kafka.group_id and kafka.group_instance_id instead of their properties)"
                 )));
             }
         }
         check_kafka_properties(&k.properties, LAYOUT.prefix)?;
+        let group_instance_id = k.group_instance_id;
+        if group_instance_id
+            .as_ref()
+            .is_some_and(|id| id.trim().is_empty())
+        {
+            return Err(invalid(
+                "kafka.group_instance_id must not be empty (leave it out for dynamic membership)",
+            ));
+        }
         let consumer = self.postgres.consumer.unwrap_or_else(|| group_id.clone());
         if consumer.is_empty() {
             return Err(invalid("postgres.consumer must not be empty"));
@@ -524,6 +542,7 @@ impl RawInboxConfig {
             kafka: InboxKafka {
                 brokers,
                 group_id,
+                group_instance_id,
                 topics,
                 message_id_header,
                 dead_letter_topic,
@@ -658,6 +677,8 @@ sql = "SELECT billing.apply_payment($payload)"
             ("WALBOX_INBOX_EFFECT_BATCH_MAX", "0"),
             ("WALBOX_INBOX_EFFECT_BATCH_MAX", "10001"),
             ("WALBOX_INBOX_EFFECT_BATCH_LINGER", "2s"),
+            ("WALBOX_INBOX_KAFKA_GROUP_INSTANCE_ID", " "),
+            ("WALBOX_INBOX_KAFKA_PROPERTY_GROUP_INSTANCE_ID", "pod-0"),
         ] {
             let e = load_text(MINIMAL, &[(var, val)]).unwrap_err();
             let msg = e.to_string();
@@ -666,6 +687,28 @@ sql = "SELECT billing.apply_payment($payload)"
                 "{var}: {msg}"
             );
         }
+    }
+
+    #[test]
+    fn static_membership_is_off_unless_an_instance_id_is_given() {
+        assert_eq!(
+            load_text(MINIMAL, &[]).unwrap().kafka.group_instance_id,
+            None
+        );
+        let c = load_text(
+            MINIMAL,
+            &[("WALBOX_INBOX_KAFKA_GROUP_INSTANCE_ID", "billing-0")],
+        );
+        assert_eq!(
+            c.unwrap().kafka.group_instance_id.as_deref(),
+            Some("billing-0")
+        );
+        let e = load_text(
+            MINIMAL,
+            &[("WALBOX_INBOX_KAFKA_PROPERTY_GROUP_INSTANCE_ID", "x")],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("kafka.group_instance_id"), "{e}");
     }
 
     #[test]

@@ -392,6 +392,8 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("fetch.error.backoff.ms", "10"),
     ("statistics.interval.ms", "5000"),
     ("client.id", "walbox-inbox"),
+    // A rebalance moves only the partitions that change owner; the others keep being processed.
+    ("partition.assignment.strategy", "cooperative-sticky"),
 ];
 
 /// Consumer errors that stop walbox.
@@ -408,8 +410,20 @@ fn fatal_consumer_error(e: &KafkaError) -> bool {
             | C::ClusterAuthorizationFailed
             | C::SaslAuthenticationFailed
             | C::Authentication
+            | C::FencedInstanceId
             | C::Fatal
     )
+}
+
+/// Whether another member with the same `group.instance.id` took this one's place.
+fn fenced(e: &KafkaError) -> bool {
+    let text = e.to_string();
+    matches!(
+        e,
+        KafkaError::MessageConsumption(RDKafkaErrorCode::FencedInstanceId)
+            | KafkaError::Global(RDKafkaErrorCode::FencedInstanceId)
+    ) || text.contains("FENCED_INSTANCE_ID")
+        || text.contains("fenced")
 }
 
 /// The consumer's polling thread.
@@ -436,6 +450,9 @@ impl ConsumerLoop {
         }
         cc.set("bootstrap.servers", &kafka.brokers)
             .set("group.id", &kafka.group_id);
+        if let Some(id) = &kafka.group_instance_id {
+            cc.set("group.instance.id", id);
+        }
         let shared = Arc::new(Shared {
             runtime,
             env,
@@ -476,7 +493,11 @@ impl ConsumerLoop {
                 Some(Err(e)) if fatal_consumer_error(&e) => {
                     let _ = fatal.send(FatalError {
                         failure: Failure::Kafka,
-                        message: format!("kafka consumer cannot continue: {e}"),
+                        message: if fenced(&e) {
+                            format!("kafka consumer cannot continue: {e}: another member of the group uses the same kafka.group_instance_id; give each walbox inbox its own")
+                        } else {
+                            format!("kafka consumer cannot continue: {e}")
+                        },
                     });
                     break;
                 }

@@ -333,3 +333,88 @@ fn a_partition_far_behind_is_paused_and_resumed_without_losing_or_reordering_rec
     );
     assert_eq!(out_of_order, "0", "records applied out of offset order");
 }
+
+#[test]
+fn a_live_rebalance_moves_only_the_partitions_that_change_owner() {
+    let db = inbox_db("inbox_rebalance");
+    let broker = support::broker();
+    let topic = format!("t_{}", db.name);
+    broker.create_topic(&topic, 4).expect("topic");
+    let brokers = broker.bootstrap_servers();
+    let group = format!("g_{}", db.name);
+    let consumed = "walbox_inbox_records_consumed_total";
+    // Events of 20 aggregates, numbered per aggregate, so order shows across the handovers.
+    let mut next: HashMap<String, u32> = HashMap::new();
+    let total = std::cell::Cell::new(0i64);
+    let mut burst = |n: usize| -> Vec<Rec> {
+        (0..n)
+            .map(|_| {
+                let i = total.get();
+                total.set(i + 1);
+                let key = format!("agg-{}", i % 20);
+                let k = next.entry(key.clone()).or_default();
+                *k += 1;
+                rec(&key, &format!("evt-{i}"), &format!("{{\"n\": {k}}}"))
+            })
+            .collect()
+    };
+    let env = |port: u16, instance: &str| {
+        inbox_env(
+            &db,
+            &brokers,
+            &group,
+            &topic,
+            port,
+            &[("WALBOX_INBOX_KAFKA_GROUP_INSTANCE_ID", instance)],
+        )
+    };
+
+    let port_a = free_port();
+    let mut a = Walbox::spawn_subcommand("inbox", &env(port_a, "inbox-a"));
+    produce(&brokers, &topic, &burst(200));
+    wait_metric(port_a, consumed, 200.0, &a);
+
+    // A second member joins while records keep coming.
+    let port_b = free_port();
+    let mut b = Walbox::spawn_subcommand("inbox", &env(port_b, "inbox-b"));
+    wait_until(WAIT, "the second member to process records", || {
+        produce(&brokers, &topic, &burst(20));
+        metric(port_b, consumed).unwrap_or(0.0) > 0.0
+    });
+    produce(&brokers, &topic, &burst(200));
+    wait_until(WAIT, "every effect with two members", || {
+        effects(&db) == total.get()
+    });
+    let (by_a, by_b) = (
+        metric(port_a, consumed).expect("a's metrics"),
+        metric(port_b, consumed).expect("b's metrics"),
+    );
+    assert!(by_a > 200.0 && by_b > 0.0, "a {by_a}, b {by_b}");
+
+    // The second member leaves: its partitions go back to the first.
+    b.terminate();
+    assert!(b.wait_exit(WAIT).success(), "{}", b.log());
+    produce(&brokers, &topic, &burst(200));
+    wait_until(WAIT, "every effect after the second member left", || {
+        effects(&db) == total.get()
+    });
+    let log = a.log();
+    a.terminate();
+    assert!(a.wait_exit(WAIT).success(), "{log}");
+
+    assert_exactly_once(&db, total.get());
+    assert_applied_in_order(&db);
+    // Cooperative rebalancing: when the second member joined, the first gave up only the
+    // partitions that moved (2 of 4) and kept processing the others; an eager rebalance would
+    // have revoked all 4.
+    let revoked: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("partitions revoked"))
+        .collect();
+    assert!(!revoked.is_empty(), "no revocation in a's log:\n{log}");
+    assert!(
+        revoked.iter().all(|l| !l.contains("partitions=4")),
+        "a gave up every partition in a rebalance:\n{}",
+        revoked.join("\n")
+    );
+}
