@@ -4,9 +4,17 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+/// `walbox --version`: the package version and the git revision it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("WALBOX_GIT_REVISION"),
+    ")"
+);
+
 /// walbox relays transactional-outbox rows from PostgreSQL's WAL to Kafka.
 #[derive(Debug, Parser)]
-#[command(name = "walbox", version, about, long_about = None)]
+#[command(name = "walbox", version = VERSION, about, long_about = None)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -64,6 +72,13 @@ pub enum Command {
         /// inbox.toml; every setting can also come from WALBOX_INBOX_* variables.
         #[arg(long, short, env = "WALBOX_INBOX_CONFIG")]
         config: Option<PathBuf>,
+    },
+    /// Print a shell completion script, e.g. `walbox completions bash >
+    /// /etc/bash_completion.d/walbox`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
     #[cfg(feature = "sandbox")]
     /// Run walbox end to end on a throwaway PostgreSQL cluster and an embedded Kafka-protocol

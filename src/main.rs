@@ -130,6 +130,11 @@ fn main() -> ExitCode {
                 finish("walbox inbox", runtime.block_on(walbox::inbox::run(config, shutdown_signal())))
             }
         },
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "walbox", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
         #[cfg(feature = "sandbox")]
         Command::Demo { aggregates, events } => {
             init_logging(LogFormat::Text, "warn");
