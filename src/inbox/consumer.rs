@@ -59,7 +59,8 @@ pub const PAUSE_BYTES: usize = 8 << 20;
 /// Records of one partition waiting for room in its worker's queue, in offset order.
 #[derive(Default)]
 struct Backlog {
-    records: VecDeque<Record>,
+    /// Each record with its size, counted once on the way in.
+    records: VecDeque<(usize, Record)>,
     bytes: usize,
 }
 
@@ -74,19 +75,21 @@ impl Backlog {
     }
 
     fn push_back(&mut self, r: Record) {
-        self.bytes += Self::size(&r);
-        self.records.push_back(r);
+        let size = Self::size(&r);
+        self.bytes += size;
+        self.records.push_back((size, r));
     }
 
-    fn push_front(&mut self, r: Record) {
-        self.bytes += Self::size(&r);
-        self.records.push_front(r);
+    /// Puts back the record [`Backlog::pop_front`] gave with its size.
+    fn push_front(&mut self, (size, r): (usize, Record)) {
+        self.bytes += size;
+        self.records.push_front((size, r));
     }
 
-    fn pop_front(&mut self) -> Option<Record> {
-        let r = self.records.pop_front()?;
-        self.bytes -= Self::size(&r);
-        Some(r)
+    fn pop_front(&mut self) -> Option<(usize, Record)> {
+        let (size, r) = self.records.pop_front()?;
+        self.bytes -= size;
+        Some((size, r))
     }
 
     fn is_empty(&self) -> bool {
@@ -296,11 +299,11 @@ impl Shared {
                 drained.push(tp.clone());
                 continue;
             };
-            while let Some(r) = q.pop_front() {
+            while let Some((size, r)) = q.pop_front() {
                 match w.records.try_send(r) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(r)) => {
-                        q.push_front(r);
+                        q.push_front((size, r));
                         break;
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -415,22 +418,14 @@ fn fatal_consumer_error(e: &KafkaError) -> bool {
     )
 }
 
-/// Whether another member with the same `group.instance.id` took this one's place.
-fn fenced(e: &KafkaError) -> bool {
-    let text = e.to_string();
-    matches!(
-        e,
-        KafkaError::MessageConsumption(RDKafkaErrorCode::FencedInstanceId)
-            | KafkaError::Global(RDKafkaErrorCode::FencedInstanceId)
-    ) || text.contains("FENCED_INSTANCE_ID")
-        || text.contains("fenced")
-}
-
 /// The consumer's polling thread.
 pub struct ConsumerLoop {
     consumer: BaseConsumer<Ctx>,
     shared: Arc<Shared>,
     commit_interval: Duration,
+    /// `kafka.group_instance_id` is set: a fatal error may be a fence by a member with the
+    /// same id, which librdkafka reports as a generic fatal error.
+    static_member: bool,
 }
 
 impl ConsumerLoop {
@@ -466,6 +461,7 @@ impl ConsumerLoop {
             consumer,
             shared,
             commit_interval: kafka.commit_interval,
+            static_member: kafka.group_instance_id.is_some(),
         })
     }
 
@@ -493,8 +489,8 @@ impl ConsumerLoop {
                 Some(Err(e)) if fatal_consumer_error(&e) => {
                     let _ = fatal.send(FatalError {
                         failure: Failure::Kafka,
-                        message: if fenced(&e) {
-                            format!("kafka consumer cannot continue: {e}: another member of the group uses the same kafka.group_instance_id; give each walbox inbox its own")
+                        message: if self.static_member {
+                            format!("kafka consumer cannot continue: {e} (with kafka.group_instance_id set, a second member with the same id fences this one: give each walbox inbox its own)")
                         } else {
                             format!("kafka consumer cannot continue: {e}")
                         },
@@ -567,7 +563,7 @@ mod tests {
         let first = b.pop_front().expect("a record");
         b.push_front(first);
         let order: Vec<i64> = std::iter::from_fn(|| b.pop_front())
-            .map(|r| r.offset)
+            .map(|(_, r)| r.offset)
             .collect();
         assert_eq!(order, [0, 1, 2]);
     }
