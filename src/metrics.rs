@@ -82,6 +82,17 @@ pub struct Metrics {
     pub heartbeats_received: IntCounter,
     /// `walbox_heartbeat_round_trip_seconds`: heartbeat write → received in the stream.
     pub heartbeat_round_trip: Histogram,
+    /// `walbox_catchup_wal_behind_bytes`: the slot's confirmed lag at the last reading (absent
+    /// before the first), as the catch-up estimate sees it (`health::progress`).
+    pub catchup_behind: OptionalGauge,
+    /// `walbox_catchup_events_per_second`: events acknowledged per second over the last minute.
+    pub catchup_events_rate: OptionalGauge,
+    /// `walbox_catchup_drain_bytes_per_second`: how fast the confirmed lag shrinks (negative:
+    /// it grows).
+    pub catchup_drain_rate: OptionalGauge,
+    /// `walbox_catchup_eta_seconds`: time to catch up at the drain rate (absent when the lag
+    /// does not shrink).
+    pub catchup_eta: OptionalGauge,
 }
 
 /// A gauge that is absent from the exposition until set, and can be made absent again.
@@ -271,6 +282,26 @@ impl Metrics {
                     ]),
                 )
                 .expect("valid metric"),
+            ),
+            catchup_behind: optional(
+                &r,
+                "walbox_catchup_wal_behind_bytes",
+                "WAL behind at the last slot reading: current WAL LSN minus confirmed_flush_lsn.",
+            ),
+            catchup_events_rate: optional(
+                &r,
+                "walbox_catchup_events_per_second",
+                "Events acknowledged per second over the last minute of slot readings.",
+            ),
+            catchup_drain_rate: optional(
+                &r,
+                "walbox_catchup_drain_bytes_per_second",
+                "Bytes per second by which the WAL behind shrinks (negative while it grows).",
+            ),
+            catchup_eta: optional(
+                &r,
+                "walbox_catchup_eta_seconds",
+                "Seconds until walbox has caught up at the current drain rate (absent when not draining).",
             ),
             registry: r,
         }

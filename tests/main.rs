@@ -12,6 +12,7 @@ mod failures;
 mod http;
 mod inbox;
 mod layout;
+mod progress;
 mod recovery;
 mod relay;
 mod routing;

@@ -209,6 +209,7 @@ impl RawConfig {
             critical_ratio: self.slot.critical_ratio.unwrap_or(0.8),
             warning_bytes: self.slot.warning_bytes.map(|b| b.0).unwrap_or(5 << 30),
             critical_bytes: self.slot.critical_bytes.map(|b| b.0).unwrap_or(20 << 30),
+            catchup_threshold: self.slot.catchup_threshold.map(|b| b.0).unwrap_or(16 << 20),
             heartbeat_interval: match self.slot.heartbeat_interval.as_deref() {
                 None | Some("off") => None,
                 Some(t) => Some(parse_duration(t).map_err(|e| {

@@ -186,6 +186,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["slot"], "warning_ratio", Kind::Float),
     (&["slot"], "critical_ratio", Kind::Float),
     (&["slot"], "warning_bytes", Kind::Str),
+    (&["slot"], "catchup_threshold", Kind::Str),
     (&["slot"], "critical_bytes", Kind::Str),
     (&["slot"], "heartbeat_interval", Kind::Str),
     (&["alerts"], "webhook_url", Kind::Str),

@@ -1,6 +1,7 @@
 //! `[slot]`: slot monitoring: how often the slot's retained WAL is checked, the warning and
 //! critical thresholds (shares of `max_slot_wal_keep_size`, or bytes when it is unlimited), and
-//! the optional `pg_logical_emit_message` heartbeat.
+//! the optional `pg_logical_emit_message` heartbeat, and the WAL behind from which progress is
+//! reported (`catchup_threshold`, default 16 MiB: one WAL segment).
 //!
 //! Invariants (checked by `RawConfig::validate`, in `document.rs`): `check_interval > 0`,
 //! `0 < warning_ratio <= critical_ratio <= 1`, `warning_bytes <= critical_bytes`, and the
@@ -28,6 +29,8 @@ pub struct RawSlot {
     pub critical_bytes: Option<ByteSize>,
     /// Interval of `pg_logical_emit_message` heartbeats; `"off"` (default) disables them.
     pub heartbeat_interval: Option<String>,
+    /// WAL behind at or above which a progress line is logged at every reading.
+    pub catchup_threshold: Option<ByteSize>,
 }
 
 /// Validated `[slot]`.
@@ -45,4 +48,7 @@ pub struct SlotConfig {
     pub critical_bytes: u64,
     /// Heartbeat interval; `None` disables heartbeats.
     pub heartbeat_interval: Option<Duration>,
+    /// WAL behind (bytes) at or above which walbox logs a progress line at every reading and
+    /// `walbox status` measures the drain rate.
+    pub catchup_threshold: u64,
 }

@@ -242,6 +242,7 @@ mod tests {
             warning_bytes: 100,
             critical_bytes: 200,
             heartbeat_interval: None,
+            catchup_threshold: 16 << 20,
         }
     }
 

@@ -9,6 +9,12 @@
 //! with `walbox_streaming`), not only from the next reading; a reading never sets it to 0 while
 //! walbox itself streams. Other processes holding the slot are seen at the next reading.
 //!
+//! # Progress
+//! Every reading is also a [`progress::Sample`]: the catch-up estimate (events/s, WAL behind,
+//! time to catch up) is exported as `walbox_catchup_*` and, while the WAL behind is at or above
+//! `slot.catchup_threshold`, logged as one line per reading; one "caught up" line follows when
+//! it drops below.
+//!
 //! # Heartbeat
 //! With `slot.heartbeat_interval` set, the monitor writes
 //! `pg_logical_emit_message(true, 'walbox.heartbeat', '{"sent_at_us": …}')`. It must be
@@ -32,6 +38,7 @@ use crate::config::conninfo::ConnInfo;
 use crate::config::{PostgresConfig, SlotConfig};
 use crate::failure::{Failure, FatalError};
 use crate::health::alert::{self, AlertLevel};
+use crate::health::progress::{self, Catchup};
 use crate::health::webhook::Webhook;
 use crate::metrics::{Metrics, WAL_STATUSES};
 use crate::pg::control::connect_control;
@@ -127,6 +134,7 @@ struct Monitor {
     seen_slot: bool,
     warned_unlimited: bool,
     warned_idle: bool,
+    catchup: Catchup,
 }
 
 impl Monitor {
@@ -198,6 +206,29 @@ impl Monitor {
         }
     }
 
+    /// Feeds a reading to the catch-up estimate, exports it, and logs the progress line.
+    fn progress(&mut self, h: &SlotHealth) {
+        let e = self.catchup.push(progress::Sample {
+            at: std::time::Instant::now(),
+            behind_bytes: h.confirmed_lag_bytes(),
+            events: self.metrics.events_published.get(),
+        });
+        let m = &self.metrics;
+        m.catchup_behind.set(Some(e.behind_bytes as f64));
+        m.catchup_events_rate.set(e.events_per_second);
+        m.catchup_drain_rate.set(e.drain_bytes_per_second);
+        m.catchup_eta.set(e.eta.map(|d| d.as_secs_f64()));
+        if let Some(line) = self.catchup.line(&e, self.slot.catchup_threshold) {
+            tracing::info!(
+                slot = %self.slot_name,
+                wal_behind_bytes = e.behind_bytes,
+                events_per_second = e.events_per_second.map(|r| r.round() as u64),
+                eta_seconds = e.eta.map(|d| d.as_secs()),
+                "{line}"
+            );
+        }
+    }
+
     /// One reading: metrics, alert transitions, lost-slot stop. Returns the level, if read.
     async fn check(&mut self) -> Option<AlertLevel> {
         let slot_name = self.slot_name.clone();
@@ -221,6 +252,7 @@ impl Monitor {
         let assessment = alert::assess(health.as_ref(), &self.slot);
         if let Some(h) = &health {
             export(&self.metrics, h, assessment.level);
+            self.progress(h);
             if let (Some(timeout), false) = (&h.idle_replication_slot_timeout, self.warned_idle) {
                 if h.idle_timeout_seconds.is_some() {
                     self.warned_idle = true;
@@ -309,6 +341,7 @@ pub async fn run(
         seen_slot: false,
         warned_unlimited: false,
         warned_idle: false,
+        catchup: Catchup::default(),
     };
     loop {
         tokio::select! {

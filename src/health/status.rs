@@ -8,11 +8,19 @@
 //! from the outbox table. When the slot is already gone, the old position comes from the
 //! progress record in Kafka (`sink::progress`).
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
 use crate::health::alert::{self, Assessment};
+use crate::health::progress::{self, human_bytes as human, Estimate};
 use crate::pg::control::connect_control;
-use crate::sink::progress::{self, ProgressKey, ProgressRecord};
+use crate::sink::progress::{read_last, ProgressKey, ProgressRecord};
 use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
 use crate::source::standby::{self, Role};
@@ -32,21 +40,6 @@ async fn read(config: &Config) -> Result<(tokio_postgres::Client, Option<SlotHea
         .await
         .map_err(|e| fatal(Failure::Schema, format!("cannot read the slot: {e}")))?;
     Ok((client, health))
-}
-
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
 }
 
 /// Renders a reading for people.
@@ -130,7 +123,7 @@ pub fn render(h: &SlotHealth, a: &Assessment) -> String {
 
 /// `walbox status [--json]`.
 pub async fn status(config: &Config, json: bool) -> Result<(), FatalError> {
-    let (_client, health) = read(config).await?;
+    let (client, health) = read(config).await?;
     let Some(h) = health else {
         return Err(fatal(
             Failure::Schema,
@@ -138,6 +131,7 @@ pub async fn status(config: &Config, json: bool) -> Result<(), FatalError> {
         ));
     };
     let a = alert::assess(Some(&h), &config.slot);
+    let catchup = catchup(config, &client, &h).await;
     if json {
         let mut v = serde_json::to_value(&h).map_err(|e| fatal(Failure::Internal, e))?;
         if let Some(obj) = v.as_object_mut() {
@@ -149,12 +143,147 @@ pub async fn status(config: &Config, json: bool) -> Result<(), FatalError> {
             obj.insert("reason".into(), a.reason.clone().into());
             obj.insert("action".into(), a.action.into());
             obj.insert("headroom_bytes".into(), a.headroom_bytes.into());
+            obj.insert("progress".into(), catchup.json());
         }
         println!("{v:#}");
     } else {
         print!("{}", render(&h, &a));
+        println!("{:<26} {}", "progress", catchup.line());
     }
     Ok(())
+}
+
+/// Where `walbox status`'s progress estimate came from.
+enum Catchup {
+    /// The running walbox's own estimate, read from its `/metrics`.
+    Running { at: SocketAddr, estimate: Estimate },
+    /// Two slot readings taken by `status` itself (no event count).
+    Sampled { estimate: Estimate, over: Duration },
+    /// Below `slot.catchup_threshold`, and the running walbox not reachable: nothing measured.
+    Behind { bytes: u64 },
+}
+
+impl Catchup {
+    fn line(&self) -> String {
+        match self {
+            Catchup::Running { at, estimate } => {
+                format!("{} (walbox at {at})", progress::describe(estimate))
+            }
+            Catchup::Sampled { estimate, over } => format!(
+                "{} (two slot readings {} ms apart; walbox's /metrics not reachable at http.listen)",
+                progress::describe(estimate),
+                over.as_millis()
+            ),
+            Catchup::Behind { bytes } => {
+                format!("{} of WAL behind", human(*bytes))
+            }
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let (source, e) = match self {
+            Catchup::Running { estimate, .. } => ("walbox", Some(estimate)),
+            Catchup::Sampled { estimate, .. } => ("slot_readings", Some(estimate)),
+            Catchup::Behind { .. } => ("none", None),
+        };
+        let behind = match self {
+            Catchup::Behind { bytes } => *bytes,
+            _ => e.map(|e| e.behind_bytes).unwrap_or_default(),
+        };
+        serde_json::json!({
+            "source": source,
+            "wal_behind_bytes": behind,
+            "events_per_second": e.and_then(|e| e.events_per_second),
+            "drain_bytes_per_second": e.and_then(|e| e.drain_bytes_per_second),
+            "eta_seconds": e.and_then(|e| e.eta).map(|d| d.as_secs_f64()),
+        })
+    }
+}
+
+/// How long `walbox status` waits between its own two slot readings.
+const SAMPLE_SPAN: Duration = Duration::from_secs(1);
+
+/// The catch-up estimate for `walbox status`: the running walbox's (its `/metrics` at
+/// `http.listen`, an unspecified address asked on loopback) when it answers; else, when the WAL
+/// behind is at or above `slot.catchup_threshold`, a drain rate from a second slot reading
+/// [`SAMPLE_SPAN`] later; else just the WAL behind.
+async fn catchup(config: &Config, client: &tokio_postgres::Client, h: &SlotHealth) -> Catchup {
+    if let Some(listen) = config.http_listen {
+        let at = loopback_if_unspecified(listen);
+        if let Some(estimate) = scrape(at)
+            .await
+            .as_deref()
+            .and_then(progress::from_metrics_text)
+        {
+            return Catchup::Running { at, estimate };
+        }
+    }
+    let bytes = h.confirmed_lag_bytes();
+    if bytes < config.slot.catchup_threshold {
+        return Catchup::Behind { bytes };
+    }
+    let first = progress::Sample {
+        at: Instant::now(),
+        behind_bytes: bytes,
+        events: 0,
+    };
+    tokio::time::sleep(SAMPLE_SPAN).await;
+    match slot::read(client, &config.postgres.slot).await {
+        Ok(Some(h2)) => {
+            let last = progress::Sample {
+                at: Instant::now(),
+                behind_bytes: h2.confirmed_lag_bytes(),
+                events: 0,
+            };
+            let mut estimate = progress::estimate_between(&first, &last);
+            estimate.events_per_second = None;
+            Catchup::Sampled {
+                estimate,
+                over: last.at.duration_since(first.at),
+            }
+        }
+        _ => Catchup::Behind { bytes },
+    }
+}
+
+fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), addr.port())
+        }
+        _ => addr,
+    }
+}
+
+/// `GET /metrics` from a running walbox, bounded by two seconds; `None` on any failure.
+async fn scrape(at: SocketAddr) -> Option<String> {
+    let get = async {
+        let tcp = tokio::net::TcpStream::connect(at).await.ok()?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .ok()?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let req = hyper::Request::get("/metrics")
+            .header(hyper::header::HOST, at.to_string())
+            .header(hyper::header::USER_AGENT, "walbox status")
+            .body(Empty::<Bytes>::new())
+            .ok()?;
+        let resp = sender.send_request(req).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let body = resp.into_body().collect().await.ok()?.to_bytes();
+        String::from_utf8(body.to_vec()).ok()
+    };
+    tokio::time::timeout(Duration::from_secs(2), get)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// `walbox recreate-slot --confirm-data-loss`: drops the slot and creates it again.
@@ -233,7 +362,7 @@ async fn last_progress(config: &Config) -> Option<ProgressRecord> {
     };
     let kafka = config.kafka.clone();
     let read = tokio::task::spawn_blocking(move || {
-        progress::read_last(&kafka, &key, std::time::Duration::from_secs(30))
+        read_last(&kafka, &key, std::time::Duration::from_secs(30))
     });
     match read.await {
         Ok(Ok(record)) => record,
