@@ -3,7 +3,12 @@
 //!
 //! Start-up: bind the HTTP listener (a bad address fails at once), create the producer, probe the
 //! brokers in the background (a warning, not an error: events wait for the broker), then run
-//! replication sessions until shutdown or a fatal error. The slot monitor runs beside the relay
+//! replication sessions until shutdown or a fatal error. With `postgres.on_slot_busy = "wait"`
+//! (the default) the sessions run in *terms*: the process first waits as a standby until it
+//! holds the leader lock (`leader.rs`), and a term ends when the lock is lost, after which the
+//! process is a standby again; with `"fail"` there is one term and a slot in use is exit 6.
+//! While the slot is still held by the previous streamer's walsender, an active process retries
+//! every second instead of exiting. The slot monitor runs beside the relay during a term,
 //! on its own connection; when it finds the slot lost it stops the relay the way shutdown does
 //! and walbox exits with the lost-slot status. A transient error ends the session and
 //! the next one starts after a capped exponential backoff with jitter; the backoff resets once a
@@ -17,16 +22,19 @@
 //! → return `Ok` (exit 0), or the fatal error.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::backoff::Backoff;
-use crate::config::Config;
+use crate::config::{Config, OnSlotBusy};
+use crate::failure::Classify;
 use crate::failure::{Failure, FatalError};
 use crate::health::monitor::{self, FatalSignal};
 use crate::health::webhook::Webhook;
+use crate::leader::{self, Leadership};
 use crate::metrics::{self, Health, Metrics};
 use crate::relay::{Relay, SessionEnd, Settings};
 use crate::sink::kafka::{AckQueue, KafkaSink};
@@ -94,14 +102,6 @@ pub async fn run_with(
         message: format!("alerts.webhook_url: {e}"),
     })?;
     let webhook_task = webhook.as_ref().map(Webhook::finished);
-    let monitor_task = tokio::spawn(monitor::run(
-        config.postgres.clone(),
-        config.slot.clone(),
-        metrics.clone(),
-        webhook,
-        fatal.clone(),
-        stop_rx.clone(),
-    ));
 
     let topics = Topics::new(&config.kafka).map_err(|e| FatalError {
         failure: Failure::Kafka,
@@ -117,33 +117,89 @@ pub async fn run_with(
     );
     let probe = probe_brokers(relay.sink().clone(), config.kafka.brokers.clone());
     let mut backoff = Backoff::new(config.relay.backoff_initial, config.relay.backoff_max);
+    let wait_for_slot = config.postgres.on_slot_busy == OnSlotBusy::Wait;
     let outcome = loop {
-        match relay.run_session(&mut stop_rx).await {
-            Ok(SessionEnd::Shutdown) => break Ok(()),
-            Err(e) => {
-                if relay.reached_streaming {
-                    backoff.reset();
-                }
-                match relay.into_fatal(e) {
-                    Ok(fatal) => break Err(fatal),
-                    Err(transient) => {
-                        let delay = backoff.next_delay();
-                        metrics.reconnects.inc();
-                        tracing::warn!(error = %transient, retry_in = ?delay, "replication session ended; reconnecting");
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
-                            _ = stop_rx.changed() => break Ok(()),
+        // A standby until this process holds the leader lock (`on_slot_busy = "wait"`).
+        let leadership = if wait_for_slot {
+            let acquired = leader::acquire(
+                &config.postgres.conn,
+                &config.postgres.slot,
+                &metrics,
+                &health,
+                &mut stop_rx,
+            )
+            .await;
+            match acquired {
+                Ok(Some(l)) => Some(Arc::new(l)),
+                Ok(None) => break Ok(()),
+                Err(fatal) => break Err(fatal),
+            }
+        } else {
+            None
+        };
+        metrics.ha_active.set(1);
+        health.set_active(true);
+        health.set_ready(false);
+        let term = Term::start(leadership.clone(), stop_rx.clone());
+        let monitor_task = tokio::spawn(monitor::run(
+            config.postgres.clone(),
+            config.slot.clone(),
+            metrics.clone(),
+            webhook.clone(),
+            fatal.clone(),
+            term.stop.clone(),
+        ));
+        let mut term_stop = term.stop.clone();
+        let mut slot_busy_logged = false;
+        let ended = loop {
+            match relay.run_session(&mut term_stop).await {
+                Ok(SessionEnd::Shutdown) => break Ok(()),
+                Err(e) => {
+                    if relay.reached_streaming {
+                        backoff.reset();
+                    }
+                    // The previous streamer's walsender still holds the slot: it lets go when it
+                    // notices its client is gone (at the latest after wal_sender_timeout).
+                    let delay = if wait_for_slot && e.failure() == Some(Failure::SlotInUse) {
+                        if !std::mem::replace(&mut slot_busy_logged, true) {
+                            tracing::info!(error = %e, retry_every = ?leader::SLOT_BUSY_RETRY, "active, but the slot is still held by the previous streamer's walsender; PostgreSQL releases it when that walsender notices its client is gone (at the latest after wal_sender_timeout)");
                         }
+                        leader::SLOT_BUSY_RETRY
+                    } else {
+                        match relay.into_fatal(e) {
+                            Ok(fatal) => break Err(fatal),
+                            Err(transient) => {
+                                let delay = backoff.next_delay();
+                                metrics.reconnects.inc();
+                                tracing::warn!(error = %transient, retry_in = ?delay, "replication session ended; reconnecting");
+                                delay
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = term_stop.changed() => break Ok(()),
                     }
                 }
             }
+        };
+        // Stop the monitor (it takes a last reading, so a lost slot is reported), bounded.
+        let lost = term.end();
+        let _ = tokio::time::timeout(Duration::from_secs(5), monitor_task).await;
+        // The relay has stopped streaming: only now may the lock go.
+        drop(leadership);
+        if ended.is_err() || !lost || *stop_rx.borrow() {
+            break ended;
         }
+        metrics.ha_active.set(0);
+        health.set_active(false);
+        monitor::forget(&metrics);
+        tracing::warn!("no longer the active walbox: waiting as a standby");
     };
 
-    // Stop the monitor (it takes a last reading, so a lost slot is reported) and let the webhook
-    // deliver what it has, both bounded.
     let _ = fatal.stop.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(5), monitor_task).await;
+    // The delivery task finishes once every handle is gone.
+    drop(webhook);
     if let Some(done) = webhook_task {
         let _ = tokio::time::timeout(Duration::from_secs(5), done).await;
     }
@@ -187,4 +243,51 @@ fn probe_brokers(sink: KafkaSink, brokers: String) -> tokio::task::JoinHandle<()
             "kafka brokers not reachable yet; events will wait for them"
         ),
     })
+}
+
+/// One term as the active process: its `stop` is raised by shutdown (or the monitor's fatal
+/// signal, which raises shutdown's channel) or by the loss of the leader lock.
+struct Term {
+    /// The relay's and the monitor's stop for this term.
+    stop: watch::Receiver<bool>,
+    lost: Arc<AtomicBool>,
+    watcher: tokio::task::JoinHandle<()>,
+    raise: watch::Sender<bool>,
+}
+
+impl Term {
+    fn start(leadership: Option<Arc<Leadership>>, mut shutdown: watch::Receiver<bool>) -> Term {
+        let (raise, stop) = watch::channel(*shutdown.borrow());
+        let lost = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (raise, lost) = (raise.clone(), lost.clone());
+            tokio::spawn(async move {
+                match leadership {
+                    Some(l) => {
+                        if let Some(e) = l.lost(&mut shutdown).await {
+                            tracing::error!(error = %e, "lost the leader lock: stopping the relay; a standby takes over");
+                            lost.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    None => {
+                        let _ = shutdown.wait_for(|stop| *stop).await;
+                    }
+                }
+                let _ = raise.send(true);
+            })
+        };
+        Term {
+            stop,
+            lost,
+            watcher,
+            raise,
+        }
+    }
+
+    /// Ends the term (stops the monitor); returns whether it ended because the lock was lost.
+    fn end(self) -> bool {
+        self.watcher.abort();
+        let _ = self.raise.send(true);
+        self.lost.load(Ordering::SeqCst)
+    }
 }

@@ -47,6 +47,7 @@ pub mod failure;
 pub mod fault;
 pub mod health;
 pub mod inbox;
+pub mod leader;
 pub mod lsn;
 pub mod metrics;
 pub mod outbox;

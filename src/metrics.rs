@@ -82,6 +82,9 @@ pub struct Metrics {
     pub heartbeats_received: IntCounter,
     /// `walbox_heartbeat_round_trip_seconds`: heartbeat write → received in the stream.
     pub heartbeat_round_trip: Histogram,
+    /// `walbox_ha_active`: 1 while this process holds the leader lock (it streams, or is about
+    /// to), 0 while it waits as a standby.
+    pub ha_active: IntGauge,
     /// `walbox_catchup_wal_behind_bytes`: the slot's confirmed lag at the last reading (absent
     /// before the first), as the catch-up estimate sees it (`health::progress`).
     pub catchup_behind: OptionalGauge,
@@ -283,6 +286,10 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            ha_active: int_gauge(
+                "walbox_ha_active",
+                "1 while this process is the active one for its slot (holds the leader lock), 0 while it waits as a standby.",
+            ),
             catchup_behind: optional(
                 &r,
                 "walbox_catchup_wal_behind_bytes",
@@ -345,6 +352,7 @@ impl Default for Metrics {
 #[derive(Default)]
 pub struct Health {
     ready: AtomicBool,
+    active: AtomicBool,
     fatal: Mutex<Option<String>>,
 }
 
@@ -357,6 +365,16 @@ impl Health {
     /// See [`Health::set_ready`].
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Whether this process is the active one for its slot: `/active` (a standby answers 503).
+    pub fn set_active(&self, on: bool) {
+        self.active.store(on, Ordering::Relaxed);
+    }
+
+    /// See [`Health::set_active`].
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
     }
 
     /// Records a fatal error: `/healthz` turns 503 with this message.
@@ -400,8 +418,16 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-/// Binds the HTTP listener of `/metrics`, `/healthz` and `/readyz` (so a bad address fails at start-up) and returns its address and
-/// the server future.
+async fn active(State(s): State<HttpState>) -> impl IntoResponse {
+    if s.health.is_active() {
+        (StatusCode::OK, "active\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "standby\n")
+    }
+}
+
+/// Binds the HTTP listener of `/metrics`, `/healthz`, `/readyz` and `/active` (so a bad address
+/// fails at start-up) and returns its address and the server future.
 pub async fn bind(
     addr: SocketAddr,
     metrics: Arc<dyn Exposition>,
@@ -416,6 +442,7 @@ pub async fn bind(
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/active", get(active))
         .with_state(HttpState { metrics, health });
     Ok((local, async move { axum::serve(listener, app).await }))
 }

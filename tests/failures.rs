@@ -78,10 +78,11 @@ fn missing_slot_without_create_slot_exits_5() {
 }
 
 #[test]
-fn slot_held_by_another_walbox_exits_6_and_leaves_the_first_running() {
+fn slot_held_by_another_walbox_exits_6_with_on_slot_busy_fail_and_leaves_the_first_running() {
     let db = TestDb::new("slotheld");
     let broker = support::broker();
-    let env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    let mut env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_POSTGRES_ON_SLOT_BUSY", "fail");
     let mut first = Walbox::spawn(&env);
     wait_until(WAIT, "the first walbox to hold the slot", || {
         db.streaming(&db.name)

@@ -9,6 +9,7 @@ mod connection;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod failures;
+mod ha;
 mod http;
 mod inbox;
 mod layout;

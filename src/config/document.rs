@@ -24,7 +24,7 @@ use super::kafka::{
 use super::layers::{deserialize, read_layers};
 use super::log::{LogConfig, RawLog};
 use super::outbox::{self, OutboxConfig, RawOutbox};
-use super::postgres::{valid_identifier, PostgresConfig, RawPostgres};
+use super::postgres::{valid_identifier, OnSlotBusy, PostgresConfig, RawPostgres};
 use super::relay::{RawRelay, RelayConfig};
 use super::slot::{RawSlot, SlotConfig};
 use super::units::parse_duration;
@@ -280,6 +280,7 @@ impl RawConfig {
                 create_slot: self.postgres.create_slot.unwrap_or(false),
                 create_publication: self.postgres.create_publication.unwrap_or(false),
                 status_interval,
+                on_slot_busy: OnSlotBusy::parse(self.postgres.on_slot_busy.as_deref())?,
             },
             outbox,
             kafka: KafkaConfig {

@@ -1,5 +1,6 @@
 //! `[postgres]`: where the WAL comes from: the connection, the replication slot, the
-//! publication and the interval of standby status updates.
+//! publication, the interval of standby status updates, and what a process does when another
+//! one relays the slot (`on_slot_busy`).
 //!
 //! Invariants: the connection strings are never shown: `RawPostgres`'s `Debug` redacts `url` and
 //! `primary_url`, and [`PostgresConfig`] holds them parsed as `ConnInfo`s, whose `Debug` redacts
@@ -35,6 +36,9 @@ pub struct RawPostgres {
     pub create_publication: Option<bool>,
     /// Interval between standby status updates (at most 1 s).
     pub status_interval: Option<HumanDuration>,
+    /// `"wait"` (default): several walbox processes may run for the slot, one streams, the
+    /// others wait as standbys; `"fail"`: exit 6 when the slot is in use.
+    pub on_slot_busy: Option<String>,
 }
 
 impl fmt::Debug for RawPostgres {
@@ -70,6 +74,30 @@ pub struct PostgresConfig {
     pub create_publication: bool,
     /// Interval between standby status updates.
     pub status_interval: Duration,
+    /// What a process does when another one relays the slot.
+    pub on_slot_busy: OnSlotBusy,
+}
+
+/// `postgres.on_slot_busy`: what a process does when another one relays the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnSlotBusy {
+    /// Wait as a hot standby (the leader lock, `leader.rs`) and take over when the active one
+    /// dies or is cut off; retry while the slot is still held by the previous walsender.
+    Wait,
+    /// Exit 6 (`Failure::SlotInUse`) when the slot is in use; no leader lock.
+    Fail,
+}
+
+impl OnSlotBusy {
+    pub(super) fn parse(s: Option<&str>) -> Result<Self, ConfigError> {
+        match s {
+            None | Some("wait") => Ok(OnSlotBusy::Wait),
+            Some("fail") => Ok(OnSlotBusy::Fail),
+            Some(other) => Err(ConfigError::Invalid(format!(
+                "postgres.on_slot_busy {other:?} must be \"wait\" or \"fail\""
+            ))),
+        }
+    }
 }
 
 pub(super) fn valid_identifier(what: &str, s: &str) -> Result<(), ConfigError> {

@@ -99,6 +99,18 @@ pub fn export(metrics: &Metrics, h: &SlotHealth, level: AlertLevel) {
     export_active(metrics, h.active);
 }
 
+/// Forgets the readings of a term that ended (the process is a standby now, and the active
+/// process reports the slot): the alert level back to 0 and the estimates absent, so no stale
+/// value of this process fires an alert or shows on a dashboard.
+pub fn forget(metrics: &Metrics) {
+    metrics.slot_alert_level.set(AlertLevel::Ok.value());
+    metrics.slot_active.set(0);
+    metrics.catchup_behind.set(None);
+    metrics.catchup_events_rate.set(None);
+    metrics.catchup_drain_rate.set(None);
+    metrics.catchup_eta.set(None);
+}
+
 /// Sets `walbox_slot_active` from a reading. The relay sets it to 1 when it starts streaming
 /// (after `walbox_streaming`); a reading taken before that must not turn it back to 0, so
 /// walbox's own stream counts as active, checked again after the write in case the relay

@@ -274,6 +274,11 @@ impl Walbox {
     }
 
     /// SIGKILL, and reap.
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

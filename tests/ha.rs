@@ -1,0 +1,167 @@
+//! High availability: several walbox processes for one slot, one active, the others hot
+//! standbys that take over when it is killed.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use walbox::sandbox::broker::TopicReader;
+
+use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, write_txn, Written};
+use crate::support::{
+    self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
+};
+
+/// The takeover bound after SIGKILL of the active process (README, "High availability").
+const TAKEOVER_BOUND: Duration = Duration::from_secs(10);
+
+/// A walbox process and its HTTP port.
+struct Member {
+    walbox: Walbox,
+    port: u16,
+}
+
+impl Member {
+    fn spawn(env: &[(String, String)]) -> Member {
+        let port = free_port();
+        let mut env = env.to_vec();
+        env.retain(|(k, _)| k != "WALBOX_HTTP_LISTEN");
+        env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
+        Member {
+            walbox: Walbox::spawn(&env),
+            port,
+        }
+    }
+
+    fn code(&self, path: &str) -> Option<u16> {
+        http_get(self.port, path).map(|(c, _)| c)
+    }
+
+    fn ha_active(&self) -> Option<f64> {
+        http_get(self.port, "/metrics").and_then(|(_, body)| metric(&body, "walbox_ha_active"))
+    }
+}
+
+/// The index of the one member answering `/active` 200, when exactly one does.
+fn the_active(members: &[Member]) -> Option<usize> {
+    let active: Vec<usize> = (0..members.len())
+        .filter(|&i| members[i].code("/active") == Some(200))
+        .collect();
+    (active.len() == 1).then(|| active[0])
+}
+
+#[test]
+fn a_standby_takes_over_within_the_bound_after_each_sigkill_and_nothing_is_missing() {
+    let db = TestDb::new("ha_kill");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 4).expect("topic");
+    db.create_slot_and_publication(&slot);
+    let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+
+    let mut members = vec![Member::spawn(&env)];
+    wait_until(WAIT, "the first walbox to stream", || {
+        members[0].code("/active") == Some(200) && db.streaming(&slot)
+    });
+    members.push(Member::spawn(&env));
+    let first_pid = members[0].walbox.pid();
+    wait_until(WAIT, "the second walbox to wait as a standby", || {
+        members[1]
+            .walbox
+            .log()
+            .contains("standby: another walbox relays this slot")
+    });
+    // The standby is healthy and ready (to take over), but not active, and says for whom it waits.
+    assert_eq!(members[1].code("/healthz"), Some(200));
+    assert_eq!(members[1].code("/readyz"), Some(200));
+    assert_eq!(members[1].code("/active"), Some(503));
+    assert_eq!(members[1].ha_active(), Some(0.0));
+    assert_eq!(members[0].ha_active(), Some(1.0));
+    let log = members[1].walbox.log();
+    assert!(
+        log.contains("walbox leader") && log.contains(&format!("pid {first_pid}")),
+        "the standby names the active process (pid {first_pid}):\n{log}"
+    );
+
+    // A writer streams 20,000 events while the active walbox is killed again and again.
+    let written: Arc<Mutex<Vec<Written>>> = Arc::default();
+    let writer = {
+        let (db, topic, written) = (db.clone(), topic.clone(), written.clone());
+        std::thread::spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+            let mut total = 0;
+            while total < 20_000 {
+                let n = rng.random_range(1..=50).min(20_000 - total);
+                let aggs: Vec<String> = (0..n)
+                    .map(|_| format!("agg-{}", rng.random_range(0..50)))
+                    .collect();
+                written
+                    .lock()
+                    .unwrap()
+                    .push(write_txn(&db, &topic, &aggs, false));
+                total += n;
+            }
+        })
+    };
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let mut takeovers = Vec::new();
+    for round in 0..4 {
+        // Let the active one relay something in this round.
+        let seen = distinct_ids(&reader.records).len();
+        reader.poll_until(WAIT, |r| r.len() > seen || writer.is_finished());
+        let active = the_active(&members).expect("exactly one active walbox");
+        let standby = 1 - active;
+        let killed_at = Instant::now();
+        members[active].walbox.kill();
+        wait_until(WAIT, "the standby to take over and stream", || {
+            members[standby].code("/active") == Some(200) && db.streaming(&slot)
+        });
+        let took = killed_at.elapsed();
+        takeovers.push(took);
+        assert!(
+            took <= TAKEOVER_BOUND,
+            "round {round}: takeover took {took:?} (bound {TAKEOVER_BOUND:?}); log:\n{}",
+            members[standby].walbox.log()
+        );
+        assert!(
+            members[standby].walbox.log().contains("took over"),
+            "{}",
+            members[standby].walbox.log()
+        );
+        // A new standby replaces the killed process.
+        members[active] = Member::spawn(&env);
+        wait_until(WAIT, "the new process to wait as a standby", || {
+            members[active].code("/readyz") == Some(200)
+                && members[active].code("/active") == Some(503)
+        });
+    }
+    eprintln!("takeovers after SIGKILL: {takeovers:?}");
+    writer.join().expect("writer");
+
+    let all: HashSet<i64> = written
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|w| w.ids.iter().copied())
+        .collect();
+    assert!(
+        reader.poll_until(WAIT * 2, |r| distinct_ids(r).len() >= all.len()),
+        "{} of {} events arrived",
+        distinct_ids(&reader.records).len(),
+        all.len()
+    );
+    assert_eq!(
+        distinct_ids(&reader.records),
+        all,
+        "every committed event, nothing else"
+    );
+    assert_per_aggregate_commit_order(&reader.records);
+    for m in &mut members {
+        m.walbox.terminate();
+    }
+    for m in &mut members {
+        assert!(m.walbox.wait_exit(WAIT).success(), "{}", m.walbox.log());
+    }
+}
