@@ -7,7 +7,7 @@ operator will see. The samples come from `cargo run --example stack_sample -- sa
 (the compose stack on a throwaway PostgreSQL cluster and librdkafka's mock Kafka cluster):
 blocks of `# scrape <job> <unix ms>` followed by a Prometheus text exposition.
 
-    pip install matplotlib        # the only dependency (tested with 3.10)
+    pip install matplotlib        # the only dependency (tested with 3.11)
     python3 scripts/render-dashboard.py samples.txt docs/dashboard.png
 
 Each query is evaluated by the small PromQL evaluator below, which knows the subset the
@@ -220,7 +220,7 @@ class Evaluator:
                     for a, b in zip(values[lo:hi - 1], values[lo + 1:hi]):
                         gain += b - a if b >= a else b  # a counter reset starts from 0
                     rate = gain / (times[hi - 1] - times[lo])
-                    out[_drop_name(labels)] = rate * sel[3] if fn == "increase" else rate
+                    out[labels] = rate * sel[3] if fn == "increase" else rate
                 return out
             q = self.eval(args[0], t)
             return histogram_quantile(q, self.eval(args[1], t))
@@ -248,10 +248,6 @@ def _bisect_right(xs, x):
         else:
             lo = mid + 1
     return lo
-
-
-def _drop_name(labels):
-    return tuple(labels)
 
 
 def histogram_quantile(q, vec):

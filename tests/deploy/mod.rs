@@ -288,7 +288,7 @@ fn prometheus_config_passes_promtool() {
     );
 }
 
-fn dashboard() -> Value {
+pub(crate) fn dashboard() -> Value {
     let path = deploy().join("grafana/walbox.json");
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -305,7 +305,7 @@ fn panels(dashboard: &Value) -> Vec<&Value> {
 }
 
 /// (panel title, expr) of every query.
-fn queries(dashboard: &Value) -> Vec<(String, String)> {
+pub(crate) fn queries(dashboard: &Value) -> Vec<(String, String)> {
     panels(dashboard)
         .into_iter()
         .flat_map(|p| {
@@ -321,7 +321,7 @@ fn queries(dashboard: &Value) -> Vec<(String, String)> {
 }
 
 /// The series names an exposition holds.
-fn exposition_names(text: &str) -> BTreeSet<String> {
+pub(crate) fn exposition_names(text: &str) -> BTreeSet<String> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| l.split(['{', ' ']).next().unwrap().to_owned())
@@ -353,7 +353,7 @@ fn exported_names() -> BTreeSet<String> {
 
 /// The metric names a PromQL expression selects: identifiers outside label matchers, ranges
 /// and strings that are not functions, aggregations, grouping labels or keywords.
-fn metric_names(expr: &str) -> BTreeSet<String> {
+pub(crate) fn metric_names(expr: &str) -> BTreeSet<String> {
     // Binary operators, and aggregations (which may precede `by (…)` rather than `(`).
     const KEYWORDS: [&str; 18] = [
         "bool",

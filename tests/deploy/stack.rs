@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use super::deploy;
+use super::{dashboard, deploy, exposition_names, metric_names, queries};
 use crate::support::{
     broker, free_port, http_get, metric, pg_options, start_cluster, wait_until, Walbox, WAIT,
 };
@@ -218,5 +218,30 @@ fn the_compose_stack_relays_the_writers_payments_into_the_ledger() {
     wait_until(WAIT, "the inbox to dead-letter the zero amounts", || {
         dead_letters(inbox_port, "walbox_inbox_dead_lettered_total") == Some(refused as f64)
     });
+
+    // A real scrape of each process holds every series the dashboard queries.
+    let wanted: std::collections::BTreeSet<String> = queries(&dashboard())
+        .iter()
+        .flat_map(|(_, expr)| metric_names(expr))
+        .collect();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let mut scraped = std::collections::BTreeSet::new();
+        for port in [relay_port, inbox_port] {
+            let body = http_get(port, "/metrics")
+                .map(|(_, b)| b)
+                .unwrap_or_default();
+            scraped.extend(exposition_names(&body));
+        }
+        let missing: Vec<_> = wanted.difference(&scraped).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dashboard queries {missing:?}, which no /metrics of the stack exposes"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     drop((relay, inbox));
 }
