@@ -4,7 +4,7 @@
 //! PostgreSQL has logical decoding and a slot WAL limit), walbox and the inbox accept their
 //! configuration, Prometheus accepts its own (`promtool check config`), and every query of the
 //! Grafana dashboard (`deploy/grafana/walbox.json`) is valid PromQL (`promtool check rules`) on
-//! metrics walbox really exports.
+//! metrics walbox really exports. `stack.rs` runs the stack itself, without containers.
 
 mod stack;
 
