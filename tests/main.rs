@@ -8,6 +8,7 @@ mod connection;
 // Needs the fault points: `cargo test --features failpoints` (the documented test command).
 #[cfg(feature = "failpoints")]
 mod crash;
+mod deploy;
 mod failures;
 mod ha;
 mod http;
