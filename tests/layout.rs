@@ -542,7 +542,22 @@ const RULES: &[(&str, &[&str])] = &[
         "health",
         &["outbox", "relay", "inbox", "republish", "app", "sandbox"],
     ),
-    ("relay", &["inbox", "republish", "app", "sandbox"]),
+    (
+        "relay",
+        &["inbox", "republish", "app", "sandbox", "preflight"],
+    ),
+    (
+        "preflight",
+        &[
+            "relay",
+            "health",
+            "inbox",
+            "republish",
+            "app",
+            "sandbox",
+            "metrics",
+        ],
+    ),
     (
         "inbox",
         &[

@@ -1,0 +1,815 @@
+//! The PostgreSQL checks of `walbox check`: the connection, the server and its settings, the
+//! role's rights, each outbox table and its mapping, the publication, the slot.
+//!
+//! The catalog is read with the relay's own start-up queries (`source::catalog`,
+//! `source::slot`); where a verdict is the relay's (a missing column, a slot of another plugin,
+//! a lost slot, a standby that cannot decode), the line carries the relay's own message, so an
+//! operator sees here the words `walbox run` would stop with.
+
+use postgres_protocol::escape::{escape_identifier as quote_ident, escape_literal};
+use tokio_postgres::Client;
+
+use crate::config::conninfo::ConnInfo;
+use crate::config::{Config, Route, RouteSource};
+use crate::pg::control::{connect_control, ConnectError};
+use crate::preflight::Check;
+use crate::source::catalog::{self, CatalogError, Publication, TableShape, MIN_SERVER_VERSION};
+use crate::source::replication::ReplicationConnection;
+use crate::source::slot::{self, SlotHealth};
+use crate::source::standby::{self, Role, StandbyError};
+
+const CONNECTION: &str = "postgres";
+const SERVER: &str = "server";
+const WAL_LEVEL: &str = "wal_level";
+const SLOTS: &str = "max_replication_slots";
+const SENDERS: &str = "max_wal_senders";
+const ROLE: &str = "role";
+const REPLICATION: &str = "replication connection";
+const PUBLICATION: &str = "publication";
+const SLOT: &str = "slot";
+const KEEP_SIZE: &str = "max_slot_wal_keep_size";
+
+/// The name of a table's mapping check.
+fn table_check(route: &Route) -> String {
+    format!("outbox table {}", route.name)
+}
+
+/// The name of a table's `SELECT` check.
+fn select_check(route: &Route) -> String {
+    format!("select on {}", route.name)
+}
+
+/// The table routes with their schema and table.
+fn tables(config: &Config) -> impl Iterator<Item = (&Route, &str, &str)> {
+    config.outbox.tables.iter().filter_map(|r| match &r.source {
+        RouteSource::Table { schema, table } => Some((r, schema.as_str(), table.as_str())),
+        RouteSource::Messages { .. } => None,
+    })
+}
+
+/// `schema.table`, quoted for SQL.
+fn qualified(schema: &str, table: &str) -> String {
+    format!("{}.{}", quote_ident(schema), quote_ident(table))
+}
+
+/// Every PostgreSQL check, in order.
+pub async fn checks(config: &Config) -> Vec<Check> {
+    let conn = &config.postgres.conn;
+    let client = match connect_control(conn).await {
+        Ok(client) => client,
+        Err(e) => {
+            let mut out = vec![connection_failed(conn, &e)];
+            let mut names: Vec<String> = [SERVER, WAL_LEVEL, SLOTS, SENDERS, ROLE, REPLICATION]
+                .map(String::from)
+                .into();
+            for (route, _, _) in tables(config) {
+                names.push(table_check(route));
+                names.push(select_check(route));
+            }
+            names.extend([PUBLICATION, SLOT, KEEP_SIZE].map(String::from));
+            out.extend(names.into_iter().map(|n| Check::skipped(n, CONNECTION)));
+            return out;
+        }
+    };
+    let mut out = Vec::new();
+    if let Err(e) = checks_on(&client, config, &mut out).await {
+        out.push(Check::fail(
+            CONNECTION,
+            format!("a catalog query failed: {e}"),
+            "check the server's log for this error; the remaining checks did not run",
+        ));
+    }
+    out
+}
+
+/// What a failed connection means, and what to do.
+fn connection_failed(conn: &ConnInfo, e: &ConnectError) -> Check {
+    let fix = match e.sqlstate() {
+        Some("28P01") => "check the user and the password in postgres.url".to_owned(),
+        Some("28000") => format!(
+            "allow role {:?} in pg_hba.conf for database {:?} and for replication",
+            conn.user, conn.dbname
+        ),
+        Some("3D000") => format!(
+            "create database {:?}, or fix the database in postgres.url",
+            conn.dbname
+        ),
+        _ if matches!(e, ConnectError::Tls(_)) || e.certificate_rejected() => {
+            "check sslmode and sslrootcert in postgres.url against the server's certificate"
+                .to_owned()
+        }
+        _ => "check that PostgreSQL runs and that postgres.url's host and port reach it".to_owned(),
+    };
+    Check::fail(CONNECTION, format!("{conn}: {e}"), fix)
+}
+
+/// The server, its settings and the role's rights, as read once for the checks.
+struct Facts {
+    role: Role,
+    /// `wal_level = logical`.
+    logical: bool,
+    /// `max_replication_slots`, slots in use, whether the configured slot is among them.
+    slots: (i32, i32, bool),
+    /// `max_wal_senders`, walsenders running.
+    senders: (i32, i32),
+    /// The current user, and whether it is a superuser or has `REPLICATION`.
+    user: (String, bool, bool),
+}
+
+async fn checks_on(
+    client: &Client,
+    config: &Config,
+    out: &mut Vec<Check>,
+) -> Result<(), tokio_postgres::Error> {
+    let pg = &config.postgres;
+    let server = match catalog::server(client).await {
+        Ok(server) => server,
+        Err(CatalogError::Query(e)) => return Err(e),
+        Err(e) => unreachable!("catalog::server fails only in its query: {e}"),
+    };
+    let role = standby::role(client).await?;
+    let where_ = match role {
+        Role::Primary => "primary",
+        Role::Standby => "standby",
+    };
+    out.push(Check::ok(CONNECTION, format!("connected to {}", pg.conn)));
+    out.push(server_check(client, config, &server, role).await?);
+    out.push(if server.wal_level == "logical" {
+        Check::ok(WAL_LEVEL, "logical")
+    } else {
+        Check::fail(
+            WAL_LEVEL,
+            format!("wal_level is {:?} on the {where_}", server.wal_level),
+            "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL",
+        )
+    });
+
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_replication_slots')::int, \
+                    (SELECT count(*) FROM pg_replication_slots)::int, \
+                    EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1), \
+                    current_setting('max_wal_senders')::int, \
+                    (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int, \
+                    current_user::text, r.rolsuper, r.rolreplication \
+             FROM pg_roles r WHERE r.rolname = current_user",
+            &[&pg.slot],
+        )
+        .await?;
+    let facts = Facts {
+        role,
+        logical: server.wal_level == "logical",
+        slots: (row.get(0), row.get(1), row.get(2)),
+        senders: (row.get(3), row.get(4)),
+        user: (row.get(5), row.get(6), row.get(7)),
+    };
+    out.push(slots_check(&facts));
+    out.push(senders_check(&facts));
+    out.push(role_check(&facts));
+    out.push(replication_check(config).await);
+
+    let mut shapes = Vec::new();
+    for (route, schema, table) in tables(config) {
+        match catalog::table_shape(client, route, schema, table).await {
+            Ok(shape) => {
+                out.push(mapping_check(route, &qualified(schema, table), &shape));
+                out.push(select_privilege(client, route, schema, table).await?);
+                shapes.push((route, schema, table, shape.partitioned));
+            }
+            Err(CatalogError::Query(e)) => return Err(e),
+            Err(e) => {
+                let missing = matches!(e, CatalogError::MissingTable(_));
+                out.push(from_catalog(table_check(route), &e));
+                if missing {
+                    out.push(Check::skipped(select_check(route), &table_check(route)));
+                } else {
+                    out.push(select_privilege(client, route, schema, table).await?);
+                }
+            }
+        }
+    }
+
+    let publication = match catalog::publication(client, &pg.publication).await {
+        Ok(p) => p,
+        Err(CatalogError::Query(e)) => return Err(e),
+        Err(e) => unreachable!("catalog::publication fails only in its queries: {e}"),
+    };
+    let creation = match (&publication, pg.create_publication) {
+        (None, true) => Some(creation_rights(client, &shapes).await?),
+        _ => None,
+    };
+    out.push(publication_check(
+        config,
+        &facts,
+        publication.as_ref(),
+        &shapes,
+        creation.as_deref(),
+    ));
+
+    let health = slot::read(client, &pg.slot).await?;
+    out.push(slot_check(client, config, &facts, health.as_ref()).await?);
+
+    let settings = slot::settings(client).await?;
+    out.push(match settings.max_slot_wal_keep_bytes {
+        Some(bytes) => Check::ok(KEEP_SIZE, format!("{} MiB", bytes >> 20)),
+        None => Check::warn(
+            KEEP_SIZE,
+            "-1 (unlimited): a slot walbox stops reading retains WAL until the disk is full",
+            "ALTER SYSTEM SET max_slot_wal_keep_size = '<WAL the disk can hold, e.g. 50GB>'; SELECT pg_reload_conf();",
+        ),
+    });
+    Ok(())
+}
+
+/// The relay's verdict on a catalog object, with the short fix for the JSON report.
+fn from_catalog(name: String, e: &CatalogError) -> Check {
+    let fix = match e {
+        CatalogError::MissingTable(_) => {
+            "create the table, or fix outbox.table (and the database in postgres.url)".to_owned()
+        }
+        CatalogError::MissingColumn {
+            table,
+            column,
+            setting,
+        } => format!("set outbox.{setting} to a column of {table}, or add column {column:?} to it"),
+        CatalogError::NoTopicColumn { .. } => {
+            "add the column, or set outbox.columns.topic, outbox.topic or outbox.fallback_topic"
+                .to_owned()
+        }
+        CatalogError::WrongSlot { slot, .. } => format!(
+            "set postgres.slot to another name (walbox creates it with postgres.create_slot = true), or drop this one: SELECT pg_drop_replication_slot({});",
+            escape_literal(slot)
+        ),
+        CatalogError::SlotLost { .. } => {
+            "walbox recreate-slot --confirm-data-loss, then the walbox republish it prints (see the runbook)".to_owned()
+        }
+        CatalogError::Standby(e) => standby_fix(e),
+        _ => "see the detail".to_owned(),
+    };
+    Check::fail(name, e.to_string(), fix)
+}
+
+fn standby_fix(e: &StandbyError) -> String {
+    match e {
+        StandbyError::TooOld(_) => {
+            "point postgres.url to the primary, or upgrade the standby to PostgreSQL 16 or newer"
+        }
+        StandbyError::NoFeedback => {
+            "on the standby: ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf();"
+        }
+        StandbyError::PrimaryWalLevel(_) => {
+            "on the primary: ALTER SYSTEM SET wal_level = 'logical'; then restart it"
+        }
+        StandbyError::PrimaryInRecovery => "point postgres.primary_url to the primary",
+        StandbyError::MissingPublication(_) => {
+            "create the publication on the primary: CREATE PUBLICATION … FOR TABLE … WITH (publish = 'insert')"
+        }
+        StandbyError::Query(_) => "see the detail",
+    }
+    .to_owned()
+}
+
+/// The server's version, what the configuration needs of it, and on a standby what decoding
+/// there needs.
+async fn server_check(
+    client: &Client,
+    config: &Config,
+    server: &catalog::Server,
+    role: Role,
+) -> Result<Check, tokio_postgres::Error> {
+    if server.version_num < MIN_SERVER_VERSION {
+        return Ok(from_catalog(
+            SERVER.into(),
+            &CatalogError::TooOld(server.version.clone()),
+        ));
+    }
+    if config.outbox.messages.is_some() && server.version_num < 140_000 {
+        return Ok(Check::fail(
+            SERVER,
+            CatalogError::MessagesNeed14(server.version.clone()).to_string(),
+            "upgrade to PostgreSQL 14 or newer, or remove [outbox.messages]",
+        ));
+    }
+    if role == Role::Standby {
+        if let Err(e) = standby::check(
+            client,
+            config.postgres.primary.as_ref(),
+            server.version_num,
+            &server.version,
+        )
+        .await
+        {
+            return Ok(from_catalog(SERVER.into(), &CatalogError::Standby(e)));
+        }
+        return Ok(Check::ok(
+            SERVER,
+            format!(
+                "PostgreSQL {}, a standby (decoding on a standby)",
+                server.version
+            ),
+        ));
+    }
+    Ok(Check::ok(
+        SERVER,
+        format!("PostgreSQL {}, primary", server.version),
+    ))
+}
+
+fn slots_check(f: &Facts) -> Check {
+    let (max, used, ours) = f.slots;
+    if ours {
+        return Check::ok(
+            SLOTS,
+            format!("{used} of {max} in use, the configured slot among them"),
+        );
+    }
+    if used < max {
+        Check::ok(
+            SLOTS,
+            format!("{used} of {max} in use: one free for walbox's slot"),
+        )
+    } else {
+        Check::fail(
+            SLOTS,
+            format!("all {max} replication slots are in use, none is left for walbox's"),
+            format!("ALTER SYSTEM SET max_replication_slots = {}; then restart PostgreSQL (or drop an unused slot: SELECT pg_drop_replication_slot('<name>');)", max + 1),
+        )
+    }
+}
+
+fn senders_check(f: &Facts) -> Check {
+    let (max, used) = f.senders;
+    if used < max {
+        Check::ok(
+            SENDERS,
+            format!("{used} of {max} walsenders running: one free for walbox"),
+        )
+    } else {
+        Check::fail(
+            SENDERS,
+            format!(
+                "all {max} walsenders are in use, none is left for walbox's replication connection"
+            ),
+            format!(
+                "ALTER SYSTEM SET max_wal_senders = {}; then restart PostgreSQL",
+                max + 1
+            ),
+        )
+    }
+}
+
+fn role_check(f: &Facts) -> Check {
+    let (user, superuser, replication) = (&f.user.0, f.user.1, f.user.2);
+    match (superuser, replication) {
+        (true, _) => Check::ok(ROLE, format!("{user} is a superuser")),
+        (false, true) => Check::ok(ROLE, format!("{user} has REPLICATION")),
+        (false, false) => Check::fail(
+            ROLE,
+            format!("{user} has neither REPLICATION nor superuser: it cannot open a replication connection"),
+            format!("ALTER ROLE {} REPLICATION;", quote_ident(user)),
+        ),
+    }
+}
+
+/// The relay's column checks passed; are the types ones the mapper can read?
+fn mapping_check(route: &Route, table: &str, shape: &TableShape) -> Check {
+    let name = table_check(route);
+    let c = &route.columns;
+    let mut fails = Vec::new();
+    let mut warns = Vec::new();
+    if let Some(col) = &c.timestamp {
+        let ty = shape.column_type(col).unwrap_or_default();
+        match ty {
+            "timestamp with time zone" | "timestamp without time zone" => {}
+            t if is_text(t) => warns.push((
+                format!("column {col:?} (outbox.columns.timestamp) is {t}: a value that is not an ISO timestamp rejects its event"),
+                format!("ALTER TABLE {table} ALTER COLUMN {} TYPE timestamptz USING {}::timestamptz;", quote_ident(col), quote_ident(col)),
+            )),
+            t => fails.push((
+                format!("column {col:?} (outbox.columns.timestamp) is {t}, not a timestamp: every event would be rejected"),
+                format!("set outbox.columns.timestamp to a timestamptz column, or ALTER TABLE {table} ALTER COLUMN {} TYPE timestamptz USING …;", quote_ident(col)),
+            )),
+        }
+    }
+    if let Some(col) = &c.partition {
+        let ty = shape.column_type(col).unwrap_or_default();
+        match ty {
+            "smallint" | "integer" => {}
+            t if t == "bigint" || t.starts_with("numeric") || is_text(t) => warns.push((
+                format!("column {col:?} (outbox.columns.partition) is {t}: a value that is not an integer from 0 to 2147483647 rejects its event"),
+                format!("ALTER TABLE {table} ALTER COLUMN {} TYPE integer;", quote_ident(col)),
+            )),
+            t => fails.push((
+                format!("column {col:?} (outbox.columns.partition) is {t}, not an integer: every event would be rejected"),
+                format!("set outbox.columns.partition to an integer column, or ALTER TABLE {table} ALTER COLUMN {} TYPE integer USING …;", quote_ident(col)),
+            )),
+        }
+    }
+    let join = |v: &[(String, String)]| {
+        (
+            v.iter()
+                .map(|(d, _)| d.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+            v.iter()
+                .map(|(_, f)| f.as_str())
+                .collect::<Vec<_>>()
+                .join(" "),
+        )
+    };
+    if !fails.is_empty() {
+        fails.extend(warns);
+        let (detail, fix) = join(&fails);
+        return Check::fail(name, detail, fix);
+    }
+    if !warns.is_empty() {
+        let (detail, fix) = join(&warns);
+        return Check::warn(name, detail, fix);
+    }
+    let payload = shape.column_type(&c.payload).unwrap_or_default();
+    Check::ok(
+        name,
+        format!(
+            "{} columns, the mapped ones present (payload {payload}){}",
+            shape.columns.len(),
+            if shape.partitioned {
+                ", partitioned"
+            } else {
+                ""
+            }
+        ),
+    )
+}
+
+fn is_text(t: &str) -> bool {
+    t == "text" || t.starts_with("character varying") || t.starts_with("character(")
+}
+
+async fn select_privilege(
+    client: &Client,
+    route: &Route,
+    schema: &str,
+    table: &str,
+) -> Result<Check, tokio_postgres::Error> {
+    let name = qualified(schema, table);
+    let row = client
+        .query_one(
+            "SELECT has_table_privilege($1::text::regclass, 'SELECT'), current_user::text",
+            &[&name],
+        )
+        .await?;
+    let user: String = row.get(1);
+    Ok(if row.get::<_, bool>(0) {
+        Check::ok(select_check(route), format!("{user} may read it"))
+    } else {
+        Check::fail(
+            select_check(route),
+            format!(
+                "{user} lacks SELECT on {}: the relay cannot decode its rows",
+                route.name
+            ),
+            format!("GRANT SELECT ON {name} TO {};", quote_ident(&user)),
+        )
+    })
+}
+
+/// Why the role cannot run `CREATE PUBLICATION … FOR TABLE` on the outbox tables found:
+/// it needs `CREATE` on the database and to own each table. Empty when it can.
+async fn creation_rights(
+    client: &Client,
+    shapes: &[(&Route, &str, &str, bool)],
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let mut why = Vec::new();
+    let row = client
+        .query_one(
+            "SELECT current_user::text, has_database_privilege(current_database(), 'CREATE')",
+            &[],
+        )
+        .await?;
+    let user: String = row.get(0);
+    if !row.get::<_, bool>(1) {
+        why.push(format!("{user} lacks CREATE on the database"));
+    }
+    for (route, schema, table, _) in shapes {
+        let owner = client
+            .query_one(
+                "SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = $1::text::regclass",
+                &[&qualified(schema, table)],
+            )
+            .await?;
+        if !owner.get::<_, bool>(0) {
+            why.push(format!("{user} does not own {}", route.name));
+        }
+    }
+    Ok(why)
+}
+
+/// The relay's replication connection: `pg_hba.conf` must allow it, and a walsender must be
+/// free.
+async fn replication_check(config: &Config) -> Check {
+    let conn = &config.postgres.conn;
+    let opened = async {
+        let mut repl = ReplicationConnection::connect(conn).await?;
+        let identity = repl.identify_system().await;
+        // Terminate, so the server logs no unexpected EOF.
+        let _ = repl.close().await;
+        identity
+    };
+    match opened.await {
+        Ok(id) => Check::ok(
+            REPLICATION,
+            format!(
+                "IDENTIFY_SYSTEM: system {}, timeline {}",
+                id.system_id, id.timeline
+            ),
+        ),
+        Err(e) => {
+            let fix = match e.sqlstate() {
+                Some("53300") => {
+                    "free a walsender or raise max_wal_senders (see that check)".to_owned()
+                }
+                Some("28000") if e.to_string().contains("pg_hba") => format!(
+                    "add to pg_hba.conf: host replication {} <walbox's address> scram-sha-256; then SELECT pg_reload_conf();",
+                    conn.user
+                ),
+                Some(c) if c.starts_with("28") || c == "42501" => {
+                    format!("ALTER ROLE {} REPLICATION;", quote_ident(&conn.user))
+                }
+                _ => "check the server's log for this error".to_owned(),
+            };
+            Check::fail(REPLICATION, e.to_string(), fix)
+        }
+    }
+}
+
+/// The publication exists (or will be created), publishes exactly the outbox tables, and only
+/// their INSERTs.
+fn publication_check(
+    config: &Config,
+    facts: &Facts,
+    publication: Option<&Publication>,
+    shapes: &[(&Route, &str, &str, bool)],
+    cannot_create: Option<&[String]>,
+) -> Check {
+    let pg = &config.postgres;
+    let name = quote_ident(&pg.publication);
+    let wanted: Vec<(&str, &str)> = tables(config).map(|(_, s, t)| (s, t)).collect();
+    let list = wanted
+        .iter()
+        .map(|(s, t)| qualified(s, t))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let create = if list.is_empty() {
+        format!("CREATE PUBLICATION {name} WITH (publish = 'insert');")
+    } else {
+        format!("CREATE PUBLICATION {name} FOR TABLE {list} WITH (publish = 'insert');")
+    };
+    let Some(p) = publication else {
+        if facts.role == Role::Standby {
+            return Check::fail(
+                PUBLICATION,
+                format!(
+                    "publication {:?} does not exist, and the standby cannot create it",
+                    pg.publication
+                ),
+                format!("on the primary: {create}"),
+            );
+        }
+        match cannot_create {
+            Some([]) => {
+                return Check::ok(
+                    PUBLICATION,
+                    format!(
+                        "{:?} does not exist yet: walbox creates it (postgres.create_publication)",
+                        pg.publication
+                    ),
+                )
+            }
+            Some(why) => {
+                return Check::fail(
+                    PUBLICATION,
+                    format!(
+                        "publication {:?} does not exist, and walbox cannot create it: {}",
+                        pg.publication,
+                        why.join("; ")
+                    ),
+                    format!("create it as the tables' owner: {create}"),
+                )
+            }
+            None => {}
+        }
+        return Check::fail(
+            PUBLICATION,
+            format!("publication {:?} does not exist", pg.publication),
+            format!("{create} (or set postgres.create_publication = true)"),
+        );
+    };
+    if p.all_tables {
+        return Check::fail(
+            PUBLICATION,
+            format!(
+                "publication {:?} is FOR ALL TABLES: walbox would decode every table's changes",
+                pg.publication
+            ),
+            format!(
+                "create one for the outbox only and set postgres.publication to it: {}",
+                create.replace(&name, &quote_ident(&format!("{}_outbox", pg.publication)))
+            ),
+        );
+    }
+    let mut problems = Vec::new();
+    let mut fixes = Vec::new();
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|(s, t)| {
+            !p.tables
+                .iter()
+                .any(|(ps, pt)| ps.as_str() == *s && pt.as_str() == *t)
+        })
+        .map(|(s, t)| qualified(s, t))
+        .collect();
+    if !missing.is_empty() {
+        problems.push(format!("does not publish {}", missing.join(", ")));
+        fixes.push(format!(
+            "ALTER PUBLICATION {name} ADD TABLE {};",
+            missing.join(", ")
+        ));
+    }
+    let extra: Vec<String> = p
+        .tables
+        .iter()
+        .filter(|(ps, pt)| !wanted.iter().any(|(s, t)| ps == s && pt == t))
+        .map(|(s, t)| qualified(s, t))
+        .collect();
+    if !extra.is_empty() {
+        problems.push(format!(
+            "also publishes {}, which is not an outbox table",
+            extra.join(", ")
+        ));
+        fixes.push(format!(
+            "ALTER PUBLICATION {name} DROP TABLE {};",
+            extra.join(", ")
+        ));
+    }
+    let mut also = Vec::new();
+    for (published, what) in [
+        (p.update, "update"),
+        (p.delete, "delete"),
+        (p.truncate, "truncate"),
+    ] {
+        if published {
+            also.push(what);
+        }
+    }
+    if !p.insert || !also.is_empty() {
+        problems.push(if p.insert {
+            format!("publishes {} besides insert", also.join(", "))
+        } else {
+            "does not publish inserts".to_owned()
+        });
+        fixes.push(format!(
+            "ALTER PUBLICATION {name} SET (publish = 'insert');"
+        ));
+    }
+    if !p.via_root && shapes.iter().any(|s| s.3) {
+        problems.push("publishes partitions of a partitioned outbox under their own names".into());
+        fixes.push(format!(
+            "ALTER PUBLICATION {name} SET (publish_via_partition_root = true);"
+        ));
+    }
+    if problems.is_empty() {
+        Check::ok(
+            PUBLICATION,
+            format!(
+                "{:?} publishes the outbox tables' inserts only",
+                pg.publication
+            ),
+        )
+    } else {
+        Check::fail(
+            PUBLICATION,
+            format!("publication {:?} {}", pg.publication, problems.join("; ")),
+            fixes.join(" "),
+        )
+    }
+}
+
+/// The slot exists as a pgoutput slot of this database that no other process holds, or it
+/// may be created.
+async fn slot_check(
+    client: &Client,
+    config: &Config,
+    facts: &Facts,
+    health: Option<&SlotHealth>,
+) -> Result<Check, tokio_postgres::Error> {
+    let pg = &config.postgres;
+    let create_sql = format!(
+        "SELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+        escape_literal(&pg.slot)
+    );
+    let Some(health) = health else {
+        if !pg.create_slot {
+            return Ok(Check::fail(
+                SLOT,
+                format!("replication slot {:?} does not exist", pg.slot),
+                format!("{create_sql} (or set postgres.create_slot = true)"),
+            ));
+        }
+        let mut cannot = Vec::new();
+        if !facts.logical {
+            cannot.push(format!("{WAL_LEVEL} failed"));
+        }
+        if facts.slots.1 >= facts.slots.0 {
+            cannot.push(format!("{SLOTS} failed"));
+        }
+        if !facts.user.1 && !facts.user.2 {
+            cannot.push(format!("{ROLE} failed"));
+        }
+        return Ok(if cannot.is_empty() {
+            Check::ok(
+                SLOT,
+                format!(
+                    "{:?} does not exist yet: walbox creates it (postgres.create_slot)",
+                    pg.slot
+                ),
+            )
+        } else {
+            Check::fail(
+                SLOT,
+                format!(
+                    "replication slot {:?} does not exist and cannot be created: {}",
+                    pg.slot,
+                    cannot.join(", ")
+                ),
+                format!("fix those checks, or create the slot as a superuser: {create_sql}"),
+            )
+        });
+    };
+    match catalog::slot_state(client, &pg.slot).await {
+        Ok(_) => {}
+        Err(CatalogError::Query(e)) => return Err(e),
+        Err(e) => return Ok(from_catalog(SLOT.into(), &e)),
+    }
+    if let (true, Some(pid)) = (health.active, health.active_pid) {
+        let holder = client
+            .query_opt(
+                "SELECT application_name, host(client_addr) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await?;
+        let (application, address): (Option<String>, Option<String>) =
+            holder.map(|r| (r.get(0), r.get(1))).unwrap_or_default();
+        return Ok(Check::fail(
+            SLOT,
+            format!(
+                "replication slot {:?} is held by pid {pid} (application_name {:?}, client {})",
+                pg.slot,
+                application.unwrap_or_default(),
+                address.as_deref().unwrap_or("local socket")
+            ),
+            format!("stop that process: one walbox per slot (a stale one: SELECT pg_terminate_backend({pid});)"),
+        ));
+    }
+    Ok(Check::ok(
+        SLOT,
+        format!(
+            "{:?}: pgoutput, not held, confirmed up to {}, wal_status {}",
+            pg.slot,
+            health
+                .confirmed_flush_lsn
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "-".into()),
+            health.wal_status.as_deref().unwrap_or("-")
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::Status;
+
+    #[test]
+    fn text_types() {
+        assert!(is_text("character varying(20)"));
+        assert!(is_text("text"));
+        assert!(!is_text("jsonb"));
+    }
+
+    #[test]
+    fn a_missing_column_names_the_setting_to_fix() {
+        let check = from_catalog(
+            "outbox table public.outbox".into(),
+            &CatalogError::MissingColumn {
+                table: "public.outbox".into(),
+                column: "aggregate_id".into(),
+                setting: "columns.aggregate_id".into(),
+            },
+        );
+        assert_eq!(check.status, Status::Fail);
+        assert_eq!(
+            check.fix.as_deref(),
+            Some("set outbox.columns.aggregate_id to a column of public.outbox, or add column \"aggregate_id\" to it")
+        );
+    }
+}
