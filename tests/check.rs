@@ -6,7 +6,7 @@ use std::process::Command;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-use rdkafka::types::RDKafkaApiKey;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use walbox::config::conninfo::ConnInfo;
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions, MD5_ROLE, NOPRIVS_ROLE};
 use walbox::source::replication::ReplicationConnection;
@@ -536,7 +536,7 @@ fn unreachable_brokers_fail_and_skip_the_kafka_checks() {
 }
 
 #[test]
-fn a_missing_topic_fails_unless_walbox_may_create_it() {
+fn a_missing_or_forbidden_topic_fails_unless_walbox_may_create_it() {
     let db = TestDb::new("check_topic");
     db.create_slot_and_publication(&db.name);
     let broker = support::broker();
@@ -556,11 +556,35 @@ fn a_missing_topic_fails_unless_walbox_may_create_it() {
             "or set kafka.create_topics = true",
         ],
     );
-    let run = check(&with(env, "WALBOX_KAFKA_CREATE_TOPICS", "true"), &[]);
+    let run = check(
+        &with(env.clone(), "WALBOX_KAFKA_CREATE_TOPICS", "true"),
+        &[],
+    );
     run.expect(
         &format!("topic {topic}"),
         "ok",
         &["walbox creates it (kafka.create_topics)"],
+    );
+
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: topic errors need the mock cluster; skipped");
+        return;
+    };
+    broker.create_topic(&topic, 1).unwrap();
+    mock.topic_error(
+        &topic,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+    )
+    .unwrap();
+    let run = check(&env, &[]);
+    run.failed();
+    run.expect(
+        &format!("topic {topic}"),
+        "FAIL",
+        &[
+            "the cluster answers TopicAuthorizationFailed (Broker: Topic authorization failed)",
+            "fix: grant walbox's principal Describe and Write on the topic",
+        ],
     );
 }
 

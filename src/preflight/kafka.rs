@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Statistics};
 
 use crate::config::{Config, KafkaConfig};
@@ -159,10 +160,11 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> Vec<Check> {
             Some(t) if t.error().is_some() => Check::fail(
                 name,
                 format!(
-                    "the cluster reports {:?} for topic {topic:?}",
+                    "the cluster answers {} for topic {topic:?}",
                     t.error()
-                        .map(rdkafka::types::RDKafkaRespErr::from)
-                        .map(rdkafka::types::RDKafkaErrorCode::from)
+                        .map(RDKafkaErrorCode::from)
+                        .map(|code| code.to_string())
+                        .unwrap_or_default()
                 ),
                 "grant walbox's principal Describe and Write on the topic, or fix the topic",
             ),

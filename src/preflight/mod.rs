@@ -25,6 +25,7 @@ use crate::failure::{Failure, FatalError};
 
 pub mod kafka;
 pub mod postgres;
+pub mod tables;
 
 /// A check's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -10,10 +10,14 @@ use postgres_protocol::escape::{escape_identifier as quote_ident, escape_literal
 use tokio_postgres::Client;
 
 use crate::config::conninfo::ConnInfo;
-use crate::config::{Config, Route, RouteSource};
+use crate::config::Config;
 use crate::pg::control::{connect_control, ConnectError};
+use crate::preflight::tables::{
+    creation_rights, mapping_check, publication_check, qualified, select_check, select_privilege,
+    table_check, tables, PUBLICATION,
+};
 use crate::preflight::Check;
-use crate::source::catalog::{self, CatalogError, Publication, TableShape, MIN_SERVER_VERSION};
+use crate::source::catalog::{self, CatalogError, MIN_SERVER_VERSION};
 use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
 use crate::source::standby::{self, Role, StandbyError};
@@ -25,32 +29,8 @@ const SLOTS: &str = "max_replication_slots";
 const SENDERS: &str = "max_wal_senders";
 const ROLE: &str = "role";
 const REPLICATION: &str = "replication connection";
-const PUBLICATION: &str = "publication";
 const SLOT: &str = "slot";
 const KEEP_SIZE: &str = "max_slot_wal_keep_size";
-
-/// The name of a table's mapping check.
-fn table_check(route: &Route) -> String {
-    format!("outbox table {}", route.name)
-}
-
-/// The name of a table's `SELECT` check.
-fn select_check(route: &Route) -> String {
-    format!("select on {}", route.name)
-}
-
-/// The table routes with their schema and table.
-fn tables(config: &Config) -> impl Iterator<Item = (&Route, &str, &str)> {
-    config.outbox.tables.iter().filter_map(|r| match &r.source {
-        RouteSource::Table { schema, table } => Some((r, schema.as_str(), table.as_str())),
-        RouteSource::Messages { .. } => None,
-    })
-}
-
-/// `schema.table`, quoted for SQL.
-fn qualified(schema: &str, table: &str) -> String {
-    format!("{}.{}", quote_ident(schema), quote_ident(table))
-}
 
 /// Every PostgreSQL check, in order.
 pub async fn checks(config: &Config) -> Vec<Check> {
@@ -200,7 +180,7 @@ async fn checks_on(
     };
     out.push(publication_check(
         config,
-        &facts,
+        facts.role,
         publication.as_ref(),
         &shapes,
         creation.as_deref(),
@@ -371,139 +351,6 @@ fn role_check(f: &Facts) -> Check {
     }
 }
 
-/// The relay's column checks passed; are the types ones the mapper can read?
-fn mapping_check(route: &Route, table: &str, shape: &TableShape) -> Check {
-    let name = table_check(route);
-    let c = &route.columns;
-    let mut fails = Vec::new();
-    let mut warns = Vec::new();
-    if let Some(col) = &c.timestamp {
-        let ty = shape.column_type(col).unwrap_or_default();
-        match ty {
-            "timestamp with time zone" | "timestamp without time zone" => {}
-            t if is_text(t) => warns.push((
-                format!("column {col:?} (outbox.columns.timestamp) is {t}: a value that is not an ISO timestamp rejects its event"),
-                format!("ALTER TABLE {table} ALTER COLUMN {} TYPE timestamptz USING {}::timestamptz;", quote_ident(col), quote_ident(col)),
-            )),
-            t => fails.push((
-                format!("column {col:?} (outbox.columns.timestamp) is {t}, not a timestamp: every event would be rejected"),
-                format!("set outbox.columns.timestamp to a timestamptz column, or ALTER TABLE {table} ALTER COLUMN {} TYPE timestamptz USING …;", quote_ident(col)),
-            )),
-        }
-    }
-    if let Some(col) = &c.partition {
-        let ty = shape.column_type(col).unwrap_or_default();
-        match ty {
-            "smallint" | "integer" => {}
-            t if t == "bigint" || t.starts_with("numeric") || is_text(t) => warns.push((
-                format!("column {col:?} (outbox.columns.partition) is {t}: a value that is not an integer from 0 to 2147483647 rejects its event"),
-                format!("ALTER TABLE {table} ALTER COLUMN {} TYPE integer;", quote_ident(col)),
-            )),
-            t => fails.push((
-                format!("column {col:?} (outbox.columns.partition) is {t}, not an integer: every event would be rejected"),
-                format!("set outbox.columns.partition to an integer column, or ALTER TABLE {table} ALTER COLUMN {} TYPE integer USING …;", quote_ident(col)),
-            )),
-        }
-    }
-    let join = |v: &[(String, String)]| {
-        (
-            v.iter()
-                .map(|(d, _)| d.as_str())
-                .collect::<Vec<_>>()
-                .join("; "),
-            v.iter()
-                .map(|(_, f)| f.as_str())
-                .collect::<Vec<_>>()
-                .join(" "),
-        )
-    };
-    if !fails.is_empty() {
-        fails.extend(warns);
-        let (detail, fix) = join(&fails);
-        return Check::fail(name, detail, fix);
-    }
-    if !warns.is_empty() {
-        let (detail, fix) = join(&warns);
-        return Check::warn(name, detail, fix);
-    }
-    let payload = shape.column_type(&c.payload).unwrap_or_default();
-    Check::ok(
-        name,
-        format!(
-            "{} columns, the mapped ones present (payload {payload}){}",
-            shape.columns.len(),
-            if shape.partitioned {
-                ", partitioned"
-            } else {
-                ""
-            }
-        ),
-    )
-}
-
-fn is_text(t: &str) -> bool {
-    t == "text" || t.starts_with("character varying") || t.starts_with("character(")
-}
-
-async fn select_privilege(
-    client: &Client,
-    route: &Route,
-    schema: &str,
-    table: &str,
-) -> Result<Check, tokio_postgres::Error> {
-    let name = qualified(schema, table);
-    let row = client
-        .query_one(
-            "SELECT has_table_privilege($1::text::regclass, 'SELECT'), current_user::text",
-            &[&name],
-        )
-        .await?;
-    let user: String = row.get(1);
-    Ok(if row.get::<_, bool>(0) {
-        Check::ok(select_check(route), format!("{user} may read it"))
-    } else {
-        Check::fail(
-            select_check(route),
-            format!(
-                "{user} lacks SELECT on {}: the relay cannot decode its rows",
-                route.name
-            ),
-            format!("GRANT SELECT ON {name} TO {};", quote_ident(&user)),
-        )
-    })
-}
-
-/// Why the role cannot run `CREATE PUBLICATION … FOR TABLE` on the outbox tables found:
-/// it needs `CREATE` on the database and to own each table. Empty when it can.
-async fn creation_rights(
-    client: &Client,
-    shapes: &[(&Route, &str, &str, bool)],
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    let mut why = Vec::new();
-    let row = client
-        .query_one(
-            "SELECT current_user::text, has_database_privilege(current_database(), 'CREATE')",
-            &[],
-        )
-        .await?;
-    let user: String = row.get(0);
-    if !row.get::<_, bool>(1) {
-        why.push(format!("{user} lacks CREATE on the database"));
-    }
-    for (route, schema, table, _) in shapes {
-        let owner = client
-            .query_one(
-                "SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = $1::text::regclass",
-                &[&qualified(schema, table)],
-            )
-            .await?;
-        if !owner.get::<_, bool>(0) {
-            why.push(format!("{user} does not own {}", route.name));
-        }
-    }
-    Ok(why)
-}
-
 /// The relay's replication connection: `pg_hba.conf` must allow it, and a walsender must be
 /// free.
 async fn replication_check(config: &Config) -> Check {
@@ -539,158 +386,6 @@ async fn replication_check(config: &Config) -> Check {
             };
             Check::fail(REPLICATION, e.to_string(), fix)
         }
-    }
-}
-
-/// The publication exists (or will be created), publishes exactly the outbox tables, and only
-/// their INSERTs.
-fn publication_check(
-    config: &Config,
-    facts: &Facts,
-    publication: Option<&Publication>,
-    shapes: &[(&Route, &str, &str, bool)],
-    cannot_create: Option<&[String]>,
-) -> Check {
-    let pg = &config.postgres;
-    let name = quote_ident(&pg.publication);
-    let wanted: Vec<(&str, &str)> = tables(config).map(|(_, s, t)| (s, t)).collect();
-    let list = wanted
-        .iter()
-        .map(|(s, t)| qualified(s, t))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let create = if list.is_empty() {
-        format!("CREATE PUBLICATION {name} WITH (publish = 'insert');")
-    } else {
-        format!("CREATE PUBLICATION {name} FOR TABLE {list} WITH (publish = 'insert');")
-    };
-    let Some(p) = publication else {
-        if facts.role == Role::Standby {
-            return Check::fail(
-                PUBLICATION,
-                format!(
-                    "publication {:?} does not exist, and the standby cannot create it",
-                    pg.publication
-                ),
-                format!("on the primary: {create}"),
-            );
-        }
-        match cannot_create {
-            Some([]) => {
-                return Check::ok(
-                    PUBLICATION,
-                    format!(
-                        "{:?} does not exist yet: walbox creates it (postgres.create_publication)",
-                        pg.publication
-                    ),
-                )
-            }
-            Some(why) => {
-                return Check::fail(
-                    PUBLICATION,
-                    format!(
-                        "publication {:?} does not exist, and walbox cannot create it: {}",
-                        pg.publication,
-                        why.join("; ")
-                    ),
-                    format!("create it as the tables' owner: {create}"),
-                )
-            }
-            None => {}
-        }
-        return Check::fail(
-            PUBLICATION,
-            format!("publication {:?} does not exist", pg.publication),
-            format!("{create} (or set postgres.create_publication = true)"),
-        );
-    };
-    if p.all_tables {
-        return Check::fail(
-            PUBLICATION,
-            format!(
-                "publication {:?} is FOR ALL TABLES: walbox would decode every table's changes",
-                pg.publication
-            ),
-            format!(
-                "create one for the outbox only and set postgres.publication to it: {}",
-                create.replace(&name, &quote_ident(&format!("{}_outbox", pg.publication)))
-            ),
-        );
-    }
-    let mut problems = Vec::new();
-    let mut fixes = Vec::new();
-    let missing: Vec<String> = wanted
-        .iter()
-        .filter(|(s, t)| {
-            !p.tables
-                .iter()
-                .any(|(ps, pt)| ps.as_str() == *s && pt.as_str() == *t)
-        })
-        .map(|(s, t)| qualified(s, t))
-        .collect();
-    if !missing.is_empty() {
-        problems.push(format!("does not publish {}", missing.join(", ")));
-        fixes.push(format!(
-            "ALTER PUBLICATION {name} ADD TABLE {};",
-            missing.join(", ")
-        ));
-    }
-    let extra: Vec<String> = p
-        .tables
-        .iter()
-        .filter(|(ps, pt)| !wanted.iter().any(|(s, t)| ps == s && pt == t))
-        .map(|(s, t)| qualified(s, t))
-        .collect();
-    if !extra.is_empty() {
-        problems.push(format!(
-            "also publishes {}, which is not an outbox table",
-            extra.join(", ")
-        ));
-        fixes.push(format!(
-            "ALTER PUBLICATION {name} DROP TABLE {};",
-            extra.join(", ")
-        ));
-    }
-    let mut also = Vec::new();
-    for (published, what) in [
-        (p.update, "update"),
-        (p.delete, "delete"),
-        (p.truncate, "truncate"),
-    ] {
-        if published {
-            also.push(what);
-        }
-    }
-    if !p.insert || !also.is_empty() {
-        problems.push(if p.insert {
-            format!("publishes {} besides insert", also.join(", "))
-        } else {
-            "does not publish inserts".to_owned()
-        });
-        fixes.push(format!(
-            "ALTER PUBLICATION {name} SET (publish = 'insert');"
-        ));
-    }
-    if !p.via_root && shapes.iter().any(|s| s.3) {
-        problems.push("publishes partitions of a partitioned outbox under their own names".into());
-        fixes.push(format!(
-            "ALTER PUBLICATION {name} SET (publish_via_partition_root = true);"
-        ));
-    }
-    if problems.is_empty() {
-        Check::ok(
-            PUBLICATION,
-            format!(
-                "{:?} publishes the outbox tables' inserts only",
-                pg.publication
-            ),
-        )
-    } else {
-        Check::fail(
-            PUBLICATION,
-            format!("publication {:?} {}", pg.publication, problems.join("; ")),
-            fixes.join(" "),
-        )
     }
 }
 
@@ -788,13 +483,6 @@ async fn slot_check(
 mod tests {
     use super::*;
     use crate::preflight::Status;
-
-    #[test]
-    fn text_types() {
-        assert!(is_text("character varying(20)"));
-        assert!(is_text("text"));
-        assert!(!is_text("jsonb"));
-    }
 
     #[test]
     fn a_missing_column_names_the_setting_to_fix() {
