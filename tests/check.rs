@@ -311,6 +311,28 @@ fn no_free_walsender_fails_with_its_setting() {
 }
 
 #[test]
+fn a_standby_that_cannot_decode_fails_the_server_check() {
+    let (shared, _exclusive) = support::standby::clusters();
+    let db = TestDb::new("check_standby");
+    let broker = support::broker();
+    let env = with(
+        walbox_env(&db, &db.name, &broker.bootstrap_servers()),
+        "WALBOX_POSTGRES_URL",
+        &shared.no_feedback.url("postgres"),
+    );
+    let run = check(&env, &[]);
+    run.failed();
+    run.expect(
+        "server",
+        "FAIL",
+        &[
+            "hot_standby_feedback is off on the standby",
+            "fix: on the standby: ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf();",
+        ],
+    );
+}
+
+#[test]
 fn a_role_without_replication_fails_and_cannot_create_the_slot() {
     let db = TestDb::new("check_role");
     let broker = support::broker();

@@ -102,11 +102,7 @@ async fn checks_on(
     out: &mut Vec<Check>,
 ) -> Result<(), tokio_postgres::Error> {
     let pg = &config.postgres;
-    let server = match catalog::server(client).await {
-        Ok(server) => server,
-        Err(CatalogError::Query(e)) => return Err(e),
-        Err(e) => unreachable!("catalog::server fails only in its query: {e}"),
-    };
+    let server = catalog::server(client).await?;
     let role = standby::role(client).await?;
     let where_ = match role {
         Role::Primary => "primary",
@@ -169,11 +165,7 @@ async fn checks_on(
         }
     }
 
-    let publication = match catalog::publication(client, &pg.publication).await {
-        Ok(p) => p,
-        Err(CatalogError::Query(e)) => return Err(e),
-        Err(e) => unreachable!("catalog::publication fails only in its queries: {e}"),
-    };
+    let publication = catalog::publication(client, &pg.publication).await?;
     let creation = match (&publication, pg.create_publication) {
         (None, true) => Some(creation_rights(client, &shapes).await?),
         _ => None,

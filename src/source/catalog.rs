@@ -338,7 +338,7 @@ pub struct Server {
 }
 
 /// Reads [`Server`].
-pub async fn server(client: &Client) -> Result<Server, CatalogError> {
+pub async fn server(client: &Client) -> Result<Server, tokio_postgres::Error> {
     let row = client
         .query_one(
             "SELECT current_setting('server_version_num')::int, current_setting('server_version'), current_setting('wal_level')",
@@ -372,7 +372,10 @@ pub struct Publication {
 }
 
 /// Looks publication `name` up. `Ok(None)` when it does not exist.
-pub async fn publication(client: &Client, name: &str) -> Result<Option<Publication>, CatalogError> {
+pub async fn publication(
+    client: &Client,
+    name: &str,
+) -> Result<Option<Publication>, tokio_postgres::Error> {
     let Some(row) = client
         .query_opt(
             "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot \
