@@ -192,7 +192,8 @@ fn json_lists_every_check_and_unlimited_wal_keep_size_warns_without_failing() {
     assert!(checks.len() >= 12, "{v:#}");
     for c in checks {
         let obj = c.as_object().unwrap();
-        let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
         assert_eq!(keys, ["detail", "fix", "name", "status"], "{c}");
         assert!(["ok", "warn", "fail", "skipped"].contains(&c["status"].as_str().unwrap()));
         assert_eq!(
@@ -539,12 +540,23 @@ fn mapped_columns_must_exist_with_usable_types() {
 }
 
 #[test]
-fn unreachable_brokers_fail_and_skip_the_kafka_checks() {
+fn unreachable_brokers_fail_without_the_sasl_password_and_skip_the_kafka_checks() {
     let db = TestDb::new("check_nobroker");
     db.create_slot_and_publication(&db.name);
     let brokers = format!("127.0.0.1:{}", free_port());
-    let run = check(&walbox_env(&db, &db.name, &brokers), &[]);
+    let secret = "sasl-secret-9c1e";
+    let mut env = walbox_env(&db, &db.name, &brokers);
+    for (key, value) in [
+        ("WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL", "sasl_plaintext"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_MECHANISMS", "PLAIN"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_USERNAME", "walbox"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", secret),
+    ] {
+        env = with(env, key, value);
+    }
+    let run = check(&env, &[]);
     run.failed();
+    assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret));
     run.expect(
         "kafka brokers",
         "FAIL",

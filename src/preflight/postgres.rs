@@ -54,7 +54,7 @@ pub async fn checks(config: &Config) -> Vec<Check> {
     let mut out = Vec::new();
     if let Err(e) = checks_on(&client, config, &mut out).await {
         out.push(Check::fail(
-            CONNECTION,
+            "catalog queries",
             format!("a catalog query failed: {e}"),
             "check the server's log for this error; the remaining checks did not run",
         ));
