@@ -8,8 +8,8 @@
 //!
 //! # Invariants
 //! - A check that cannot run because another failed is listed as `skipped`, naming the one
-//!   that failed: the report always has the same lines for the same configuration, and a
-//!   failure is never hidden behind another.
+//!   that failed, so a failure is never hidden behind another. (A catalog query failing
+//!   unexpectedly ends the PostgreSQL checks with a failed line of its own.)
 //! - Not reaching a server (wrong password, host down) is a failed check, not an error of the
 //!   command; nothing printed carries a password (connection strings are shown redacted).
 //! - The verdicts reuse the relay's own start-up code (`source::catalog`, `source::slot`,

@@ -88,12 +88,22 @@ struct Facts {
     role: Role,
     /// `wal_level = logical`.
     logical: bool,
-    /// `max_replication_slots`, slots in use, whether the configured slot is among them.
-    slots: (i32, i32, bool),
-    /// `max_wal_senders`, walsenders running.
-    senders: (i32, i32),
-    /// The current user, and whether it is a superuser or has `REPLICATION`.
-    user: (String, bool, bool),
+    /// `max_replication_slots`.
+    max_slots: i32,
+    /// Replication slots that exist.
+    used_slots: i32,
+    /// Whether the configured slot exists.
+    slot_exists: bool,
+    /// `max_wal_senders`.
+    max_senders: i32,
+    /// Walsenders running.
+    used_senders: i32,
+    /// The current user.
+    user: String,
+    /// Whether it is a superuser.
+    superuser: bool,
+    /// Whether it has `REPLICATION`.
+    replication: bool,
 }
 
 async fn checks_on(
@@ -135,9 +145,14 @@ async fn checks_on(
     let facts = Facts {
         role,
         logical: server.wal_level == "logical",
-        slots: (row.get(0), row.get(1), row.get(2)),
-        senders: (row.get(3), row.get(4)),
-        user: (row.get(5), row.get(6), row.get(7)),
+        max_slots: row.get(0),
+        used_slots: row.get(1),
+        slot_exists: row.get(2),
+        max_senders: row.get(3),
+        used_senders: row.get(4),
+        user: row.get(5),
+        superuser: row.get(6),
+        replication: row.get(7),
     };
     out.push(slots_check(&facts));
     out.push(senders_check(&facts));
@@ -288,7 +303,7 @@ async fn server_check(
 }
 
 fn slots_check(f: &Facts) -> Check {
-    let (max, used, ours) = f.slots;
+    let (max, used, ours) = (f.max_slots, f.used_slots, f.slot_exists);
     if ours {
         return Check::ok(
             SLOTS,
@@ -310,7 +325,7 @@ fn slots_check(f: &Facts) -> Check {
 }
 
 fn senders_check(f: &Facts) -> Check {
-    let (max, used) = f.senders;
+    let (max, used) = (f.max_senders, f.used_senders);
     if used < max {
         Check::ok(
             SENDERS,
@@ -331,7 +346,7 @@ fn senders_check(f: &Facts) -> Check {
 }
 
 fn role_check(f: &Facts) -> Check {
-    let (user, superuser, replication) = (&f.user.0, f.user.1, f.user.2);
+    let (user, superuser, replication) = (&f.user, f.superuser, f.replication);
     match (superuser, replication) {
         (true, _) => Check::ok(ROLE, format!("{user} is a superuser")),
         (false, true) => Check::ok(ROLE, format!("{user} has REPLICATION")),
@@ -406,10 +421,10 @@ async fn slot_check(
         if !facts.logical {
             cannot.push(format!("{WAL_LEVEL} failed"));
         }
-        if facts.slots.1 >= facts.slots.0 {
+        if facts.used_slots >= facts.max_slots {
             cannot.push(format!("{SLOTS} failed"));
         }
-        if !facts.user.1 && !facts.user.2 {
+        if !facts.superuser && !facts.replication {
             cannot.push(format!("{ROLE} failed"));
         }
         return Ok(if cannot.is_empty() {
