@@ -445,6 +445,24 @@ fn a_publication_of_other_tables_or_other_changes_fails_with_each_fix() {
             &format!("fix: ALTER PUBLICATION {p} ADD TABLE \"public\".\"outbox\"; ALTER PUBLICATION {p} DROP TABLE \"public\".\"payments\"; ALTER PUBLICATION {p} SET (publish = 'insert');"),
         ],
     );
+
+    db.sql(&format!(
+        "DROP PUBLICATION {0}; CREATE PUBLICATION {0} FOR ALL TABLES WITH (publish = 'insert')",
+        db.name
+    ));
+    let run = check(&walbox_env(&db, &db.name, &broker.bootstrap_servers()), &[]);
+    run.failed();
+    run.expect(
+        "publication",
+        "FAIL",
+        &[
+            "is FOR ALL TABLES",
+            &format!(
+                "CREATE PUBLICATION \"{}_outbox\" FOR TABLE \"public\".\"outbox\" WITH (publish = 'insert');",
+                db.name
+            ),
+        ],
+    );
 }
 
 #[test]
@@ -530,12 +548,34 @@ fn mapped_columns_must_exist_with_usable_types() {
         ],
     );
 
-    let run = check(&with(env, "WALBOX_OUTBOX_COLUMNS_TIMESTAMP", "id"), &[]);
+    let wrong_types = with(env.clone(), "WALBOX_OUTBOX_COLUMNS_TIMESTAMP", "id");
+    let run = check(
+        &with(wrong_types, "WALBOX_OUTBOX_COLUMNS_PARTITION", "payload"),
+        &[],
+    );
     run.failed();
     run.expect(
         "outbox table public.outbox",
         "FAIL",
-        &["column \"id\" (outbox.columns.timestamp) is bigint, not a timestamp"],
+        &[
+            "column \"id\" (outbox.columns.timestamp) is bigint, not a timestamp",
+            "column \"payload\" (outbox.columns.partition) is jsonb, not an integer",
+            "fix: set outbox.columns.timestamp to a timestamptz column",
+        ],
+    );
+
+    // A text column may hold timestamps: a warning, not a failure.
+    let run = check(
+        &with(env, "WALBOX_OUTBOX_COLUMNS_TIMESTAMP", "event_type"),
+        &[],
+    );
+    run.expect(
+        "outbox table public.outbox",
+        "WARN",
+        &[
+            "column \"event_type\" (outbox.columns.timestamp) is text",
+            "fix: ALTER TABLE \"public\".\"outbox\" ALTER COLUMN \"event_type\" TYPE timestamptz",
+        ],
     );
 }
 

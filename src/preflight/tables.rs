@@ -187,11 +187,14 @@ pub(super) fn publication_check(
         .map(|(s, t)| qualified(s, t))
         .collect::<Vec<_>>()
         .join(", ");
-    let create = if list.is_empty() {
-        format!("CREATE PUBLICATION {name} WITH (publish = 'insert');")
-    } else {
-        format!("CREATE PUBLICATION {name} FOR TABLE {list} WITH (publish = 'insert');")
+    let create_as = |name: &str| {
+        if list.is_empty() {
+            format!("CREATE PUBLICATION {name} WITH (publish = 'insert');")
+        } else {
+            format!("CREATE PUBLICATION {name} FOR TABLE {list} WITH (publish = 'insert');")
+        }
     };
+    let create = create_as(&name);
     let Some(p) = publication else {
         if role == Role::Standby {
             return Check::fail(
@@ -241,7 +244,7 @@ pub(super) fn publication_check(
             ),
             format!(
                 "create one for the outbox only and set postgres.publication to it: {}",
-                create.replace(&name, &quote_ident(&format!("{}_outbox", pg.publication)))
+                create_as(&quote_ident(&format!("{}_outbox", pg.publication)))
             ),
         );
     }
