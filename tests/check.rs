@@ -530,6 +530,42 @@ fn a_slot_held_by_another_process_names_it() {
 }
 
 #[test]
+fn a_lost_slot_fails_with_the_way_out() {
+    // 1 MB segments and 2 MB kept for slots: a few MB of WAL and a checkpoint lose the slot.
+    let cluster: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            wal_segsize_mb: Some(1),
+            settings: [("max_slot_wal_keep_size", "2MB"), ("min_wal_size", "4MB")]
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..support::pg_options()
+        })));
+    let db = TestDb::on(cluster, "check_lost");
+    db.create_slot_and_publication(&db.name);
+    db.sql("CREATE TABLE ballast (x text)");
+    wait_until(WAIT, "the slot to be lost", || {
+        db.sql("INSERT INTO ballast SELECT repeat(md5(g::text), 32) FROM generate_series(1, 3000) g; CHECKPOINT;");
+        db.sql(&format!(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{}'",
+            db.name
+        )) == "lost"
+    });
+    let broker = support::broker();
+    let run = check(&walbox_env(&db, &db.name, &broker.bootstrap_servers()), &[]);
+    run.failed();
+    run.expect(
+        "slot",
+        "FAIL",
+        &[
+            "is lost (wal_status = lost",
+            "fix: walbox recreate-slot --confirm-data-loss, then the walbox republish it prints",
+        ],
+    );
+    run.expect("max_slot_wal_keep_size", "ok", &["2 MiB"]);
+}
+
+#[test]
 fn mapped_columns_must_exist_with_usable_types() {
     let db = TestDb::new("check_mapping");
     let broker = support::broker();
