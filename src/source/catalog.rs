@@ -6,6 +6,10 @@
 //! asked (`create_publication`, `create_slot`); a publication created by walbox is
 //! `FOR TABLE <outbox> WITH (publish = 'insert')`. The slot itself is created on the replication
 //! connection (`CREATE_REPLICATION_SLOT … LOGICAL pgoutput`), see [`crate::source::replication`].
+//!
+//! The readings ([`server`], [`table_shape`], [`publication`], [`slot_state`]) are public: `walbox
+//! check` (`crate::preflight`) asks the same queries and, where a verdict is this module's,
+//! prints this module's message, so the preflight and the relay cannot disagree.
 
 use tokio_postgres::Client;
 
