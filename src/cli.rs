@@ -39,6 +39,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check everything `run` needs (PostgreSQL settings, role, tables, publication, slot,
+    /// brokers, topics, idempotent producer) and print one line per check, each failure with
+    /// its fix. Exits 0 when no check failed.
+    Check {
+        /// TOML configuration file (the same as for `run`).
+        #[arg(long, short, env = "WALBOX_CONFIG")]
+        config: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Drop and recreate the replication slot after it was lost. Events committed between the
     /// old slot's confirmed position and the new slot's creation are NOT relayed.
     RecreateSlot {

@@ -21,6 +21,7 @@
 //! | 10 | [`Failure::InboxRecord`] | `walbox inbox`: a record kept failing (or has no message id) under `fail` |
 //! | 11 | [`Failure::Retention`] | `walbox inbox`: the inbox keeps rows for less than a topic's replay window |
 //! | 12 | [`Failure::Unavailable`] | a one-shot command (`status`, `recreate-slot`, `republish`) cannot reach PostgreSQL |
+//! | 13 | [`Failure::Preflight`] | `walbox check`: at least one check failed (each printed with its fix) |
 
 use std::fmt;
 
@@ -49,6 +50,8 @@ pub enum Failure {
     Retention,
     /// A one-shot command cannot reach a server (the relay retries instead).
     Unavailable,
+    /// `walbox check`: at least one check failed.
+    Preflight,
 }
 
 impl Failure {
@@ -66,6 +69,7 @@ impl Failure {
             Failure::InboxRecord => 10,
             Failure::Retention => 11,
             Failure::Unavailable => 12,
+            Failure::Preflight => 13,
         }
     }
 
@@ -140,6 +144,7 @@ mod tests {
             Failure::InboxRecord,
             Failure::Retention,
             Failure::Unavailable,
+            Failure::Preflight,
         ];
         let mut codes: Vec<u8> = all.iter().map(|f| f.exit_code()).collect();
         codes.sort();

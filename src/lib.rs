@@ -33,6 +33,7 @@
 //! sink/                Kafka producer, topics, progress records (the evidence a slot existed)
 //! health/              slot monitor, alert levels, webhook, `walbox status`/`recreate-slot`
 //! republish.rs         `walbox republish`: rows still in the outbox → Kafka, relay's mapping
+//! preflight/           `walbox check`: everything `run` needs, one line per check with its fix
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
 //! inbox/               `walbox inbox`: the consumer half
 //! sandbox/             throwaway PostgreSQL + Kafka-protocol broker, `walbox demo`
@@ -52,6 +53,7 @@ pub mod lsn;
 pub mod metrics;
 pub mod outbox;
 pub mod pg;
+pub mod preflight;
 pub mod relay;
 pub mod republish;
 #[cfg(feature = "sandbox")]

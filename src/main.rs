@@ -94,6 +94,17 @@ fn main() -> ExitCode {
                 finish("status", runtime.block_on(walbox::health::status::status(&config, json)))
             }
         },
+        Command::Check { config, json } => match load(config) {
+            Err(e) => fail(Failure::Config, e),
+            Ok(config) => {
+                init_logging(config.log.format, "warn");
+                // A failed check is the report's news, already printed: not an error to log.
+                match runtime.block_on(walbox::preflight::check(&config, json)) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => fail(e.failure, e),
+                }
+            }
+        },
         Command::RecreateSlot { config, confirm_data_loss } => match load(config) {
             _ if !confirm_data_loss => fail(
                 Failure::Config,

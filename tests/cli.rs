@@ -39,6 +39,7 @@ fn completions_know_every_subcommand() {
         assert!(ok, "{shell}");
         for sub in [
             "run",
+            "check",
             "status",
             "recreate-slot",
             "republish",

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod check;
 mod cli;
 mod connection;
 // Needs the fault points: `cargo test --features failpoints` (the documented test command).

@@ -6,6 +6,10 @@
 //! asked (`create_publication`, `create_slot`); a publication created by walbox is
 //! `FOR TABLE <outbox> WITH (publish = 'insert')`. The slot itself is created on the replication
 //! connection (`CREATE_REPLICATION_SLOT … LOGICAL pgoutput`), see [`crate::source::replication`].
+//!
+//! The readings ([`server`], [`table_shape`], [`publication`], [`slot_state`]) are public: `walbox
+//! check` (`crate::preflight`) asks the same queries and, where a verdict is this module's,
+//! prints this module's message, so the preflight and the relay cannot disagree.
 
 use tokio_postgres::Client;
 
@@ -139,13 +143,11 @@ pub async fn prepare(
     pg: &PostgresConfig,
     outbox: &OutboxConfig,
 ) -> Result<Role, CatalogError> {
-    let row = client
-        .query_one(
-            "SELECT current_setting('server_version_num')::int, current_setting('server_version'), current_setting('wal_level')",
-            &[],
-        )
-        .await?;
-    let (num, version, wal_level): (i32, String, String) = (row.get(0), row.get(1), row.get(2));
+    let Server {
+        version_num: num,
+        version,
+        wal_level,
+    } = server(client).await?;
     if num < MIN_SERVER_VERSION {
         return Err(CatalogError::TooOld(version));
     }
@@ -167,7 +169,7 @@ pub async fn prepare(
         let RouteSource::Table { schema, table } = &route.source else {
             continue;
         };
-        let partitioned = check_table(client, route, schema, table).await?;
+        let partitioned = table_shape(client, route, schema, table).await?.partitioned;
         tables.push((
             route.name.to_string(),
             format!("{}.{}", quote_ident(schema), quote_ident(table)),
@@ -177,13 +179,7 @@ pub async fn prepare(
         ));
     }
 
-    let publication = client
-        .query_opt(
-            "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
-            &[&pg.publication],
-        )
-        .await?;
-    match publication {
+    match publication(client, &pg.publication).await? {
         None if role == Role::Standby => {
             return Err(StandbyError::MissingPublication(pg.publication.clone()).into())
         }
@@ -210,25 +206,21 @@ pub async fn prepare(
             tracing::info!(publication = %pg.publication, tables = ?tables.iter().map(|t| &t.0).collect::<Vec<_>>(), "created publication");
         }
         None => return Err(CatalogError::MissingPublication(pg.publication.clone())),
-        Some(row) => {
-            if !row.get::<_, bool>(0) {
+        Some(publication) => {
+            if !publication.insert {
                 return Err(CatalogError::InsertsNotPublished(pg.publication.clone()));
             }
-            let via_root: bool = row.get(1);
             for (name, _, schema, table, partitioned) in &tables {
-                if *partitioned && !via_root {
+                if *partitioned && !publication.via_root {
                     return Err(CatalogError::PartitionsNotViaRoot {
                         publication: pg.publication.clone(),
                         table: name.clone(),
                     });
                 }
-                let published = client
-                    .query_opt(
-                        "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-                        &[&pg.publication, schema, table],
-                    )
-                    .await?;
-                if published.is_none() {
+                if !publication
+                    .tables
+                    .contains(&(schema.to_string(), table.to_string()))
+                {
                     return Err(CatalogError::TableNotPublished {
                         publication: pg.publication.clone(),
                         table: name.clone(),
@@ -240,28 +232,58 @@ pub async fn prepare(
     Ok(role)
 }
 
-/// Checks that the table exists with the mapped columns; returns whether it is partitioned.
-async fn check_table(
+/// An outbox table as the catalog describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableShape {
+    /// Whether it is a partitioned table.
+    pub partitioned: bool,
+    /// Its columns: name and type (`format_type`, e.g. `timestamp with time zone`).
+    pub columns: Vec<(String, String)>,
+}
+
+impl TableShape {
+    /// The type of column `name`, if the table has it.
+    pub fn column_type(&self, name: &str) -> Option<&str> {
+        self.columns
+            .iter()
+            .find(|(c, _)| c == name)
+            .map(|(_, t)| t.as_str())
+    }
+}
+
+/// Checks that the table exists with the mapped columns; returns its shape.
+pub async fn table_shape(
     client: &Client,
     route: &Route,
     schema: &str,
     table: &str,
-) -> Result<bool, CatalogError> {
+) -> Result<TableShape, CatalogError> {
     let name = route.name.to_string();
     let rows = client
         .query(
-            "SELECT c.relkind = 'p', a.attname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+            "SELECT c.relkind = 'p', a.attname::text, format_type(a.atttypid, a.atttypmod) \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
-             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') ORDER BY a.attnum",
             &[&schema, &table],
         )
         .await?;
     let Some(first) = rows.first() else {
         return Err(CatalogError::MissingTable(name));
     };
-    let partitioned: bool = first.get(0);
-    let columns: Vec<String> = rows.iter().filter_map(|r| r.get(1)).collect();
-    let has = |c: &str| columns.iter().any(|x| x == c);
+    let shape = TableShape {
+        partitioned: first.get(0),
+        columns: rows
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                ))
+            })
+            .collect(),
+    };
+    let has = |c: &str| shape.column_type(c).is_some();
     let c = &route.columns;
     let mut required: Vec<(&str, String)> = vec![
         (c.id.as_str(), "columns.id".into()),
@@ -305,7 +327,88 @@ async fn check_table(
             }
         }
     }
-    Ok(partitioned)
+    Ok(shape)
+}
+
+/// The server's version and `wal_level`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// `server_version_num`, e.g. 150004.
+    pub version_num: i32,
+    /// `server_version`, e.g. `15.4 (Debian 15.4-1)`.
+    pub version: String,
+    /// `wal_level`.
+    pub wal_level: String,
+}
+
+/// Reads [`Server`].
+pub async fn server(client: &Client) -> Result<Server, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version'), current_setting('wal_level')",
+            &[],
+        )
+        .await?;
+    Ok(Server {
+        version_num: row.get(0),
+        version: row.get(1),
+        wal_level: row.get(2),
+    })
+}
+
+/// A publication as the catalog describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publication {
+    /// `FOR ALL TABLES`.
+    pub all_tables: bool,
+    /// Publishes INSERTs.
+    pub insert: bool,
+    /// Publishes UPDATEs.
+    pub update: bool,
+    /// Publishes DELETEs.
+    pub delete: bool,
+    /// Publishes TRUNCATEs.
+    pub truncate: bool,
+    /// `publish_via_partition_root`.
+    pub via_root: bool,
+    /// The tables it publishes (`pg_publication_tables`), as `(schema, table)`.
+    pub tables: Vec<(String, String)>,
+}
+
+/// Looks publication `name` up. `Ok(None)` when it does not exist.
+pub async fn publication(
+    client: &Client,
+    name: &str,
+) -> Result<Option<Publication>, tokio_postgres::Error> {
+    let Some(row) = client
+        .query_opt(
+            "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot \
+             FROM pg_publication WHERE pubname = $1",
+            &[&name],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let tables = client
+        .query(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1 \
+             ORDER BY 1, 2",
+            &[&name],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    Ok(Some(Publication {
+        all_tables: row.get(0),
+        insert: row.get(1),
+        update: row.get(2),
+        delete: row.get(3),
+        truncate: row.get(4),
+        via_root: row.get(5),
+        tables,
+    }))
 }
 
 /// Looks the slot up. `Ok(None)` when it does not exist.

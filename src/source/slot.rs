@@ -136,11 +136,30 @@ const SLOT_COLUMNS_13: &str = "SELECT s.restart_lsn::text, s.confirmed_flush_lsn
     NULL::text, NULL::text, NULL::bool, NULL::bool, NULL::bigint, false \
     FROM pg_replication_slots s WHERE s.slot_name = $1";
 
-/// Reads the slot's health. `Ok(None)` when the slot does not exist.
-pub async fn read(
-    client: &Client,
-    slot: &str,
-) -> Result<Option<SlotHealth>, tokio_postgres::Error> {
+/// The server settings that bound every slot, read with [`read`] (and alone by `walbox
+/// check`, when the slot does not exist yet).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WalSettings {
+    /// See [`SlotHealth::current_lsn`].
+    pub current_lsn: Lsn,
+    /// `pg_is_in_recovery()`.
+    pub in_recovery: bool,
+    /// `max_slot_wal_keep_size` in bytes; `None` when unlimited (-1).
+    pub max_slot_wal_keep_bytes: Option<u64>,
+    /// `wal_keep_size` in bytes.
+    pub wal_keep_bytes: u64,
+    /// `max_wal_size` in bytes.
+    pub max_wal_bytes: u64,
+    /// `server_version_num`.
+    pub server_version_num: i32,
+    /// `idle_replication_slot_timeout` (18+), as PostgreSQL prints it.
+    pub idle_replication_slot_timeout: Option<String>,
+    /// The same in seconds; `None` before 18 and when 0 (disabled).
+    pub idle_timeout_seconds: Option<u64>,
+}
+
+/// Reads [`WalSettings`].
+pub async fn settings(client: &Client) -> Result<WalSettings, tokio_postgres::Error> {
     let settings = client
         .query_one(
             "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
@@ -156,8 +175,34 @@ pub async fn read(
             &[],
         )
         .await?;
-    let server_version_num: i32 = settings.get(4);
-    let columns = if server_version_num >= 140_000 {
+    let max_keep: i64 = settings.get(1);
+    Ok(WalSettings {
+        current_lsn: settings
+            .get::<_, Option<String>>(0)
+            .and_then(|t| t.parse::<Lsn>().ok())
+            .unwrap_or(Lsn::ZERO),
+        in_recovery: settings.get(7),
+        max_slot_wal_keep_bytes: u64::try_from(max_keep).ok(),
+        wal_keep_bytes: u64::try_from(settings.get::<_, i64>(2)).unwrap_or(0),
+        max_wal_bytes: u64::try_from(settings.get::<_, i64>(3)).unwrap_or(0),
+        server_version_num: settings.get(4),
+        idle_replication_slot_timeout: settings
+            .get::<_, Option<String>>(5)
+            .filter(|v| !v.is_empty()),
+        idle_timeout_seconds: settings
+            .get::<_, Option<i64>>(6)
+            .and_then(|v| u64::try_from(v).ok())
+            .filter(|v| *v > 0),
+    })
+}
+
+/// Reads the slot's health. `Ok(None)` when the slot does not exist.
+pub async fn read(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<SlotHealth>, tokio_postgres::Error> {
+    let settings = settings(client).await?;
+    let columns = if settings.server_version_num >= 140_000 {
         SLOT_COLUMNS
     } else {
         SLOT_COLUMNS_13
@@ -167,33 +212,27 @@ pub async fn read(
         return Ok(None);
     };
     let lsn = |v: Option<String>| v.and_then(|t| t.parse::<Lsn>().ok());
-    let max_keep: i64 = settings.get(1);
     Ok(Some(SlotHealth {
         slot: slot.to_owned(),
-        current_lsn: lsn(settings.get(0)).unwrap_or(Lsn::ZERO),
+        current_lsn: settings.current_lsn,
         restart_lsn: lsn(row.get(0)),
         confirmed_flush_lsn: lsn(row.get(1)),
         wal_status: row.get(2),
         safe_wal_size: row.get(3),
         active: row.get(4),
         active_pid: row.get(5),
-        max_slot_wal_keep_bytes: u64::try_from(max_keep).ok(),
-        wal_keep_bytes: u64::try_from(settings.get::<_, i64>(2)).unwrap_or(0),
-        max_wal_bytes: u64::try_from(settings.get::<_, i64>(3)).unwrap_or(0),
-        server_version_num,
-        idle_replication_slot_timeout: settings
-            .get::<_, Option<String>>(5)
-            .filter(|v| !v.is_empty()),
-        idle_timeout_seconds: settings
-            .get::<_, Option<i64>>(6)
-            .and_then(|v| u64::try_from(v).ok())
-            .filter(|v| *v > 0),
+        max_slot_wal_keep_bytes: settings.max_slot_wal_keep_bytes,
+        wal_keep_bytes: settings.wal_keep_bytes,
+        max_wal_bytes: settings.max_wal_bytes,
+        server_version_num: settings.server_version_num,
+        idle_replication_slot_timeout: settings.idle_replication_slot_timeout,
+        idle_timeout_seconds: settings.idle_timeout_seconds,
         invalidation_reason: row.get(6),
         inactive_since: row.get(7),
         failover: row.get(8),
         synced: row.get(9),
         spill_bytes: row.get(10),
-        in_recovery: settings.get(7),
+        in_recovery: settings.in_recovery,
         conflicting: row.get(11),
     }))
 }

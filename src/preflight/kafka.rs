@@ -1,0 +1,227 @@
+//! The Kafka checks of `walbox check`: the brokers answer, each topic the configuration names
+//! exists (or `kafka.create_topics` is on), and the cluster grants the idempotent producer.
+//!
+//! The client is configured exactly like the relay's producer (`sink::kafka::DEFAULT_PROPERTIES`
+//! and the user's `kafka.properties`), so it authenticates and connects the same way. Nothing is
+//! produced: the idempotent producer asks for a producer id (InitProducerId) when it starts,
+//! and its statistics say when one was assigned.
+//!
+//! What only a real cluster can show is left to it: the right to create topics (the check says
+//! that walbox will create them, not that it may) and topics rendered from row values, which
+//! are known only when their first event comes.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Statistics};
+
+use crate::config::{Config, KafkaConfig};
+use crate::outbox::OutboxMapper;
+use crate::preflight::Check;
+use crate::sink::kafka::DEFAULT_PROPERTIES;
+
+const BROKERS: &str = "kafka brokers";
+const IDEMPOTENCE: &str = "idempotent producer";
+
+/// How long the brokers have to answer the metadata request.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the cluster has to assign a producer id.
+const PRODUCER_ID_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn topic_check(topic: &str) -> String {
+    format!("topic {topic}")
+}
+
+/// Every Kafka check, in order.
+pub async fn checks(config: &Config) -> Vec<Check> {
+    let mut topics = OutboxMapper::new(&config.outbox).known_topics();
+    if !topics.contains(&config.kafka.progress_topic) {
+        topics.push(config.kafka.progress_topic.clone());
+    }
+    let kafka = config.kafka.clone();
+    tokio::task::spawn_blocking(move || blocking_checks(&kafka, &topics))
+        .await
+        .unwrap_or_else(|e| {
+            vec![Check::fail(
+                BROKERS,
+                format!("the Kafka checks stopped: {e}"),
+                "report a bug, with this line",
+            )]
+        })
+}
+
+/// Keeps what the producer's statistics say about its producer id.
+struct Probe {
+    /// The idempotent producer's state (`Assigned` once it has an id) and the id.
+    eos: Mutex<Option<(String, i64)>>,
+}
+
+impl ClientContext for Probe {
+    fn stats(&self, statistics: Statistics) {
+        if let Some(eos) = statistics.eos {
+            if let Ok(mut state) = self.eos.lock() {
+                *state = Some((eos.idemp_state, eos.producer_id));
+            }
+        }
+    }
+
+    // Unreachable brokers are the brokers check's line, not log noise.
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        tracing::debug!(?level, fac, "librdkafka: {log_message}");
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!(error = %error, reason, "kafka client error");
+    }
+}
+
+impl ProducerContext for Probe {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
+fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> Vec<Check> {
+    let skipped = |out: &mut Vec<Check>| {
+        out.extend(
+            topics
+                .iter()
+                .map(|t| Check::skipped(topic_check(t), BROKERS)),
+        );
+        out.push(Check::skipped(IDEMPOTENCE, BROKERS));
+    };
+    let mut out = Vec::new();
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &kafka.brokers);
+    for (k, v) in DEFAULT_PROPERTIES {
+        cc.set(*k, *v);
+    }
+    for (k, v) in &kafka.properties {
+        cc.set(k, v);
+    }
+    cc.set("statistics.interval.ms", "100");
+    let producer: BaseProducer<Probe> = match cc.create_with_context(Probe {
+        eos: Mutex::new(None),
+    }) {
+        Ok(p) => p,
+        Err(e) => {
+            out.push(Check::fail(
+                BROKERS,
+                format!("cannot create a Kafka client: {e}"),
+                "check kafka.properties",
+            ));
+            skipped(&mut out);
+            return out;
+        }
+    };
+    let metadata = match producer.client().fetch_metadata(None, METADATA_TIMEOUT) {
+        Ok(md) => md,
+        Err(e) => {
+            out.push(Check::fail(
+                BROKERS,
+                format!(
+                    "no answer from {} within {} s: {e}",
+                    kafka.brokers,
+                    METADATA_TIMEOUT.as_secs()
+                ),
+                "check kafka.brokers, the network, and the security settings in kafka.properties (security.protocol, sasl.*, ssl.*)",
+            ));
+            skipped(&mut out);
+            return out;
+        }
+    };
+    let ids: Vec<String> = metadata
+        .brokers()
+        .iter()
+        .map(|b| b.id().to_string())
+        .collect();
+    out.push(Check::ok(
+        BROKERS,
+        format!(
+            "{} answers: {} brokers (ids {})",
+            kafka.brokers,
+            ids.len(),
+            ids.join(", ")
+        ),
+    ));
+
+    for topic in topics {
+        let name = topic_check(topic);
+        let found = metadata.topics().iter().find(|t| t.name() == topic);
+        out.push(match found {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                Check::ok(name, format!("exists, partitions: {}", t.partitions().len()))
+            }
+            Some(t) if t.error().is_some() => Check::fail(
+                name,
+                format!(
+                    "the cluster answers {} for topic {topic:?}",
+                    t.error()
+                        .map(RDKafkaErrorCode::from)
+                        .map(|code| code.to_string())
+                        .unwrap_or_default()
+                ),
+                "grant walbox's principal Describe and Write on the topic, or fix the topic",
+            ),
+            _ if kafka.create_topics.is_some() => Check::ok(
+                name,
+                "does not exist yet: walbox creates it (kafka.create_topics)",
+            ),
+            _ => Check::fail(
+                name,
+                format!("topic {topic:?} does not exist"),
+                format!("create it (kafka-topics.sh --create --topic {topic}), or set kafka.create_topics = true"),
+            ),
+        });
+    }
+
+    out.push(idempotence(&producer));
+    out
+}
+
+/// Waits for the producer id the idempotent producer asks for when it starts.
+fn idempotence(producer: &BaseProducer<Probe>) -> Check {
+    let deadline = Instant::now() + PRODUCER_ID_TIMEOUT;
+    let mut last = None;
+    loop {
+        producer.poll(Duration::from_millis(50));
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            return Check::fail(
+                IDEMPOTENCE,
+                format!("the cluster refused the idempotent producer ({code:?}): {reason}"),
+                "brokers of Kafka 0.11 or newer, and (before Kafka 3.0) an IdempotentWrite ACL on the cluster for walbox's principal",
+            );
+        }
+        last = producer
+            .context()
+            .eos
+            .lock()
+            .ok()
+            .and_then(|s| s.clone())
+            .or(last);
+        if let Some((state, id)) = &last {
+            if state == "Assigned" {
+                return Check::ok(
+                    IDEMPOTENCE,
+                    format!("producer id {id} assigned (InitProducerId)"),
+                );
+            }
+        }
+        if Instant::now() >= deadline {
+            return Check::fail(
+                IDEMPOTENCE,
+                format!(
+                    "no producer id within {} s (InitProducerId unanswered; producer state {})",
+                    PRODUCER_ID_TIMEOUT.as_secs(),
+                    last.map(|(s, _)| s).unwrap_or_else(|| "unknown".into())
+                ),
+                "check the brokers' logs; an idempotent producer needs Kafka 0.11 or newer and, before Kafka 3.0, an IdempotentWrite ACL",
+            );
+        }
+    }
+}

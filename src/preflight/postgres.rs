@@ -1,0 +1,510 @@
+//! The PostgreSQL checks of `walbox check`: the connection, the server and its settings, the
+//! role's rights, each outbox table and its mapping, the publication, the slot.
+//!
+//! The catalog is read with the relay's own start-up queries (`source::catalog`,
+//! `source::slot`); where a verdict is the relay's (a missing column, a slot of another plugin,
+//! a lost slot, a standby that cannot decode), the line carries the relay's own message, so an
+//! operator sees here the words `walbox run` would stop with.
+
+use postgres_protocol::escape::{escape_identifier as quote_ident, escape_literal};
+use tokio_postgres::Client;
+
+use crate::config::conninfo::ConnInfo;
+use crate::config::Config;
+use crate::pg::control::{connect_control, ConnectError};
+use crate::preflight::tables::{
+    creation_rights, mapping_check, publication_check, qualified, select_check, select_privilege,
+    table_check, tables, PUBLICATION,
+};
+use crate::preflight::Check;
+use crate::source::catalog::{self, CatalogError, MIN_SERVER_VERSION};
+use crate::source::replication::ReplicationConnection;
+use crate::source::slot::{self, SlotHealth};
+use crate::source::standby::{self, Role, StandbyError};
+
+const CONNECTION: &str = "postgres";
+const SERVER: &str = "server";
+const WAL_LEVEL: &str = "wal_level";
+const SLOTS: &str = "max_replication_slots";
+const SENDERS: &str = "max_wal_senders";
+const ROLE: &str = "role";
+const REPLICATION: &str = "replication connection";
+const SLOT: &str = "slot";
+const KEEP_SIZE: &str = "max_slot_wal_keep_size";
+
+/// Every PostgreSQL check, in order.
+pub async fn checks(config: &Config) -> Vec<Check> {
+    let conn = &config.postgres.conn;
+    let client = match connect_control(conn).await {
+        Ok(client) => client,
+        Err(e) => {
+            let mut out = vec![connection_failed(conn, &e)];
+            let mut names: Vec<String> = [SERVER, WAL_LEVEL, SLOTS, SENDERS, ROLE, REPLICATION]
+                .map(String::from)
+                .into();
+            for (route, _, _) in tables(config) {
+                names.push(table_check(route));
+                names.push(select_check(route));
+            }
+            names.extend([PUBLICATION, SLOT, KEEP_SIZE].map(String::from));
+            out.extend(names.into_iter().map(|n| Check::skipped(n, CONNECTION)));
+            return out;
+        }
+    };
+    let mut out = Vec::new();
+    if let Err(e) = checks_on(&client, config, &mut out).await {
+        out.push(Check::fail(
+            "catalog queries",
+            format!("a catalog query failed: {e}"),
+            "check the server's log for this error; the remaining checks did not run",
+        ));
+    }
+    out
+}
+
+/// What a failed connection means, and what to do.
+fn connection_failed(conn: &ConnInfo, e: &ConnectError) -> Check {
+    let fix = match e.sqlstate() {
+        Some("28P01") => "check the user and the password in postgres.url".to_owned(),
+        Some("28000") => format!(
+            "allow role {:?} in pg_hba.conf for database {:?} and for replication",
+            conn.user, conn.dbname
+        ),
+        Some("3D000") => format!(
+            "create database {:?}, or fix the database in postgres.url",
+            conn.dbname
+        ),
+        _ if matches!(e, ConnectError::Tls(_)) || e.certificate_rejected() => {
+            "check sslmode and sslrootcert in postgres.url against the server's certificate"
+                .to_owned()
+        }
+        _ => "check that PostgreSQL runs and that postgres.url's host and port reach it".to_owned(),
+    };
+    Check::fail(CONNECTION, format!("{conn}: {e}"), fix)
+}
+
+/// The server, its settings and the role's rights, as read once for the checks.
+struct Facts {
+    role: Role,
+    /// `wal_level = logical`.
+    logical: bool,
+    /// `max_replication_slots`.
+    max_slots: i32,
+    /// Replication slots that exist.
+    used_slots: i32,
+    /// Whether the configured slot exists.
+    slot_exists: bool,
+    /// `max_wal_senders`.
+    max_senders: i32,
+    /// Walsenders running.
+    used_senders: i32,
+    /// The current user.
+    user: String,
+    /// Whether it is a superuser.
+    superuser: bool,
+    /// Whether it has `REPLICATION`.
+    replication: bool,
+}
+
+async fn checks_on(
+    client: &Client,
+    config: &Config,
+    out: &mut Vec<Check>,
+) -> Result<(), tokio_postgres::Error> {
+    let pg = &config.postgres;
+    let server = catalog::server(client).await?;
+    let role = standby::role(client).await?;
+    let where_ = match role {
+        Role::Primary => "primary",
+        Role::Standby => "standby",
+    };
+    out.push(Check::ok(CONNECTION, format!("connected to {}", pg.conn)));
+    out.push(server_check(client, config, &server, role).await?);
+    out.push(if server.wal_level == "logical" {
+        Check::ok(WAL_LEVEL, "logical")
+    } else {
+        Check::fail(
+            WAL_LEVEL,
+            format!("wal_level is {:?} on the {where_}", server.wal_level),
+            "ALTER SYSTEM SET wal_level = 'logical'; then restart PostgreSQL",
+        )
+    });
+
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_replication_slots')::int, \
+                    (SELECT count(*) FROM pg_replication_slots)::int, \
+                    EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1), \
+                    current_setting('max_wal_senders')::int, \
+                    (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int, \
+                    current_user::text, r.rolsuper, r.rolreplication \
+             FROM pg_roles r WHERE r.rolname = current_user",
+            &[&pg.slot],
+        )
+        .await?;
+    let facts = Facts {
+        role,
+        logical: server.wal_level == "logical",
+        max_slots: row.get(0),
+        used_slots: row.get(1),
+        slot_exists: row.get(2),
+        max_senders: row.get(3),
+        used_senders: row.get(4),
+        user: row.get(5),
+        superuser: row.get(6),
+        replication: row.get(7),
+    };
+    out.push(slots_check(&facts));
+    out.push(senders_check(&facts));
+    out.push(role_check(&facts));
+    out.push(replication_check(config).await);
+
+    let mut shapes = Vec::new();
+    for (route, schema, table) in tables(config) {
+        match catalog::table_shape(client, route, schema, table).await {
+            Ok(shape) => {
+                out.push(mapping_check(route, &qualified(schema, table), &shape));
+                out.push(select_privilege(client, route, schema, table).await?);
+                shapes.push((route, schema, table, shape.partitioned));
+            }
+            Err(CatalogError::Query(e)) => return Err(e),
+            Err(e) => {
+                let missing = matches!(e, CatalogError::MissingTable(_));
+                out.push(from_catalog(table_check(route), &e));
+                if missing {
+                    out.push(Check::skipped(select_check(route), &table_check(route)));
+                } else {
+                    out.push(select_privilege(client, route, schema, table).await?);
+                }
+            }
+        }
+    }
+
+    let publication = catalog::publication(client, &pg.publication).await?;
+    let creation = match (&publication, pg.create_publication) {
+        (None, true) => Some(creation_rights(client, &shapes).await?),
+        _ => None,
+    };
+    out.push(publication_check(
+        config,
+        facts.role,
+        publication.as_ref(),
+        &shapes,
+        creation.as_deref(),
+    ));
+
+    let health = slot::read(client, &pg.slot).await?;
+    out.push(slot_check(client, config, &facts, health.as_ref()).await?);
+
+    let settings = slot::settings(client).await?;
+    out.push(match settings.max_slot_wal_keep_bytes {
+        Some(bytes) => Check::ok(KEEP_SIZE, format!("{} MiB", bytes >> 20)),
+        None => Check::warn(
+            KEEP_SIZE,
+            "-1 (unlimited): a slot walbox stops reading retains WAL until the disk is full",
+            "ALTER SYSTEM SET max_slot_wal_keep_size = '<WAL the disk can hold, e.g. 50GB>'; SELECT pg_reload_conf();",
+        ),
+    });
+    Ok(())
+}
+
+/// The relay's verdict on a catalog object, with the short fix for the JSON report.
+fn from_catalog(name: String, e: &CatalogError) -> Check {
+    let fix = match e {
+        CatalogError::MissingTable(_) => {
+            "create the table, or fix outbox.table (and the database in postgres.url)".to_owned()
+        }
+        CatalogError::MissingColumn {
+            table,
+            column,
+            setting,
+        } => format!("set outbox.{setting} to a column of {table}, or add column {column:?} to it"),
+        CatalogError::NoTopicColumn { .. } => {
+            "add the column, or set outbox.columns.topic, outbox.topic or outbox.fallback_topic"
+                .to_owned()
+        }
+        CatalogError::WrongSlot { slot, .. } => format!(
+            "set postgres.slot to another name (walbox creates it with postgres.create_slot = true), or drop this one: SELECT pg_drop_replication_slot({});",
+            escape_literal(slot)
+        ),
+        CatalogError::SlotLost { .. } => {
+            "walbox recreate-slot --confirm-data-loss, then the walbox republish it prints (see the runbook)".to_owned()
+        }
+        CatalogError::Standby(e) => standby_fix(e),
+        _ => "see the detail".to_owned(),
+    };
+    Check::fail(name, e.to_string(), fix)
+}
+
+fn standby_fix(e: &StandbyError) -> String {
+    match e {
+        StandbyError::TooOld(_) => {
+            "point postgres.url to the primary, or upgrade the standby to PostgreSQL 16 or newer"
+        }
+        StandbyError::NoFeedback => {
+            "on the standby: ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf();"
+        }
+        StandbyError::PrimaryWalLevel(_) => {
+            "on the primary: ALTER SYSTEM SET wal_level = 'logical'; then restart it"
+        }
+        StandbyError::PrimaryInRecovery => "point postgres.primary_url to the primary",
+        StandbyError::MissingPublication(_) => {
+            "create the publication on the primary: CREATE PUBLICATION … FOR TABLE … WITH (publish = 'insert')"
+        }
+        StandbyError::Query(_) => "see the detail",
+    }
+    .to_owned()
+}
+
+/// The server's version, what the configuration needs of it, and on a standby what decoding
+/// there needs.
+async fn server_check(
+    client: &Client,
+    config: &Config,
+    server: &catalog::Server,
+    role: Role,
+) -> Result<Check, tokio_postgres::Error> {
+    if server.version_num < MIN_SERVER_VERSION {
+        return Ok(from_catalog(
+            SERVER.into(),
+            &CatalogError::TooOld(server.version.clone()),
+        ));
+    }
+    if config.outbox.messages.is_some() && server.version_num < 140_000 {
+        return Ok(Check::fail(
+            SERVER,
+            CatalogError::MessagesNeed14(server.version.clone()).to_string(),
+            "upgrade to PostgreSQL 14 or newer, or remove [outbox.messages]",
+        ));
+    }
+    if role == Role::Standby {
+        if let Err(e) = standby::check(
+            client,
+            config.postgres.primary.as_ref(),
+            server.version_num,
+            &server.version,
+        )
+        .await
+        {
+            return Ok(from_catalog(SERVER.into(), &CatalogError::Standby(e)));
+        }
+        return Ok(Check::ok(
+            SERVER,
+            format!(
+                "PostgreSQL {}, a standby (decoding on a standby)",
+                server.version
+            ),
+        ));
+    }
+    Ok(Check::ok(
+        SERVER,
+        format!("PostgreSQL {}, primary", server.version),
+    ))
+}
+
+fn slots_check(f: &Facts) -> Check {
+    let (max, used, ours) = (f.max_slots, f.used_slots, f.slot_exists);
+    if ours {
+        return Check::ok(
+            SLOTS,
+            format!("{used} of {max} in use, the configured slot among them"),
+        );
+    }
+    if used < max {
+        Check::ok(
+            SLOTS,
+            format!("{used} of {max} in use: one free for walbox's slot"),
+        )
+    } else {
+        Check::fail(
+            SLOTS,
+            format!("all {max} replication slots are in use, none is left for walbox's"),
+            format!("ALTER SYSTEM SET max_replication_slots = {}; then restart PostgreSQL (or drop an unused slot: SELECT pg_drop_replication_slot('<name>');)", max + 1),
+        )
+    }
+}
+
+fn senders_check(f: &Facts) -> Check {
+    let (max, used) = (f.max_senders, f.used_senders);
+    if used < max {
+        Check::ok(
+            SENDERS,
+            format!("{used} of {max} walsenders running: one free for walbox"),
+        )
+    } else {
+        Check::fail(
+            SENDERS,
+            format!(
+                "all {max} walsenders are in use, none is left for walbox's replication connection"
+            ),
+            format!(
+                "ALTER SYSTEM SET max_wal_senders = {}; then restart PostgreSQL",
+                max + 1
+            ),
+        )
+    }
+}
+
+fn role_check(f: &Facts) -> Check {
+    let (user, superuser, replication) = (&f.user, f.superuser, f.replication);
+    match (superuser, replication) {
+        (true, _) => Check::ok(ROLE, format!("{user} is a superuser")),
+        (false, true) => Check::ok(ROLE, format!("{user} has REPLICATION")),
+        (false, false) => Check::fail(
+            ROLE,
+            format!("{user} has neither REPLICATION nor superuser: it cannot open a replication connection"),
+            format!("ALTER ROLE {} REPLICATION;", quote_ident(user)),
+        ),
+    }
+}
+
+/// The relay's replication connection: `pg_hba.conf` must allow it, and a walsender must be
+/// free.
+async fn replication_check(config: &Config) -> Check {
+    let conn = &config.postgres.conn;
+    let opened = async {
+        let mut repl = ReplicationConnection::connect(conn).await?;
+        let identity = repl.identify_system().await;
+        // Terminate, so the server logs no unexpected EOF.
+        let _ = repl.close().await;
+        identity
+    };
+    match opened.await {
+        Ok(id) => Check::ok(
+            REPLICATION,
+            format!(
+                "IDENTIFY_SYSTEM: system {}, timeline {}",
+                id.system_id, id.timeline
+            ),
+        ),
+        Err(e) => {
+            let fix = match e.sqlstate() {
+                Some("53300") => {
+                    "free a walsender or raise max_wal_senders (see that check)".to_owned()
+                }
+                Some("28000") if e.to_string().contains("pg_hba") => format!(
+                    "add to pg_hba.conf: host replication {} <walbox's address> scram-sha-256; then SELECT pg_reload_conf();",
+                    conn.user
+                ),
+                Some(c) if c.starts_with("28") || c == "42501" => {
+                    format!("ALTER ROLE {} REPLICATION;", quote_ident(&conn.user))
+                }
+                _ => "check the server's log for this error".to_owned(),
+            };
+            Check::fail(REPLICATION, e.to_string(), fix)
+        }
+    }
+}
+
+/// The slot exists as a pgoutput slot of this database that no other process holds, or it
+/// may be created.
+async fn slot_check(
+    client: &Client,
+    config: &Config,
+    facts: &Facts,
+    health: Option<&SlotHealth>,
+) -> Result<Check, tokio_postgres::Error> {
+    let pg = &config.postgres;
+    let create_sql = format!(
+        "SELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+        escape_literal(&pg.slot)
+    );
+    let Some(health) = health else {
+        if !pg.create_slot {
+            return Ok(Check::fail(
+                SLOT,
+                format!("replication slot {:?} does not exist", pg.slot),
+                format!("{create_sql} (or set postgres.create_slot = true)"),
+            ));
+        }
+        let mut cannot = Vec::new();
+        if !facts.logical {
+            cannot.push(format!("{WAL_LEVEL} failed"));
+        }
+        if facts.used_slots >= facts.max_slots {
+            cannot.push(format!("{SLOTS} failed"));
+        }
+        if !facts.superuser && !facts.replication {
+            cannot.push(format!("{ROLE} failed"));
+        }
+        return Ok(if cannot.is_empty() {
+            Check::ok(
+                SLOT,
+                format!(
+                    "{:?} does not exist yet: walbox creates it (postgres.create_slot)",
+                    pg.slot
+                ),
+            )
+        } else {
+            Check::fail(
+                SLOT,
+                format!(
+                    "replication slot {:?} does not exist and cannot be created: {}",
+                    pg.slot,
+                    cannot.join(", ")
+                ),
+                format!("fix those checks, or create the slot as a superuser: {create_sql}"),
+            )
+        });
+    };
+    match catalog::slot_state(client, &pg.slot).await {
+        Ok(_) => {}
+        Err(CatalogError::Query(e)) => return Err(e),
+        Err(e) => return Ok(from_catalog(SLOT.into(), &e)),
+    }
+    if let (true, Some(pid)) = (health.active, health.active_pid) {
+        let holder = client
+            .query_opt(
+                "SELECT application_name, host(client_addr) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await?;
+        let (application, address): (Option<String>, Option<String>) =
+            holder.map(|r| (r.get(0), r.get(1))).unwrap_or_default();
+        return Ok(Check::fail(
+            SLOT,
+            format!(
+                "replication slot {:?} is held by pid {pid} (application_name {:?}, client {})",
+                pg.slot,
+                application.unwrap_or_default(),
+                address.as_deref().unwrap_or("local socket")
+            ),
+            format!("stop that process: one walbox per slot (a stale one: SELECT pg_terminate_backend({pid});)"),
+        ));
+    }
+    Ok(Check::ok(
+        SLOT,
+        format!(
+            "{:?}: pgoutput, not held, confirmed up to {}, wal_status {}",
+            pg.slot,
+            health
+                .confirmed_flush_lsn
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "-".into()),
+            health.wal_status.as_deref().unwrap_or("-")
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::Status;
+
+    #[test]
+    fn a_missing_column_names_the_setting_to_fix() {
+        let check = from_catalog(
+            "outbox table public.outbox".into(),
+            &CatalogError::MissingColumn {
+                table: "public.outbox".into(),
+                column: "aggregate_id".into(),
+                setting: "columns.aggregate_id".into(),
+            },
+        );
+        assert_eq!(check.status, Status::Fail);
+        assert_eq!(
+            check.fix.as_deref(),
+            Some("set outbox.columns.aggregate_id to a column of public.outbox, or add column \"aggregate_id\" to it")
+        );
+    }
+}
