@@ -1,5 +1,5 @@
 //! High availability: several walbox processes for one slot, one active, the others hot
-//! standbys that take over when it is killed.
+//! standbys that take over when it is killed or cut off from PostgreSQL.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use walbox::sandbox::broker::TopicReader;
 
 use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, write_txn, Written};
+use crate::support::proxy::{Mode, Proxy};
 use crate::support::{
     self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
 };
@@ -155,6 +156,97 @@ fn a_standby_takes_over_within_the_bound_after_each_sigkill_and_nothing_is_missi
     assert_eq!(
         distinct_ids(&reader.records),
         all,
+        "every committed event, nothing else"
+    );
+    assert_per_aggregate_commit_order(&reader.records);
+    for m in &mut members {
+        m.walbox.terminate();
+    }
+    for m in &mut members {
+        assert!(m.walbox.wait_exit(WAIT).success(), "{}", m.walbox.log());
+    }
+}
+
+#[test]
+fn a_partitioned_active_walbox_loses_its_role_to_the_standby_within_the_bound() {
+    let db = TestDb::new("ha_part");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 2).expect("topic");
+    db.create_slot_and_publication(&slot);
+    let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    // The first process reaches PostgreSQL through a proxy that can partition it.
+    let proxy = Proxy::start(db.addr());
+    let mut env_a = env.clone();
+    env_a.retain(|(k, _)| k != "WALBOX_POSTGRES_URL");
+    env_a.push(("WALBOX_POSTGRES_URL".into(), db.url_via(proxy.port(), 3)));
+    env_a.push(("WALBOX_RELAY_SHUTDOWN_TIMEOUT".into(), "2s".into()));
+    let mut members = vec![Member::spawn(&env_a)];
+    wait_until(WAIT, "the first walbox to stream", || {
+        members[0].code("/active") == Some(200) && db.streaming(&slot)
+    });
+    members.push(Member::spawn(&env));
+    wait_until(WAIT, "the second walbox to wait as a standby", || {
+        members[1].code("/readyz") == Some(200) && members[1].code("/active") == Some(503)
+    });
+    let mut ids = HashSet::new();
+    let aggs: Vec<String> = (0..100).map(|i| format!("agg-{}", i % 7)).collect();
+    ids.extend(write_txn(&db, &topic, &aggs, false).ids);
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(reader.poll_until(WAIT, |r| distinct_ids(r).len() >= 100));
+
+    // README: within wal_sender_timeout + 10 s.
+    let wal_sender_timeout: u64 = db
+        .sql("SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'")
+        .trim()
+        .parse::<u64>()
+        .expect("wal_sender_timeout in ms")
+        / 1000;
+    let bound = Duration::from_secs(wal_sender_timeout + 10);
+    let partitioned_at = Instant::now();
+    proxy.partition();
+    ids.extend(write_txn(&db, &topic, &aggs, false).ids);
+    wait_until(bound + WAIT, "the standby to take over and stream", || {
+        members[1].code("/active") == Some(200) && db.streaming(&slot)
+    });
+    let took = partitioned_at.elapsed();
+    eprintln!("takeover after a partition: {took:?} (bound {bound:?})");
+    assert!(took <= bound, "takeover took {took:?}, bound {bound:?}");
+    // The partitioned process noticed by itself and stepped down.
+    wait_until(WAIT, "the partitioned walbox to step down", || {
+        members[0].code("/active") == Some(503)
+    });
+    assert!(
+        members[0].walbox.log().contains("lost the leader lock"),
+        "{}",
+        members[0].walbox.log()
+    );
+    ids.extend(write_txn(&db, &topic, &aggs, false).ids);
+
+    // The partition heals: the old active process stays a standby of the new one.
+    proxy.set(Mode::Pass);
+    let new_pid = members[1].walbox.pid();
+    wait_until(
+        WAIT,
+        "the healed process to wait for the new active one",
+        || {
+            members[0].walbox.log().lines().any(|l| {
+                l.contains("standby: another walbox") && l.contains(&format!("pid {new_pid}"))
+            })
+        },
+    );
+    assert_eq!(members[0].code("/active"), Some(503));
+    assert_eq!(members[0].ha_active(), Some(0.0));
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= ids.len()),
+        "{} of {} events arrived",
+        distinct_ids(&reader.records).len(),
+        ids.len()
+    );
+    assert_eq!(
+        distinct_ids(&reader.records),
+        ids,
         "every committed event, nothing else"
     );
     assert_per_aggregate_commit_order(&reader.records);

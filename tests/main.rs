@@ -11,6 +11,7 @@ mod connection;
 mod crash;
 mod deploy;
 mod failures;
+mod faults;
 mod ha;
 mod http;
 mod inbox;

@@ -281,6 +281,23 @@ impl RawConfig {
                 create_publication: self.postgres.create_publication.unwrap_or(false),
                 status_interval,
                 on_slot_busy: OnSlotBusy::parse(self.postgres.on_slot_busy.as_deref())?,
+                receive_timeout: match self.postgres.receive_timeout.as_deref() {
+                    Some("off") | Some("0") => None,
+                    None => Some(Duration::from_secs(60)),
+                    Some(t) => {
+                        let d = parse_duration(t).map_err(|e| {
+                            ConfigError::Invalid(format!(
+                                "postgres.receive_timeout: {e} (or \"off\")"
+                            ))
+                        })?;
+                        if d < Duration::from_secs(1) {
+                            return Err(ConfigError::Invalid(
+                                "postgres.receive_timeout must be at least 1s (or \"off\")".into(),
+                            ));
+                        }
+                        Some(d)
+                    }
+                },
             },
             outbox,
             kafka: KafkaConfig {

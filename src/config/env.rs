@@ -154,6 +154,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["postgres"], "create_publication", Kind::Bool),
     (&["postgres"], "status_interval", Kind::Str),
     (&["postgres"], "on_slot_busy", Kind::Str),
+    (&["postgres"], "receive_timeout", Kind::Str),
     (&["outbox"], "table", Kind::Str),
     (&["outbox"], "topic_prefix", Kind::Str),
     (&["outbox"], "topic", Kind::Str),

@@ -1,6 +1,7 @@
 //! `[postgres]`: where the WAL comes from: the connection, the replication slot, the
-//! publication, the interval of standby status updates, and what a process does when another
-//! one relays the slot (`on_slot_busy`).
+//! publication, the interval of standby status updates, what a process does when another one
+//! relays the slot (`on_slot_busy`), and when a silent replication connection is presumed dead
+//! (`receive_timeout`, like PostgreSQL's own `wal_receiver_timeout`).
 //!
 //! Invariants: the connection strings are never shown: `RawPostgres`'s `Debug` redacts `url` and
 //! `primary_url`, and [`PostgresConfig`] holds them parsed as `ConnInfo`s, whose `Debug` redacts
@@ -39,6 +40,8 @@ pub struct RawPostgres {
     /// `"wait"` (default): several walbox processes may run for the slot, one streams, the
     /// others wait as standbys; `"fail"`: exit 6 when the slot is in use.
     pub on_slot_busy: Option<String>,
+    /// A replication connection silent this long is presumed dead (`"0"`/`"off"` disables).
+    pub receive_timeout: Option<String>,
 }
 
 impl fmt::Debug for RawPostgres {
@@ -76,6 +79,9 @@ pub struct PostgresConfig {
     pub status_interval: Duration,
     /// What a process does when another one relays the slot.
     pub on_slot_busy: OnSlotBusy,
+    /// A replication connection from which nothing arrives for this long is presumed dead and
+    /// the session reconnects; halfway, walbox asks the server for a keepalive. `None`: never.
+    pub receive_timeout: Option<Duration>,
 }
 
 /// `postgres.on_slot_busy`: what a process does when another one relays the slot.

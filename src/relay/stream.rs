@@ -15,7 +15,7 @@ use crate::lsn::Lsn;
 use crate::outbox::EventPosition;
 use crate::sink::kafka::{classify, Ack, Severity, PROGRESS_ROUTE};
 use crate::source::pgoutput::{self, LogicalMessage};
-use crate::source::replication::{ReplicationMessage, StandbyStatus};
+use crate::source::replication::{ReplicationError, ReplicationMessage, StandbyStatus};
 use crate::timestamp::pg_now_micros;
 
 impl Relay {
@@ -32,7 +32,13 @@ impl Relay {
         // (bounded by `relay.shutdown_timeout`): its acknowledged events are then confirmed and
         // not sent again after the restart.
         let mut draining: Option<Instant> = None;
+        let mut liveness = Liveness::new(self.settings.postgres.receive_timeout);
         loop {
+            let reading = s.checkpoint.in_flight() < max_in_flight;
+            if !reading {
+                // Not reading (the broker is behind): silence is walbox's own doing.
+                liveness.heard();
+            }
             if draining.is_none() && *shutdown.borrow() {
                 draining = Some(Instant::now() + self.settings.relay.shutdown_timeout);
             }
@@ -56,6 +62,12 @@ impl Relay {
                     continue;
                 }
                 _ = tokio::time::sleep_until(drain_deadline.into()), if draining.is_some() => continue,
+                _ = tokio::time::sleep_until(liveness.deadline().into()), if reading && liveness.on() => {
+                    match liveness.check()? {
+                        Ping::Ask => self.send_status(s, true).await?,
+                        Ping::NotYet => {}
+                    }
+                }
                 _ = self.acks.wait() => {
                     self.take_acks(s)?;
                 }
@@ -72,10 +84,11 @@ impl Relay {
                     self.take_acks(s)?;
                     self.send_status(s, false).await?;
                 }
-                msg = s.stream.next(), if s.checkpoint.in_flight() < max_in_flight => {
+                msg = s.stream.next(), if reading => {
                     let Some(msg) = msg? else {
                         return Err(RelayError::StreamEnded);
                     };
+                    liveness.heard();
                     self.on_message(s, msg).await?;
                     // Work through what the last read already buffered before polling again:
                     // one wake-up per burst of messages, not per message.
@@ -370,5 +383,100 @@ impl Relay {
             }
         }
         tracing::info!(confirmed = %s.checkpoint.frontier(), "replication session ended");
+    }
+}
+
+/// What the silence of the replication connection calls for.
+#[derive(Debug, PartialEq, Eq)]
+enum Ping {
+    /// Half of `postgres.receive_timeout` without a message: ask the server for a keepalive.
+    Ask,
+    /// Nothing to do yet.
+    NotYet,
+}
+
+/// `postgres.receive_timeout`, like PostgreSQL's `wal_receiver_timeout`: a connection from which
+/// nothing arrives (no WAL, no keepalive) is asked for a keepalive halfway through the timeout
+/// (a standby status update with `replyRequested`, which the walsender answers at once), and
+/// presumed dead when the timeout passes. Without it a connection whose peer vanished without
+/// a FIN or RST (a network partition, a host powered off) would be read from until TCP gave
+/// up, which takes many minutes. The time walbox itself does not read (in-flight events at
+/// `relay.max_in_flight`) does not count.
+struct Liveness {
+    timeout: Option<Duration>,
+    last_heard: Instant,
+    asked: bool,
+}
+
+impl Liveness {
+    fn new(timeout: Option<Duration>) -> Self {
+        Liveness {
+            timeout,
+            last_heard: Instant::now(),
+            asked: false,
+        }
+    }
+
+    fn on(&self) -> bool {
+        self.timeout.is_some()
+    }
+
+    fn heard(&mut self) {
+        self.last_heard = Instant::now();
+        self.asked = false;
+    }
+
+    /// When the next check is due (far away when off).
+    fn deadline(&self) -> Instant {
+        match self.timeout {
+            Some(t) if self.asked => self.last_heard + t,
+            Some(t) => self.last_heard + t / 2,
+            None => self.last_heard + Duration::from_secs(3600),
+        }
+    }
+
+    /// At or after [`Liveness::deadline`]: ask once, then give up.
+    fn check(&mut self) -> Result<Ping, ReplicationError> {
+        let Some(timeout) = self.timeout else {
+            return Ok(Ping::NotYet);
+        };
+        let silent = self.last_heard.elapsed();
+        if silent >= timeout {
+            return Err(ReplicationError::Silent(timeout));
+        }
+        if !self.asked && silent >= timeout / 2 {
+            self.asked = true;
+            return Ok(Ping::Ask);
+        }
+        Ok(Ping::NotYet)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silence_asks_halfway_then_gives_up() {
+        let mut l = Liveness::new(Some(Duration::from_secs(10)));
+        assert_eq!(l.check().unwrap(), Ping::NotYet);
+        l.last_heard -= Duration::from_secs(6);
+        assert_eq!(l.check().unwrap(), Ping::Ask);
+        assert_eq!(l.check().unwrap(), Ping::NotYet, "asks once");
+        assert_eq!(l.deadline(), l.last_heard + Duration::from_secs(10));
+        l.last_heard -= Duration::from_secs(5);
+        assert!(matches!(l.check(), Err(ReplicationError::Silent(_))));
+        // A message resets both.
+        l.heard();
+        assert_eq!(l.check().unwrap(), Ping::NotYet);
+        assert_eq!(l.deadline(), l.last_heard + Duration::from_secs(5));
+    }
+
+    #[test]
+    fn off_never_asks_nor_gives_up() {
+        let mut l = Liveness::new(None);
+        l.last_heard -= Duration::from_secs(100_000);
+        assert_eq!(l.check().unwrap(), Ping::NotYet);
+        assert!(!l.on());
     }
 }

@@ -349,6 +349,12 @@ impl PgCluster {
         self.pg_ctl("stop -m fast -w -t 60").map(drop)
     }
 
+    /// Stops the server the way a crash does (`pg_ctl stop -m immediate`: every backend killed,
+    /// no shutdown checkpoint); [`start_again`](Self::start_again) then recovers from WAL.
+    pub fn crash(&self) -> Result<()> {
+        self.pg_ctl("stop -m immediate -w -t 60").map(drop)
+    }
+
     /// Starts the stopped server again (`pg_ctl start -w`), same port and directories.
     pub fn start_again(&self) -> Result<()> {
         let offset = self.log_len();

@@ -92,6 +92,9 @@ pub enum ReplicationError {
     /// The bound of [`ReplicationStream::finish`] elapsed.
     #[error("timed out")]
     Timeout,
+    /// Nothing arrived for `postgres.receive_timeout`, not even the keepalive asked for halfway.
+    #[error("no message from PostgreSQL for {0:?} (postgres.receive_timeout), not even a reply to a keepalive request: the connection is presumed dead")]
+    Silent(Duration),
 }
 
 impl From<io::Error> for ReplicationError {
@@ -106,7 +109,7 @@ impl Classify for ReplicationError {
             ReplicationError::Startup(e) => e.failure(),
             ReplicationError::Wire(e) => e.failure(),
             ReplicationError::Protocol(_) => Some(Failure::Internal),
-            ReplicationError::Timeout => None,
+            ReplicationError::Timeout | ReplicationError::Silent(_) => None,
         }
     }
 }

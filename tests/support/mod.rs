@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod events;
+pub mod proxy;
 pub mod standby;
 
 use std::fs::File;
@@ -123,6 +124,23 @@ impl TestDb {
     /// SCRAM over TCP as the superuser.
     pub fn url(&self) -> String {
         self.cluster.url(&self.name)
+    }
+
+    /// [`TestDb::url`] through a proxy on 127.0.0.1:`port`, giving up on a connection attempt
+    /// after `connect_timeout` seconds.
+    pub fn url_via(&self, port: u16, connect_timeout: u32) -> String {
+        let direct = format!("127.0.0.1:{}/", self.cluster.port());
+        let url = self.url();
+        assert!(url.contains(&direct), "{url}");
+        format!(
+            "{}&connect_timeout={connect_timeout}",
+            url.replace(&direct, &format!("127.0.0.1:{port}/"))
+        )
+    }
+
+    /// The cluster's TCP address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.cluster.port()))
     }
 
     /// Runs SQL and returns psql's unaligned output.

@@ -1,0 +1,230 @@
+//! Faults between walbox and PostgreSQL: through a TCP proxy (`support::proxy`), a slow link,
+//! connections cut with RST, and a blackhole longer than `postgres.receive_timeout`; and
+//! PostgreSQL crashing (`-m immediate`) mid-stream and recovering from WAL. walbox must recover
+//! by itself, and every committed event must arrive, in per-aggregate order. (Faults between
+//! walbox and the brokers are injected by the mock cluster itself: see `relay.rs` and
+//! `failures.rs`; its brokers advertise their own addresses, so a proxy cannot sit in between.)
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use walbox::sandbox::broker::TopicReader;
+use walbox::sandbox::postgres::PgCluster;
+
+use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, write_txn, Written};
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::{
+    self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
+};
+
+fn with(env: &mut Vec<(String, String)>, key: &str, value: String) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.to_owned(), value));
+}
+
+#[test]
+fn a_slow_reset_and_blackholed_link_to_postgres_loses_nothing() {
+    let db = TestDb::new("fault_pg");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 4).expect("topic");
+    db.create_slot_and_publication(&slot);
+    let proxy = Proxy::start(db.addr());
+    let port = free_port();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    with(&mut env, "WALBOX_POSTGRES_URL", db.url_via(proxy.port(), 3));
+    with(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "3s".into());
+    with(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream through the proxy", || {
+        db.streaming(&slot)
+    });
+
+    // The writer goes straight to PostgreSQL: only walbox's link is faulted.
+    let written: Arc<Mutex<Vec<Written>>> = Arc::default();
+    let writer = {
+        let (db, topic, written) = (db.clone(), topic.clone(), written.clone());
+        std::thread::spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+            let mut total = 0;
+            while total < 6_000 {
+                let n = rng.random_range(1..=20).min(6_000 - total);
+                let aggs: Vec<String> = (0..n)
+                    .map(|_| format!("agg-{}", rng.random_range(0..40)))
+                    .collect();
+                written
+                    .lock()
+                    .unwrap()
+                    .push(write_txn(&db, &topic, &aggs, false));
+                total += n;
+            }
+        })
+    };
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let more = |reader: &mut TopicReader, what: &str| {
+        let seen = reader.records.len();
+        assert!(
+            reader.poll_until(WAIT, |r| r.len() > seen + 100),
+            "{what}: no progress; log:\n{}",
+            walbox.log()
+        );
+    };
+    more(&mut reader, "before any fault");
+
+    // A slow link: 20 ms per chunk, both ways.
+    proxy.set(Mode::Delay(Duration::from_millis(20)));
+    more(&mut reader, "on a slow link");
+    proxy.set(Mode::Pass);
+
+    // Every connection cut with RST: walbox reconnects.
+    let reconnects = |port| {
+        http_get(port, "/metrics")
+            .and_then(|(_, b)| metric(&b, "walbox_reconnects_total"))
+            .unwrap_or(0.0)
+    };
+    let before = reconnects(port);
+    proxy.reset();
+    wait_until(WAIT, "a reconnect after the reset", || {
+        reconnects(port) > before
+    });
+    more(&mut reader, "after the reset");
+
+    // A blackhole longer than postgres.receive_timeout: walbox gives the silent connection up
+    // by itself (nothing closes it), then comes back when the network does.
+    proxy.set(Mode::Blackhole);
+    wait_until(WAIT, "walbox to presume the connection dead", || {
+        walbox.log().contains("the connection is presumed dead")
+    });
+    proxy.set(Mode::Pass);
+    more(&mut reader, "after the blackhole");
+
+    writer.join().expect("writer");
+    let all: HashSet<i64> = written
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|w| w.ids.iter().copied())
+        .collect();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
+        "{} of {} events arrived; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        all.len(),
+        walbox.log()
+    );
+    assert_eq!(
+        distinct_ids(&reader.records),
+        all,
+        "every committed event, nothing else"
+    );
+    assert_per_aggregate_commit_order(&reader.records);
+    assert!(proxy.accepted() > 2, "walbox reconnected through the proxy");
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
+
+#[test]
+fn postgres_crashing_mid_stream_and_recovering_loses_nothing() {
+    // Its own cluster: crashing the shared one would disturb the other tests.
+    let cluster: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(support::pg_options())));
+    let db = TestDb::on(cluster, "pgcrash");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 3).expect("topic");
+    let mut walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    wait_until(WAIT, "walbox to stream from its slot", || {
+        db.streaming(&slot)
+    });
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let aggs: Vec<String> = (0..50).map(|i| format!("a{}", i % 9)).collect();
+    let mut ids = HashSet::new();
+    for round in 0..3 {
+        // A burst committed right before the crash: walbox is still reading and producing it
+        // when every backend, its walsender included, is killed.
+        for _ in 0..20 {
+            ids.extend(write_txn(&db, &topic, &aggs, round % 2 == 0).ids);
+        }
+        cluster.crash().expect("crash postgres");
+        cluster.start_again().expect("recover postgres");
+        wait_until(WAIT, "walbox to stream again", || db.streaming(&slot));
+    }
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= ids.len()),
+        "after three crashes {} of {} events arrived; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        ids.len(),
+        walbox.log()
+    );
+    assert_eq!(
+        distinct_ids(&reader.records),
+        ids,
+        "every committed event, nothing else"
+    );
+    assert_per_aggregate_commit_order(&reader.records);
+    assert!(walbox.running(), "walbox exited:\n{}", walbox.log());
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
+
+#[test]
+fn a_slow_broker_and_moving_partition_leaders_lose_nothing() {
+    let db = TestDb::new("fault_kafka");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: broker faults need the mock cluster; skipped");
+        return;
+    };
+    broker.create_topic(&topic, 3).expect("topic");
+    db.create_slot_and_publication(&slot);
+    let mut walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    wait_until(WAIT, "walbox to stream", || db.streaming(&slot));
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let aggs: Vec<String> = (0..30).map(|i| format!("k{}", i % 11)).collect();
+    let mut ids = HashSet::new();
+    let write = |n: usize, ids: &mut HashSet<i64>| {
+        for _ in 0..n {
+            ids.extend(write_txn(&db, &topic, &aggs, false).ids);
+        }
+    };
+    write(10, &mut ids);
+    // Every broker answers 300 ms late.
+    for b in 1..=3 {
+        mock.broker_round_trip_time(b, Duration::from_millis(300))
+            .unwrap();
+    }
+    write(10, &mut ids);
+    assert!(reader.poll_until(WAIT, |r| distinct_ids(r).len() >= ids.len()));
+    // Every partition's leader moves to the next broker while events are produced.
+    write(10, &mut ids);
+    for p in 0..3 {
+        mock.partition_leader(&topic, p, Some((p + 1) % 3 + 1))
+            .unwrap();
+    }
+    write(10, &mut ids);
+    for b in 1..=3 {
+        mock.broker_round_trip_time(b, Duration::ZERO).unwrap();
+    }
+    write(10, &mut ids);
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= ids.len()),
+        "{} of {} events arrived; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        ids.len(),
+        walbox.log()
+    );
+    assert_eq!(
+        distinct_ids(&reader.records),
+        ids,
+        "every committed event, nothing else"
+    );
+    assert_per_aggregate_commit_order(&reader.records);
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
