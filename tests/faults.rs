@@ -36,7 +36,8 @@ fn a_slow_reset_and_blackholed_link_to_postgres_loses_nothing() {
     let port = free_port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     with(&mut env, "WALBOX_POSTGRES_URL", db.url_via(proxy.port(), 3));
-    with(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "3s".into());
+    // Shorter than the leader lock check (4 s), so the silence is what ends the session.
+    with(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "2s".into());
     with(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox to stream through the proxy", || {

@@ -431,8 +431,8 @@ impl PgCluster {
     fn configure(&mut self, opts: &PgClusterOptions) -> Result<()> {
         let mut conf = format!(
             "\n# walbox sandbox\nlisten_addresses = '127.0.0.1'\ninclude 'walbox_port.conf'\n\
-             unix_socket_directories = {}\nwal_level = logical\nmax_replication_slots = 64\n\
-             max_wal_senders = 64\nmax_connections = 200\nfsync = off\nshared_buffers = 128MB\n\
+             unix_socket_directories = {}\nwal_level = logical\nmax_replication_slots = 256\n\
+             max_wal_senders = 128\nmax_connections = 200\nfsync = off\nshared_buffers = 128MB\n\
              logging_collector = off\nlog_min_messages = warning\n",
             conf_quote(&self.socket_dir.to_string_lossy())
         );
