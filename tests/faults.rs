@@ -91,14 +91,28 @@ fn a_slow_reset_and_blackholed_link_to_postgres_loses_nothing() {
     wait_until(WAIT, "a reconnect after the reset", || {
         reconnects(port) > before
     });
+    // The reset also cut the leader lock's connection: walbox steps down and, alone, takes the
+    // lock again. The blackhole below must find a streaming session, not one being set up.
+    wait_until(WAIT, "walbox to stream again as the active one", || {
+        let log = walbox.log();
+        log.rfind("streaming slot=") > log.rfind("waiting as a standby")
+            && http_get(port, "/active").is_some_and(|(status, _)| status == 200)
+            && db.streaming(&slot)
+    });
     more(&mut reader, "after the reset");
 
     // A blackhole longer than postgres.receive_timeout: walbox gives the silent connection up
     // by itself (nothing closes it), then comes back when the network does.
     proxy.set(Mode::Blackhole);
-    wait_until(WAIT, "walbox to presume the connection dead", || {
-        walbox.log().contains("the connection is presumed dead")
-    });
+    let deadline = std::time::Instant::now() + WAIT;
+    while !walbox.log().contains("the connection is presumed dead") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "walbox did not presume the blackholed connection dead; log:\n{}",
+            walbox.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     proxy.set(Mode::Pass);
     more(&mut reader, "after the blackhole");
 
