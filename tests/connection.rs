@@ -555,7 +555,7 @@ async fn status_update_confirms_exactly_the_commit_end_lsn() {
     let mut conn = ReplicationConnection::connect(&parse(&db.url()))
         .await
         .unwrap();
-    let consistent_point = conn.create_logical_slot(&slot).await.unwrap();
+    let consistent_point = conn.create_logical_slot(&slot, false).await.unwrap();
     assert_eq!(db.confirmed(&slot), consistent_point);
 
     db.sql(

@@ -10,6 +10,7 @@ mod connection;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod deploy;
+mod failover;
 mod failures;
 mod faults;
 mod ha;

@@ -11,8 +11,9 @@
 //!   optionally single-quoted, backslash escapes `\'` and `\\`.
 //!
 //! Accepted parameters: `host`, `port`, `user`, `password`, `dbname`, `sslmode`, `sslrootcert`,
-//! `application_name`, `connect_timeout` (seconds, `0` = none). Anything else is an error, so a
-//! typo never silently weakens TLS.
+//! `application_name`, `connect_timeout` (seconds, `0` = none), `target_session_attrs`. Anything
+//! else is an error, so a typo never silently weakens TLS. `host` and `port` may list several
+//! hosts (`host=a,b`, `postgresql://a:1,b:2/db`): see [`super::target`].
 //!
 //! Invariants:
 //! * the password never appears in [`ConnInfoError`] messages, in [`ConnInfo::redacted`], nor in
@@ -33,6 +34,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::target::{pair_ports, SessionAttrs};
+
 /// Default Unix socket directory of Debian's PostgreSQL packages, used when no host is given and it
 /// exists.
 const DEFAULT_SOCKET_DIR: &str = "/var/run/postgresql";
@@ -49,6 +52,7 @@ const KNOWN_PARAMETERS: &[&str] = &[
     "sslrootcert",
     "application_name",
     "connect_timeout",
+    "target_session_attrs",
 ];
 
 /// How TLS is negotiated with the server (libpq's `sslmode`).
@@ -139,6 +143,10 @@ pub struct ConnInfo {
     pub application_name: String,
     /// Bound on establishing a connection (socket, TLS, authentication); `None` waits forever.
     pub connect_timeout: Option<Duration>,
+    /// The hosts after the first one (`host=a,b,…`), each with its port, tried in order.
+    pub more_hosts: Vec<(Host, u16)>,
+    /// Which servers will do (libpq's `target_session_attrs`).
+    pub target_session_attrs: SessionAttrs,
 }
 
 /// A connection string could not be parsed. The message never contains the password.
@@ -199,8 +207,9 @@ impl FromStr for ConnInfo {
 
 impl ConnInfo {
     fn from_params(params: Vec<Param>) -> Result<Self, ConnInfoError> {
-        let mut host: Option<Host> = None;
-        let mut port: u16 = 5432;
+        let mut hosts: Vec<Host> = Vec::new();
+        let mut ports: Vec<Option<u16>> = Vec::new();
+        let mut target_session_attrs = SessionAttrs::default();
         let mut user: Option<String> = None;
         let mut password: Option<String> = None;
         let mut dbname: Option<String> = None;
@@ -211,8 +220,17 @@ impl ConnInfo {
 
         for Param { key, value, hidden } in params {
             match key.as_str() {
-                "host" => host = parse_host(&value, hidden)?,
-                "port" => port = parse_port(&value, hidden)?,
+                "host" => hosts = parse_hosts(&value, hidden)?,
+                "port" => {
+                    ports = value
+                        .split(',')
+                        .map(|p| match p.trim() {
+                            "" => Ok(None),
+                            p => parse_port(p, hidden).map(Some),
+                        })
+                        .collect::<Result<_, _>>()?
+                }
+                "target_session_attrs" => target_session_attrs = value.parse()?,
                 "user" => user = Some(value).filter(|v| !v.is_empty()),
                 "password" => password = Some(value),
                 "dbname" => dbname = Some(value).filter(|v| !v.is_empty()),
@@ -251,13 +269,16 @@ impl ConnInfo {
             }
         }
 
-        let host = host.unwrap_or_else(|| {
-            if Path::new(DEFAULT_SOCKET_DIR).exists() {
+        if hosts.is_empty() {
+            hosts.push(if Path::new(DEFAULT_SOCKET_DIR).exists() {
                 Host::Unix(PathBuf::from(DEFAULT_SOCKET_DIR))
             } else {
                 Host::Tcp("localhost".to_owned())
-            }
-        });
+            });
+        }
+        let mut targets = pair_ports(hosts, &ports, 5432)?.into_iter();
+        let (host, port) = targets.next().expect("at least one host");
+        let more_hosts = targets.collect();
         let user = match user {
             Some(u) => u,
             None => std::env::var("USER")
@@ -276,6 +297,8 @@ impl ConnInfo {
             sslrootcert,
             application_name,
             connect_timeout,
+            more_hosts,
+            target_session_attrs,
         })
     }
 
@@ -301,16 +324,24 @@ impl ConnInfo {
             out.push_str(":***");
         }
         out.push('@');
-        match &self.host {
-            Host::Tcp(h) if h.contains(':') => {
-                out.push('[');
-                out.push_str(h);
-                out.push(']');
+        let targets = std::iter::once((&self.host, self.port))
+            .chain(self.more_hosts.iter().map(|(h, p)| (h, *p)));
+        for (i, (host, port)) in targets.enumerate() {
+            if i > 0 {
+                out.push(',');
             }
-            Host::Tcp(h) => out.push_str(&percent_encode(h)),
-            Host::Unix(dir) => out.push_str(&percent_encode(&dir.to_string_lossy())),
+            match host {
+                Host::Tcp(h) if h.contains(':') => {
+                    out.push('[');
+                    out.push_str(h);
+                    out.push(']');
+                }
+                Host::Tcp(h) => out.push_str(&percent_encode(h)),
+                Host::Unix(dir) => out.push_str(&percent_encode(&dir.to_string_lossy())),
+            }
+            out.push_str(&format!(":{port}"));
         }
-        out.push_str(&format!(":{}/", self.port));
+        out.push('/');
         out.push_str(&percent_encode(&self.dbname));
         out.push_str("?sslmode=");
         out.push_str(self.sslmode.as_str());
@@ -322,6 +353,10 @@ impl ConnInfo {
         out.push_str(&percent_encode(&self.application_name));
         if let Some(t) = self.connect_timeout {
             out.push_str(&format!("&connect_timeout={}", t.as_secs().max(1)));
+        }
+        if self.target_session_attrs != SessionAttrs::Any {
+            out.push_str("&target_session_attrs=");
+            out.push_str(self.target_session_attrs.as_str());
         }
         out
     }
@@ -346,19 +381,32 @@ impl fmt::Debug for ConnInfo {
             .field("sslrootcert", &self.sslrootcert)
             .field("application_name", &self.application_name)
             .field("connect_timeout", &self.connect_timeout)
+            .field("more_hosts", &self.more_hosts)
+            .field("target_session_attrs", &self.target_session_attrs)
             .finish()
     }
+}
+
+/// `host=a,b,…`: one host, or several in the order they are tried.
+fn parse_hosts(value: &str, hidden: bool) -> Result<Vec<Host>, ConnInfoError> {
+    if value.is_empty() {
+        return Ok(Vec::new());
+    }
+    value
+        .split(',')
+        .map(|h| match parse_host(h.trim(), hidden)? {
+            Some(host) => Ok(host),
+            None => Err(ConnInfoError::InvalidValue {
+                param: "host",
+                reason: "an empty host in the list of hosts".to_owned(),
+            }),
+        })
+        .collect()
 }
 
 fn parse_host(value: &str, hidden: bool) -> Result<Option<Host>, ConnInfoError> {
     if value.is_empty() {
         return Ok(None);
-    }
-    if value.contains(',') {
-        return Err(ConnInfoError::InvalidValue {
-            param: "host",
-            reason: "several hosts are not supported".to_owned(),
-        });
     }
     if value.starts_with('/') {
         return Ok(Some(Host::Unix(PathBuf::from(value))));
@@ -418,31 +466,21 @@ fn parse_url(rest: &str) -> Result<Vec<Param>, ConnInfoError> {
         }
     }
 
-    // Host and port: "[v6]:port", "host:port", "host", ":port", "".
-    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-        let (h, after) = v6
-            .split_once(']')
-            .ok_or_else(|| ConnInfoError::Malformed("unterminated '[' in URL host".to_owned()))?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':').ok_or_else(|| {
-                ConnInfoError::Malformed("unexpected text after ']' in URL host".to_owned())
-            })?),
-        };
-        (h.to_owned(), port)
-    } else {
-        match hostport.split_once(':') {
-            Some((h, p)) => (percent_decode(h, "host")?, Some(p)),
-            None => (percent_decode(hostport, "host")?, None),
-        }
-    };
+    // Hosts and ports: a comma-separated list of "[v6]:port", "host:port", "host", ":port", "".
+    let mut hosts = Vec::new();
+    let mut ports = Vec::new();
+    for hostport in hostport.split(',') {
+        let (host, port) = url_host_port(hostport)?;
+        hosts.push(host);
+        ports.push(port.unwrap_or_default());
+    }
     // A URL without user info can still be a password with an unencoded '/' cut short.
     let authority_hidden = true;
-    if !host.is_empty() {
-        push("host", host, authority_hidden);
+    if hosts.iter().any(|h| !h.is_empty()) {
+        push("host", hosts.join(","), authority_hidden);
     }
-    if let Some(p) = port.filter(|p| !p.is_empty()) {
-        push("port", percent_decode(p, "port")?, authority_hidden);
+    if ports.iter().any(|p| !p.is_empty()) {
+        push("port", ports.join(","), authority_hidden);
     }
 
     if !path.is_empty() {
@@ -471,6 +509,32 @@ fn parse_url(rest: &str) -> Result<Vec<Param>, ConnInfoError> {
         after_password |= is_password;
     }
     Ok(params)
+}
+
+/// One host of a URL's authority: `[v6]:port`, `host:port`, `host`, `:port` or empty.
+fn url_host_port(hostport: &str) -> Result<(String, Option<String>), ConnInfoError> {
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (h, after) = v6
+            .split_once(']')
+            .ok_or_else(|| ConnInfoError::Malformed("unterminated '[' in URL host".to_owned()))?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':').ok_or_else(|| {
+                ConnInfoError::Malformed("unexpected text after ']' in URL host".to_owned())
+            })?),
+        };
+        (h.to_owned(), port)
+    } else {
+        match hostport.split_once(':') {
+            Some((h, p)) => (percent_decode(h, "host")?, Some(p)),
+            None => (percent_decode(hostport, "host")?, None),
+        }
+    };
+    let port = match port {
+        Some(p) => Some(percent_decode(p, "port")?),
+        None => None,
+    };
+    Ok((host, port))
 }
 
 /// Parses libpq's `key=value key='quoted value'` form.

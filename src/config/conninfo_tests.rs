@@ -132,7 +132,7 @@ fn errors() {
         ("host=h user=u dbname", "missing '=' after \"dbname\""),
         ("host=h user=u mydb", "missing '=' after word 3"),
         ("postgres:/u@h/d", "postgres://"),
-        ("postgres://u@h1,h2/d", "several hosts"),
+        ("postgres://u@h1,,h2/d", "an empty host"),
         ("postgres://u@h/d?sslmode", "has no '='"),
         ("postgres://u@h/d%zz", "percent-encoding"),
         ("postgres://u@[::1/d", "unterminated '['"),

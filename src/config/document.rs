@@ -298,6 +298,7 @@ impl RawConfig {
                         Some(d)
                     }
                 },
+                failover_slot: self.postgres.failover_slot.unwrap_or(false),
             },
             outbox,
             kafka: KafkaConfig {

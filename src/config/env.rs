@@ -155,6 +155,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["postgres"], "status_interval", Kind::Str),
     (&["postgres"], "on_slot_busy", Kind::Str),
     (&["postgres"], "receive_timeout", Kind::Str),
+    (&["postgres"], "failover_slot", Kind::Bool),
     (&["outbox"], "table", Kind::Str),
     (&["outbox"], "topic_prefix", Kind::Str),
     (&["outbox"], "topic", Kind::Str),

@@ -50,6 +50,7 @@ pub mod outbox;
 mod postgres;
 mod relay;
 mod slot;
+pub mod target;
 mod units;
 
 pub use alerts::{AlertsConfig, RawAlerts};

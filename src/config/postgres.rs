@@ -42,6 +42,8 @@ pub struct RawPostgres {
     pub on_slot_busy: Option<String>,
     /// A replication connection silent this long is presumed dead (`"0"`/`"off"` disables).
     pub receive_timeout: Option<String>,
+    /// Make the slot a failover slot (PostgreSQL 17+), synchronized to standbys.
+    pub failover_slot: Option<bool>,
 }
 
 impl fmt::Debug for RawPostgres {
@@ -82,6 +84,9 @@ pub struct PostgresConfig {
     /// A replication connection from which nothing arrives for this long is presumed dead and
     /// the session reconnects; halfway, walbox asks the server for a keepalive. `None`: never.
     pub receive_timeout: Option<Duration>,
+    /// Create the slot with `FAILOVER`, or turn it on for an existing slot (PostgreSQL 17+), so
+    /// that standbys with `sync_replication_slots` keep it through a promotion.
+    pub failover_slot: bool,
 }
 
 /// `postgres.on_slot_busy`: what a process does when another one relays the slot.

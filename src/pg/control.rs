@@ -8,6 +8,7 @@
 
 use crate::config::conninfo::{ConnInfo, Host, SslMode};
 use crate::failure::{Classify, Failure};
+use crate::pg::hosts::{self, ServerRole, Verdict, ROLE_QUERY};
 use crate::pg::tls::{TlsConfig, TlsError};
 
 /// The control connection could not be established.
@@ -22,6 +23,9 @@ pub enum ConnectError {
     /// `connect_timeout` elapsed.
     #[error("timed out connecting to PostgreSQL")]
     Timeout,
+    /// Several hosts or `target_session_attrs`: none of the hosts would do (transient).
+    #[error("{0}")]
+    NoSuitableHost(String),
 }
 
 impl Classify for ConnectError {
@@ -59,8 +63,34 @@ impl ConnectError {
 /// Opens an ordinary (non-replication) connection with tokio-postgres, for DDL and slot health
 /// queries. TLS follows [`ConnInfo::sslmode`] exactly like the replication connection (same
 /// [`TlsConfig`]); with `prefer`, a failed handshake is retried once without TLS. The connection
-/// task is spawned on tokio and logs with `tracing::warn!` if it ends with an error.
+/// task is spawned on tokio and logs with `tracing::warn!` if it ends with an error. Several
+/// hosts, or `target_session_attrs`: the first host that will do ([`crate::pg::hosts`]).
 pub async fn connect_control(info: &ConnInfo) -> Result<tokio_postgres::Client, ConnectError> {
+    if !info.chooses_host() {
+        return connect_one(info).await;
+    }
+    let chosen = hosts::choose(info, |candidate, attrs, any| async move {
+        let client = match connect_one(&candidate).await {
+            Ok(client) => client,
+            Err(e) => return Verdict::Failed(e),
+        };
+        let row = match client.query_one(ROLE_QUERY, &[]).await {
+            Ok(row) => row,
+            Err(e) => return Verdict::Failed(ConnectError::Postgres(e)),
+        };
+        match ServerRole::from_text(row.get(0), row.get(1)) {
+            Some(role) if hosts::suits(attrs, role, any) => Verdict::Chosen(client),
+            Some(role) => Verdict::Unsuitable(role),
+            None => Verdict::Failed(ConnectError::NoSuitableHost(
+                "unexpected answer to pg_is_in_recovery()".to_owned(),
+            )),
+        }
+    })
+    .await;
+    chosen.map_err(|e| e.unwrap_or_else(ConnectError::NoSuitableHost))
+}
+
+async fn connect_one(info: &ConnInfo) -> Result<tokio_postgres::Client, ConnectError> {
     let attempt = async {
         let tls = if info.tls_applies() {
             TlsConfig::new(info.sslmode, info.sslrootcert.as_deref())?

@@ -400,7 +400,7 @@ impl PgCluster {
     }
 
     /// Runs `pg_ctl <args> -D <data> -l <log>` and checks its exit status.
-    fn pg_ctl(&self, args: &str) -> Result<Output> {
+    pub(super) fn pg_ctl(&self, args: &str) -> Result<Output> {
         let mut cmd = self.command("pg_ctl");
         cmd.args(args.split(' '))
             .arg("-D")

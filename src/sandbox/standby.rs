@@ -92,6 +92,12 @@ impl PgCluster {
         Ok(standby)
     }
 
+    /// Promotes this standby to a primary (`pg_ctl promote -w`): it leaves recovery and accepts
+    /// writes; on PostgreSQL 17+ its synchronized slots become usable.
+    pub fn promote(&self) -> Result<()> {
+        self.pg_ctl("promote -w -t 60").map(drop)
+    }
+
     /// Waits until the server is in recovery and its WAL receiver streams.
     fn wait_streaming(&self) -> Result<()> {
         let deadline = Instant::now() + STREAMING_TIMEOUT;

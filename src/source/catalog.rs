@@ -104,6 +104,12 @@ pub enum CatalogError {
     /// `postgres.url` names a standby that cannot be decoded from.
     #[error(transparent)]
     Standby(#[from] StandbyError),
+    /// `postgres.failover_slot` on a server older than 17.
+    #[error("postgres.failover_slot needs PostgreSQL 17 or newer (failover slots); this server is {0}: set postgres.failover_slot = false (before 17 a logical slot does not survive a failover of the primary: see the README, \"Failover of the primary\")")]
+    FailoverNeeds17(String),
+    /// `postgres.failover_slot` while `postgres.url` names a standby.
+    #[error("postgres.failover_slot applies to a slot on the primary, but postgres.url names a standby: set postgres.failover_slot = false (a standby receives the primary's failover slots through sync_replication_slots)")]
+    FailoverOnStandby,
     /// The slot was invalidated.
     #[error("replication slot {slot:?} is lost (wal_status = lost, confirmed up to {confirmed}): {cause}, so events after {confirmed} may never be relayed; see the runbook \"Slot lost\" before recreating it")]
     SlotLost {
@@ -134,6 +140,8 @@ impl Classify for CatalogError {
 pub struct SlotState {
     /// `confirmed_flush_lsn`: where streaming resumes.
     pub confirmed_flush_lsn: Lsn,
+    /// Whether the slot is a failover slot (PostgreSQL 17+; `None` before).
+    pub failover: Option<bool>,
 }
 
 /// Checks server (and, on a standby, what decoding there needs), tables and publication;
@@ -152,6 +160,12 @@ pub async fn prepare(
         return Err(CatalogError::TooOld(version));
     }
     let role = standby::role(client).await?;
+    if pg.failover_slot && num < 170_000 {
+        return Err(CatalogError::FailoverNeeds17(version));
+    }
+    if pg.failover_slot && role == Role::Standby {
+        return Err(CatalogError::FailoverOnStandby);
+    }
     if role == Role::Standby {
         // A slot the standby already invalidated is the graver news (exit 7): it comes first.
         slot_state(client, &pg.slot).await?;
@@ -418,7 +432,8 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
             "SELECT s.plugin::text, s.slot_type, s.database::text = current_database(), \
                     s.confirmed_flush_lsn::text, s.wal_status, \
                     to_jsonb(s) ->> 'invalidation_reason', \
-                    coalesce((to_jsonb(s)->>'conflicting')::bool, false) \
+                    coalesce((to_jsonb(s)->>'conflicting')::bool, false), \
+                    (to_jsonb(s)->>'failover')::bool \
              FROM pg_replication_slots s WHERE s.slot_name = $1",
             &[&slot],
         )
@@ -470,6 +485,7 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
     }
     Ok(Some(SlotState {
         confirmed_flush_lsn: confirmed,
+        failover: row.get(7),
     }))
 }
 

@@ -65,6 +65,7 @@ use crate::config::conninfo::ConnInfo;
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::pg::auth::{self, StartupError};
+use crate::pg::hosts::{self, ServerRole, Verdict, ROLE_QUERY};
 use crate::pg::wire::{
     data_row_text, log_notice, server_error, tag_name, Backend, Wire, WireError, CLOSE_TIMEOUT,
 };
@@ -95,6 +96,9 @@ pub enum ReplicationError {
     /// Nothing arrived for `postgres.receive_timeout`, not even the keepalive asked for halfway.
     #[error("no message from PostgreSQL for {0:?} (postgres.receive_timeout), not even a reply to a keepalive request: the connection is presumed dead")]
     Silent(Duration),
+    /// Several hosts or `target_session_attrs`: none of the hosts would do (transient).
+    #[error("{0}")]
+    NoSuitableHost(String),
 }
 
 impl From<io::Error> for ReplicationError {
@@ -109,7 +113,9 @@ impl Classify for ReplicationError {
             ReplicationError::Startup(e) => e.failure(),
             ReplicationError::Wire(e) => e.failure(),
             ReplicationError::Protocol(_) => Some(Failure::Internal),
-            ReplicationError::Timeout | ReplicationError::Silent(_) => None,
+            ReplicationError::Timeout
+            | ReplicationError::Silent(_)
+            | ReplicationError::NoSuitableHost(_) => None,
         }
     }
 }
@@ -214,7 +220,39 @@ impl ReplicationConnection {
     /// `user`, `database`, `replication=database`, `application_name`, `client_encoding=UTF8`;
     /// trust, cleartext password, md5 or SCRAM-SHA-256 (with `tls-server-end-point` channel binding
     /// over TLS when the server offers it). The whole sequence is bounded by `connect_timeout`.
+    /// Several hosts, or `target_session_attrs`: the first host that will do
+    /// ([`crate::pg::hosts`]).
     pub async fn connect(info: &ConnInfo) -> Result<Self, ReplicationError> {
+        if !info.chooses_host() {
+            return Self::connect_one(info).await;
+        }
+        let chosen = hosts::choose(info, |candidate, attrs, any| async move {
+            let mut conn = match Self::connect_one(&candidate).await {
+                Ok(conn) => conn,
+                Err(e) => return Verdict::Failed(e),
+            };
+            let rows = match conn.simple_query(ROLE_QUERY).await {
+                Ok(rows) => rows,
+                Err(e) => return Verdict::Failed(e),
+            };
+            let role = rows
+                .first()
+                .and_then(|r| ServerRole::from_text(r[0].as_deref(), r.get(1)?.as_deref()));
+            match role {
+                Some(role) if hosts::suits(attrs, role, any) => Verdict::Chosen(conn),
+                Some(role) => {
+                    // Dropping the socket is enough: the server ends the session.
+                    let _ = conn.close().await;
+                    Verdict::Unsuitable(role)
+                }
+                None => Verdict::Failed(protocol("unexpected answer to pg_is_in_recovery()")),
+            }
+        })
+        .await;
+        chosen.map_err(|e| e.unwrap_or_else(ReplicationError::NoSuitableHost))
+    }
+
+    async fn connect_one(info: &ConnInfo) -> Result<Self, ReplicationError> {
         let session = auth::connect(info, &[("replication", "database")]).await?;
         let version = session
             .parameters
@@ -255,6 +293,16 @@ impl ReplicationConnection {
         }
         self.busy = true;
         Ok(())
+    }
+
+    /// `ALTER_REPLICATION_SLOT … (FAILOVER true)` (PostgreSQL 17+): an existing slot becomes a
+    /// failover slot. The slot must not be in use.
+    pub async fn enable_failover(&mut self, slot: &str) -> Result<(), ReplicationError> {
+        let sql = format!(
+            "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
+            quote_ident(slot)?
+        );
+        self.simple_query(&sql).await.map(drop)
     }
 
     /// Runs a simple-protocol query (a replication command or SQL) and returns the rows of all
@@ -336,9 +384,19 @@ impl ReplicationConnection {
     /// Creates a logical slot using pgoutput, without exporting a snapshot
     /// (`(SNAPSHOT 'nothing')` on PostgreSQL ≥ 15, `NOEXPORT_SNAPSHOT` before), and returns its
     /// `consistent_point`: changes committed after it will be streamed. Waits for transactions
-    /// already running on the server to finish.
-    pub async fn create_logical_slot(&mut self, slot: &str) -> Result<Lsn, ReplicationError> {
-        let sql = if self.server_version_num >= 150_000 {
+    /// already running on the server to finish. `failover` (PostgreSQL 17+) makes it a failover
+    /// slot, synchronized to standbys that have `sync_replication_slots` on.
+    pub async fn create_logical_slot(
+        &mut self,
+        slot: &str,
+        failover: bool,
+    ) -> Result<Lsn, ReplicationError> {
+        let sql = if failover {
+            format!(
+                "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER)",
+                quote_ident(slot)?
+            )
+        } else if self.server_version_num >= 150_000 {
             format!(
                 "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'nothing')",
                 quote_ident(slot)?

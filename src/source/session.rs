@@ -66,6 +66,8 @@ pub struct OpenSession {
     /// `postgres.primary_url`, asked for running-transactions records while a slot is created
     /// on a standby.
     primary: Option<crate::config::conninfo::ConnInfo>,
+    /// `postgres.failover_slot`: a slot created here is a failover slot.
+    failover: bool,
 }
 
 /// Connects both connections, runs the start-up checks (creating the publication when
@@ -75,7 +77,17 @@ pub async fn open(pg: &PostgresConfig, outbox: &OutboxConfig) -> Result<OpenSess
     let role = catalog::prepare(&control, pg, outbox).await?;
     let mut repl = ReplicationConnection::connect(&pg.conn).await?;
     let identity = repl.identify_system().await?;
-    let slot = catalog::slot_state(&control, &pg.slot).await?;
+    let mut slot = catalog::slot_state(&control, &pg.slot).await?;
+    if pg.failover_slot {
+        if let Some(state) = slot.filter(|s| s.failover == Some(false)) {
+            repl.enable_failover(&pg.slot).await?;
+            tracing::info!(slot = %pg.slot, "the slot is now a failover slot (ALTER_REPLICATION_SLOT … FAILOVER): standbys with sync_replication_slots = on keep a copy of it");
+            slot = Some(catalog::SlotState {
+                failover: Some(true),
+                ..state
+            });
+        }
+    }
     Ok(OpenSession {
         control,
         repl,
@@ -83,6 +95,7 @@ pub async fn open(pg: &PostgresConfig, outbox: &OutboxConfig) -> Result<OpenSess
         slot,
         role,
         primary: pg.primary.clone(),
+        failover: pg.failover_slot,
     })
 }
 
@@ -91,7 +104,7 @@ impl OpenSession {
     /// creation waits for a running-transactions record from the primary, asked for through
     /// `postgres.primary_url` (see [`standby::while_slot_is_created`]).
     pub async fn create_slot(&mut self, slot: &str) -> Result<SlotState, OpenError> {
-        let create = self.repl.create_logical_slot(slot);
+        let create = self.repl.create_logical_slot(slot, self.failover);
         let at = match self.role {
             Role::Primary => create.await?,
             Role::Standby => {

@@ -152,6 +152,14 @@ impl TestDb {
             .to_owned()
     }
 
+    /// Runs SQL, returning psql's error instead of panicking (for a server that may be down).
+    pub fn try_sql(&self, sql: &str) -> Result<String, String> {
+        self.cluster
+            .psql(&self.name, sql)
+            .map(|out| out.trim().to_owned())
+            .map_err(|e| e.to_string())
+    }
+
     /// The slot's `confirmed_flush_lsn` (0/0 when absent).
     pub fn confirmed(&self, slot: &str) -> Lsn {
         self.sql(&format!(

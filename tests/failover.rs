@@ -1,0 +1,265 @@
+//! Losing the primary: several hosts in `postgres.url` (`target_session_attrs`), failover slots
+//! (`postgres.failover_slot`, PostgreSQL 17+), and a real promotion: a primary with a physical
+//! standby that synchronizes the slot (`sync_replication_slots`), the primary crashed mid-stream
+//! while a writer commits, the standby promoted, walbox carrying on from the synchronized slot.
+//! What the new primary's outbox holds is exactly what Kafka holds: nothing missing, and no
+//! event from a commit the standby never received (`synchronized_standby_slots`).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use walbox::sandbox::broker::TopicReader;
+use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+use walbox::sandbox::standby::StandbyOptions;
+
+use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids};
+use crate::support::{self, free_port, wait_until, walbox_env, TestDb, Walbox, WAIT};
+
+fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.to_owned(), value));
+}
+
+/// `db`'s URL naming the hosts on `ports`, in that order, with `attrs`.
+fn multi_host_url(db: &TestDb, own_port: u16, ports: &[u16], attrs: &str) -> String {
+    let direct = format!("127.0.0.1:{own_port}/");
+    let url = db.url();
+    assert!(url.contains(&direct), "{url}");
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    format!(
+        "{}&target_session_attrs={attrs}&connect_timeout=2",
+        url.replace(&direct, &format!("{}/", hosts.join(",")))
+    )
+}
+
+/// One outbox row per transaction, on whichever server `db` names; `None` when the commit
+/// failed (the server is down or read-only).
+fn insert(db: &TestDb, topic: &str, n: u32) -> Option<i64> {
+    db.try_sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+         VALUES ('agg-{}', '{topic}', 'thing.happened', '{{}}') RETURNING id;",
+        n % 7
+    ))
+    .ok()
+    .and_then(|out| out.lines().next()?.trim().parse().ok())
+}
+
+#[test]
+fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_phantom() {
+    let major = support::test_major().filter(|m| *m >= 17).unwrap_or(17);
+    let primary: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            major: Some(major),
+            watchdog: true,
+            ..Default::default()
+        })));
+    let standby: &'static PgCluster = Box::leak(Box::new(
+        primary
+            .start_standby(StandbyOptions {
+                watchdog: true,
+                settings: vec![("sync_replication_slots".into(), "on".into())],
+            })
+            .expect("start the standby"),
+    ));
+    // No change reaches walbox before the standby has it: the primary's walsender waits for the
+    // standby's physical slot.
+    let physical = standby
+        .psql("postgres", "SHOW primary_slot_name;")
+        .unwrap()
+        .trim()
+        .to_owned();
+    primary
+        .psql(
+            "postgres",
+            &format!(
+                "ALTER SYSTEM SET synchronized_standby_slots = '{physical}'; SELECT pg_reload_conf();"
+            ),
+        )
+        .unwrap();
+
+    let db = TestDb::on(primary, "failover");
+    let replica = db.on_standby(standby);
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 3).expect("topic");
+    wait_until(WAIT, "the standby to replay the outbox table", || {
+        replica.try_sql("SELECT count(*) FROM outbox").is_ok()
+    });
+
+    // The standby is listed first: read-write passes it over while it is in recovery.
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(
+        &mut env,
+        "WALBOX_POSTGRES_URL",
+        multi_host_url(
+            &db,
+            primary.port(),
+            &[standby.port(), primary.port()],
+            "read-write",
+        ),
+    );
+    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
+    set(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "5s".into());
+    let port = free_port();
+    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the primary", || {
+        db.streaming(&slot)
+    });
+    assert_eq!(
+        db.sql(&format!(
+            "SELECT failover FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        )),
+        "t",
+        "walbox created a failover slot"
+    );
+
+    // A writer commits on whichever server accepts writes, throughout.
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let writer = {
+        let (dbs, topic, stop, committed) = (
+            [db.clone(), replica.clone()],
+            topic.clone(),
+            stop.clone(),
+            committed.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                for db in &dbs {
+                    if let Some(id) = insert(db, &topic, n) {
+                        committed.lock().unwrap().push(id);
+                        n += 1;
+                        break;
+                    }
+                }
+            }
+        })
+    };
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| r.len() > 200),
+        "events before the failover; log:\n{}",
+        walbox.log()
+    );
+
+    // The slot survives a promotion only once the standby holds it synchronized and persisted.
+    wait_until(WAIT, "the standby to hold the synchronized slot", || {
+        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
+        replica
+            .try_sql(&format!(
+                "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .is_ok_and(|v| v == "t")
+    });
+
+    let before = committed.lock().unwrap().len();
+    primary.crash().expect("crash the primary");
+    standby.promote().expect("promote the standby");
+    wait_until(WAIT, "walbox to stream from the promoted standby", || {
+        replica.streaming(&slot)
+    });
+    let after = committed.lock().unwrap().len();
+    wait_until(WAIT, "commits on the new primary", || {
+        committed.lock().unwrap().len() > after + 100
+    });
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("writer");
+
+    // What the new primary holds is the truth: every commit acknowledged by the old primary
+    // but never received by the standby is gone, and must not be in Kafka either.
+    let truth: HashSet<i64> = replica
+        .sql("SELECT id FROM outbox")
+        .lines()
+        .map(|l| l.parse().expect("id"))
+        .collect();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= truth.len()),
+        "{} of {} events arrived; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        truth.len(),
+        walbox.log()
+    );
+    let seen = distinct_ids(&reader.records);
+    let missing: Vec<_> = truth.difference(&seen).collect();
+    let phantom: Vec<_> = seen.difference(&truth).collect();
+    assert!(
+        missing.is_empty() && phantom.is_empty(),
+        "missing {missing:?}, phantom {phantom:?}; log:\n{}",
+        walbox.log()
+    );
+    assert_per_aggregate_commit_order(&reader.records);
+    println!(
+        "failover on PostgreSQL {major}: {} events, {before} committed before the crash, {} on record in the new primary",
+        seen.len(),
+        truth.len()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
+
+#[test]
+fn a_dead_first_host_is_passed_over() {
+    let db = TestDb::new("multihost");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 1).expect("topic");
+    let own = db.addr().port();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(
+        &mut env,
+        "WALBOX_POSTGRES_URL",
+        multi_host_url(&db, own, &[free_port(), own], "any"),
+    );
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the second host", || {
+        db.streaming(&slot)
+    });
+    let id = insert(&db, &topic, 1).expect("insert");
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).contains(&id)),
+        "the event arrived; log:\n{}",
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
+
+#[test]
+fn failover_slot_before_17_stops_or_turns_an_existing_slot_into_one() {
+    let db = TestDb::new("fslot");
+    let slot = db.name.clone();
+    let broker = support::broker();
+    db.create_slot_and_publication(&slot);
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
+    let mut walbox = Walbox::spawn(&env);
+    if support::major() < 17 {
+        let status = walbox.wait_exit(WAIT);
+        assert_eq!(status.code(), Some(5), "{}", walbox.log());
+        assert!(
+            walbox
+                .log()
+                .contains("postgres.failover_slot needs PostgreSQL 17 or newer"),
+            "{}",
+            walbox.log()
+        );
+        return;
+    }
+    wait_until(WAIT, "walbox to stream", || db.streaming(&slot));
+    assert_eq!(
+        db.sql(&format!(
+            "SELECT failover FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        )),
+        "t",
+        "the existing slot became a failover slot; log:\n{}",
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
