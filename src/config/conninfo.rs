@@ -230,7 +230,15 @@ impl ConnInfo {
                         })
                         .collect::<Result<_, _>>()?
                 }
-                "target_session_attrs" => target_session_attrs = value.parse()?,
+                "target_session_attrs" => {
+                    target_session_attrs =
+                        value
+                            .parse()
+                            .map_err(|reason| ConnInfoError::InvalidValue {
+                                param: "target_session_attrs",
+                                reason,
+                            })?
+                }
                 "user" => user = Some(value).filter(|v| !v.is_empty()),
                 "password" => password = Some(value),
                 "dbname" => dbname = Some(value).filter(|v| !v.is_empty()),
@@ -276,7 +284,12 @@ impl ConnInfo {
                 Host::Tcp("localhost".to_owned())
             });
         }
-        let mut targets = pair_ports(hosts, &ports, 5432)?.into_iter();
+        let mut targets = pair_ports(hosts, &ports, 5432)
+            .map_err(|reason| ConnInfoError::InvalidValue {
+                param: "port",
+                reason,
+            })?
+            .into_iter();
         let (host, port) = targets.next().expect("at least one host");
         let more_hosts = targets.collect();
         let user = match user {
@@ -359,6 +372,37 @@ impl ConnInfo {
             out.push_str(self.target_session_attrs.as_str());
         }
         out
+    }
+}
+
+impl ConnInfo {
+    /// Whether connecting needs to choose among hosts or check the server's state.
+    pub fn chooses_host(&self) -> bool {
+        !self.more_hosts.is_empty() || self.target_session_attrs != SessionAttrs::Any
+    }
+
+    /// One single-host connection per host, in the order written.
+    pub fn candidates(&self) -> Vec<ConnInfo> {
+        let first = ConnInfo {
+            more_hosts: Vec::new(),
+            ..self.clone()
+        };
+        let mut out = vec![first.clone()];
+        out.extend(self.more_hosts.iter().map(|(host, port)| ConnInfo {
+            host: host.clone(),
+            port: *port,
+            ..first.clone()
+        }));
+        out
+    }
+
+    /// `host:port` (or the socket directory and port) of the first host, for messages.
+    pub fn host_label(&self) -> String {
+        match &self.host {
+            Host::Tcp(h) if h.contains(':') => format!("[{h}]:{}", self.port),
+            Host::Tcp(h) => format!("{h}:{}", self.port),
+            Host::Unix(dir) => format!("{}:{}", dir.display(), self.port),
+        }
     }
 }
 

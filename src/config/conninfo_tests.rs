@@ -204,3 +204,70 @@ fn redaction() {
     let v6 = parse("postgres://u@[::1]/d");
     assert_eq!(parse(&v6.redacted()), v6);
 }
+
+// Several hosts and target_session_attrs (config::target).
+#[test]
+fn keyword_form_lists_hosts_and_ports() {
+    let c = parse("host=a,b,/run/pg port=1,,3 user=u target_session_attrs=read-write");
+    let hosts: Vec<String> = c.candidates().iter().map(|c| c.host_label()).collect();
+    assert_eq!(hosts, ["a:1", "b:5432", "/run/pg:3"]);
+    assert_eq!(c.target_session_attrs, SessionAttrs::ReadWrite);
+    assert!(c.chooses_host());
+    assert!(c
+        .candidates()
+        .iter()
+        .all(|c| !c.chooses_host() || c.target_session_attrs != SessionAttrs::Any));
+    assert!(c.candidates().iter().all(|c| c.more_hosts.is_empty()));
+
+    let one_port = parse("host=a,b port=7 user=u");
+    let hosts: Vec<String> = one_port
+        .candidates()
+        .iter()
+        .map(|c| c.host_label())
+        .collect();
+    assert_eq!(hosts, ["a:7", "b:7"]);
+}
+
+#[test]
+fn url_form_lists_hosts_with_their_ports() {
+    let c = parse("postgresql://u:pw@a:1,[::1]:2,c/db?target_session_attrs=primary");
+    let hosts: Vec<String> = c.candidates().iter().map(|c| c.host_label()).collect();
+    assert_eq!(hosts, ["a:1", "[::1]:2", "c:5432"]);
+    assert_eq!(c.target_session_attrs, SessionAttrs::Primary);
+    assert!(c
+        .candidates()
+        .iter()
+        .all(|c| c.password.as_deref() == Some("pw")));
+    // The redacted form lists every host and parses back to the same targets.
+    let r = c.redacted();
+    assert!(
+        r.starts_with("postgresql://u:***@a:1,[::1]:2,c:5432/db?"),
+        "{r}"
+    );
+    assert!(r.contains("target_session_attrs=primary"), "{r}");
+    let back = parse(&r);
+    assert_eq!(back.candidates().len(), 3);
+    assert_eq!(back.more_hosts, c.more_hosts);
+}
+
+#[test]
+fn one_host_and_any_does_not_choose() {
+    let c = parse("host=a user=u");
+    assert!(!c.chooses_host());
+    assert_eq!(c.candidates(), vec![c.clone()]);
+    assert!(!c.redacted().contains("target_session_attrs"));
+}
+
+#[test]
+fn mismatched_ports_and_unknown_attrs_are_errors() {
+    let e = "host=a,b,c port=1,2 user=u"
+        .parse::<ConnInfo>()
+        .unwrap_err();
+    assert!(e.to_string().contains("2 ports for 3 hosts"), "{e}");
+    let e = "host=a user=u target_session_attrs=rw"
+        .parse::<ConnInfo>()
+        .unwrap_err();
+    assert!(e.to_string().contains("not one of any, read-write"), "{e}");
+    let e = "host=a,,b user=u".parse::<ConnInfo>().unwrap_err();
+    assert!(e.to_string().contains("an empty host"), "{e}");
+}

@@ -4,7 +4,7 @@
 //! `host=a,b port=5432,5433 target_session_attrs=read-write`, or the URL form
 //! `postgresql://u@a:5432,b:5433/db?target_session_attrs=read-write`. The port list holds one
 //! port for every host, or a single port for all of them; an empty entry is the default port.
-//! [`ConnInfo::candidates`] lists one single-host [`ConnInfo`] per host, in the order written;
+//! `ConnInfo::candidates` lists one single-host `ConnInfo` per host, in the order written;
 //! `crate::pg::hosts` tries them in that order and keeps the first one whose session matches
 //! [`SessionAttrs`] (`prefer-standby`: a standby first, else any).
 //!
@@ -15,8 +15,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-
-use super::conninfo::{ConnInfo, ConnInfoError, Host};
 
 /// Which sessions a connection may end on (libpq's `target_session_attrs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -80,7 +78,8 @@ impl fmt::Display for SessionAttrs {
 }
 
 impl FromStr for SessionAttrs {
-    type Err = ConnInfoError;
+    /// What is wrong with the value, for `ConnInfoError::InvalidValue`.
+    type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s {
@@ -91,23 +90,21 @@ impl FromStr for SessionAttrs {
             "standby" => SessionAttrs::Standby,
             "prefer-standby" => SessionAttrs::PreferStandby,
             other => {
-                return Err(ConnInfoError::InvalidValue {
-                    param: "target_session_attrs",
-                    reason: format!(
-                        "{other:?} is not one of any, read-write, read-only, primary, standby, prefer-standby"
-                    ),
-                })
+                return Err(format!(
+                    "{other:?} is not one of any, read-write, read-only, primary, standby, prefer-standby"
+                ))
             }
         })
     }
 }
 
 /// Pairs the hosts with the port list: one port each, or one for all (`None` = the default).
-pub(super) fn pair_ports(
-    hosts: Vec<Host>,
+/// The error says what is wrong with the port list.
+pub(super) fn pair_ports<H>(
+    hosts: Vec<H>,
     ports: &[Option<u16>],
     default_port: u16,
-) -> Result<Vec<(Host, u16)>, ConnInfoError> {
+) -> Result<Vec<(H, u16)>, String> {
     let port = |p: Option<u16>| p.unwrap_or(default_port);
     match ports.len() {
         0 => Ok(hosts.into_iter().map(|h| (h, default_port)).collect()),
@@ -117,120 +114,16 @@ pub(super) fn pair_ports(
             .zip(ports.iter().copied())
             .map(|(h, p)| (h, port(p)))
             .collect()),
-        n => Err(ConnInfoError::InvalidValue {
-            param: "port",
-            reason: format!(
-                "{n} ports for {} hosts (give one port for every host, or one for all)",
-                hosts.len()
-            ),
-        }),
-    }
-}
-
-impl ConnInfo {
-    /// Whether connecting needs to choose among hosts or check the server's state.
-    pub fn chooses_host(&self) -> bool {
-        !self.more_hosts.is_empty() || self.target_session_attrs != SessionAttrs::Any
-    }
-
-    /// One single-host connection per host, in the order written.
-    pub fn candidates(&self) -> Vec<ConnInfo> {
-        let first = ConnInfo {
-            more_hosts: Vec::new(),
-            ..self.clone()
-        };
-        let mut out = vec![first.clone()];
-        out.extend(self.more_hosts.iter().map(|(host, port)| ConnInfo {
-            host: host.clone(),
-            port: *port,
-            ..first.clone()
-        }));
-        out
-    }
-
-    /// `host:port` (or the socket directory and port) of the first host, for messages.
-    pub fn host_label(&self) -> String {
-        match &self.host {
-            Host::Tcp(h) if h.contains(':') => format!("[{h}]:{}", self.port),
-            Host::Tcp(h) => format!("{h}:{}", self.port),
-            Host::Unix(dir) => format!("{}:{}", dir.display(), self.port),
-        }
+        n => Err(format!(
+            "{n} ports for {} hosts (give one port for every host, or one for all)",
+            hosts.len()
+        )),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parse(s: &str) -> ConnInfo {
-        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
-    }
-
-    #[test]
-    fn keyword_form_lists_hosts_and_ports() {
-        let c = parse("host=a,b,/run/pg port=1,,3 user=u target_session_attrs=read-write");
-        let hosts: Vec<String> = c.candidates().iter().map(|c| c.host_label()).collect();
-        assert_eq!(hosts, ["a:1", "b:5432", "/run/pg:3"]);
-        assert_eq!(c.target_session_attrs, SessionAttrs::ReadWrite);
-        assert!(c.chooses_host());
-        assert!(c
-            .candidates()
-            .iter()
-            .all(|c| !c.chooses_host() || c.target_session_attrs != SessionAttrs::Any));
-        assert!(c.candidates().iter().all(|c| c.more_hosts.is_empty()));
-
-        let one_port = parse("host=a,b port=7 user=u");
-        let hosts: Vec<String> = one_port
-            .candidates()
-            .iter()
-            .map(|c| c.host_label())
-            .collect();
-        assert_eq!(hosts, ["a:7", "b:7"]);
-    }
-
-    #[test]
-    fn url_form_lists_hosts_with_their_ports() {
-        let c = parse("postgresql://u:pw@a:1,[::1]:2,c/db?target_session_attrs=primary");
-        let hosts: Vec<String> = c.candidates().iter().map(|c| c.host_label()).collect();
-        assert_eq!(hosts, ["a:1", "[::1]:2", "c:5432"]);
-        assert_eq!(c.target_session_attrs, SessionAttrs::Primary);
-        assert!(c
-            .candidates()
-            .iter()
-            .all(|c| c.password.as_deref() == Some("pw")));
-        // The redacted form lists every host and parses back to the same targets.
-        let r = c.redacted();
-        assert!(
-            r.starts_with("postgresql://u:***@a:1,[::1]:2,c:5432/db?"),
-            "{r}"
-        );
-        assert!(r.contains("target_session_attrs=primary"), "{r}");
-        let back = parse(&r);
-        assert_eq!(back.candidates().len(), 3);
-        assert_eq!(back.more_hosts, c.more_hosts);
-    }
-
-    #[test]
-    fn one_host_and_any_does_not_choose() {
-        let c = parse("host=a user=u");
-        assert!(!c.chooses_host());
-        assert_eq!(c.candidates(), vec![c.clone()]);
-        assert!(!c.redacted().contains("target_session_attrs"));
-    }
-
-    #[test]
-    fn mismatched_ports_and_unknown_attrs_are_errors() {
-        let e = "host=a,b,c port=1,2 user=u"
-            .parse::<ConnInfo>()
-            .unwrap_err();
-        assert!(e.to_string().contains("2 ports for 3 hosts"), "{e}");
-        let e = "host=a user=u target_session_attrs=rw"
-            .parse::<ConnInfo>()
-            .unwrap_err();
-        assert!(e.to_string().contains("not one of any, read-write"), "{e}");
-        let e = "host=a,,b user=u".parse::<ConnInfo>().unwrap_err();
-        assert!(e.to_string().contains("an empty host"), "{e}");
-    }
 
     #[test]
     fn what_each_attribute_accepts() {
