@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::secret::Secret;
 use super::units::HumanDuration;
 
 /// `[alerts]` as written.
@@ -16,6 +17,8 @@ use super::units::HumanDuration;
 pub struct RawAlerts {
     /// URL receiving each alert level transition as JSON (Alertmanager webhook format).
     pub webhook_url: Option<String>,
+    /// Sent as `Authorization: Bearer <token>`.
+    pub webhook_token: Option<String>,
     /// Delivery attempts per transition.
     pub webhook_attempts: Option<u32>,
     /// Timeout of one attempt.
@@ -27,6 +30,8 @@ pub struct RawAlerts {
 pub struct AlertsConfig {
     /// Webhook receiving level transitions.
     pub webhook_url: Option<String>,
+    /// `Authorization: Bearer` token of the webhook (redacted in `Debug`).
+    pub webhook_token: Option<Secret>,
     /// Delivery attempts per transition.
     pub webhook_attempts: u32,
     /// Timeout of one attempt.

@@ -17,6 +17,7 @@ use super::alerts::{AlertsConfig, RawAlerts};
 use super::conninfo::ConnInfo;
 use super::env::LAYOUT;
 use super::error::ConfigError;
+use super::secret::Secret;
 use super::http::RawHttp;
 use super::kafka::{
     check_kafka_properties, valid_topic, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC,
@@ -107,9 +108,12 @@ impl RawConfig {
                 "postgres.url is required (set it in the file or WALBOX_POSTGRES_URL)".into(),
             )
         })?;
-        let conn: ConnInfo = url
+        let mut conn: ConnInfo = url
             .parse()
             .map_err(|e| ConfigError::Invalid(format!("postgres.url: {e}")))?;
+        if let Some(password) = self.postgres.password {
+            conn.password = Some(password);
+        }
         let primary: Option<ConnInfo> = self
             .postgres
             .primary_url
@@ -250,6 +254,7 @@ impl RawConfig {
         }
         let alerts = AlertsConfig {
             webhook_url: self.alerts.webhook_url,
+            webhook_token: self.alerts.webhook_token.map(Secret::new),
             webhook_attempts: self.alerts.webhook_attempts.unwrap_or(5).max(1),
             webhook_timeout: self
                 .alerts

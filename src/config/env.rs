@@ -66,6 +66,9 @@ pub(crate) struct EnvLayout {
     pub prefix: &'static str,
     /// `(section path, key, kind)` of every settable key.
     pub scalars: &'static [(&'static [&'static str], &'static str, Kind)],
+    /// `(section path, key)` of the secret keys: each may come from a file named by `key_file`
+    /// (`<PREFIX>_<PATH>_<KEY>_FILE`), see `config::secret`.
+    pub secrets: &'static [(&'static [&'static str], &'static str)],
     /// Variables with the prefix that this command reads but that set nothing here.
     pub accepted: &'static [&'static str],
     /// Prefixes within `<prefix>_` that belong to others (another command, the test and
@@ -78,6 +81,7 @@ pub(crate) struct EnvLayout {
 pub(super) const LAYOUT: EnvLayout = EnvLayout {
     prefix: "WALBOX",
     scalars: SCALARS,
+    secrets: SECRETS,
     // The config file (clap reads it) and the log filter override (main reads it).
     accepted: &["WALBOX_CONFIG", LOG_ENV],
     // `walbox inbox`'s, the variables of the tests and benchmarks, and where the sandbox and
@@ -144,10 +148,20 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// The secret keys of `walbox run`: each may also be given as `<key>_file`.
+const SECRETS: &[(&[&str], &str)] = &[
+    (&["postgres"], "url"),
+    (&["postgres"], "password"),
+    (&["postgres"], "primary_url"),
+    (&["alerts"], "webhook_url"),
+    (&["alerts"], "webhook_token"),
+];
+
 /// `(section path, key, kind)` of every scalar setting; `WALBOX_<PATH>_<KEY>` sets it.
 const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["postgres"], "url", Kind::Str),
     (&["postgres"], "primary_url", Kind::Str),
+    (&["postgres"], "password", Kind::Str),
     (&["postgres"], "slot", Kind::Str),
     (&["postgres"], "publication", Kind::Str),
     (&["postgres"], "create_slot", Kind::Bool),
@@ -193,6 +207,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["slot"], "critical_bytes", Kind::Str),
     (&["slot"], "heartbeat_interval", Kind::Str),
     (&["alerts"], "webhook_url", Kind::Str),
+    (&["alerts"], "webhook_token", Kind::Str),
     (&["alerts"], "webhook_attempts", Kind::Int),
     (&["alerts"], "webhook_timeout", Kind::Str),
     (&["http"], "listen", Kind::Str),
@@ -220,6 +235,7 @@ pub(super) fn apply_env(
     layout: &EnvLayout,
 ) -> Result<(), ConfigError> {
     let property_prefix = format!("{}_KAFKA_PROPERTY_", layout.prefix);
+    let property_file_prefix = format!("{}_KAFKA_PROPERTY_FILE_", layout.prefix);
     for (var, value) in env {
         if var == LOG_ENV {
             // Whichever command runs, main lets it override log.level: check it the same way.
@@ -227,6 +243,29 @@ pub(super) fn apply_env(
                 var: var.clone(),
                 message,
             })?;
+            continue;
+        }
+        if let Some(name) = var.strip_prefix(&property_file_prefix) {
+            let key = name.to_ascii_lowercase().replace('_', ".");
+            let t = table_at(root, &["kafka", "property_files"]).map_err(|message| {
+                ConfigError::Env {
+                    var: var.clone(),
+                    message,
+                }
+            })?;
+            t.insert(key, toml::Value::String(value));
+            continue;
+        }
+        if let Some((path, key)) = layout
+            .secrets
+            .iter()
+            .find(|(path, key)| layout.var(path, &format!("{key}_file")) == var)
+        {
+            let t = table_at(root, path).map_err(|message| ConfigError::Env {
+                var: var.clone(),
+                message,
+            })?;
+            t.insert(format!("{key}_file"), toml::Value::String(value));
             continue;
         }
         if let Some(name) = var.strip_prefix(&property_prefix) {

@@ -10,8 +10,10 @@ use std::path::Path;
 
 use super::env::{apply_env, EnvLayout};
 use super::error::{one_line, ConfigError};
+use super::secret::resolve_files;
 
-/// Reads an optional TOML file and writes the environment over it (the environment wins).
+/// Reads an optional TOML file and writes the environment over it (the environment wins), then
+/// reads the secrets given as files (`config::secret`).
 /// Returns the table and " in <file>" (or "") for error messages.
 pub(crate) fn read_layers(
     path: Option<&Path>,
@@ -36,6 +38,7 @@ pub(crate) fn read_layers(
         None => (toml::Table::new(), String::new()),
     };
     apply_env(&mut table, env, layout)?;
+    resolve_files(&mut table, layout.secrets)?;
     Ok((table, origin))
 }
 

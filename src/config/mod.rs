@@ -39,6 +39,7 @@
 
 mod alerts;
 pub mod conninfo;
+pub mod secret;
 mod document;
 mod env;
 mod error;

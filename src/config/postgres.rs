@@ -25,6 +25,8 @@ use super::units::HumanDuration;
 pub struct RawPostgres {
     /// Connection URL or libpq key=value string.
     pub url: Option<String>,
+    /// The password of `url`'s role (overrides one in `url`), e.g. from `password_file`.
+    pub password: Option<String>,
     /// The primary's connection, when `url` is a standby.
     pub primary_url: Option<String>,
     /// Replication slot name.

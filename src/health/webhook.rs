@@ -19,6 +19,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::backoff::Backoff;
+use crate::config::secret::Secret;
 use crate::config::AlertsConfig;
 
 /// Why one delivery attempt failed.
@@ -51,6 +52,8 @@ pub struct WebhookUrl {
     host: String,
     port: u16,
     path: String,
+    /// `alerts.webhook_token`, sent as `Authorization: Bearer <token>`.
+    token: Option<Secret>,
 }
 
 impl WebhookUrl {
@@ -104,6 +107,7 @@ impl WebhookUrl {
             host: host.to_owned(),
             port,
             path: path.to_owned(),
+            token: None,
         })
     }
 }
@@ -144,10 +148,17 @@ where
     } else {
         format!("{}:{}", url.host, url.port)
     };
-    let req = Request::post(url.path.as_str())
+    let mut req = Request::post(url.path.as_str())
         .header(hyper::header::HOST, host)
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .header(hyper::header::USER_AGENT, "walbox")
+        .header(hyper::header::USER_AGENT, "walbox");
+    if let Some(token) = &url.token {
+        req = req.header(
+            hyper::header::AUTHORIZATION,
+            format!("Bearer {}", token.expose()),
+        );
+    }
+    let req = req
         .body(Full::new(body))
         .map_err(|_| WebhookError::Url("the path is not a valid request target"))?;
     let resp = sender.send_request(req).await?;
@@ -173,7 +184,8 @@ impl Webhook {
         let Some(raw) = &config.webhook_url else {
             return Ok(None);
         };
-        let url = WebhookUrl::parse(raw)?;
+        let mut url = WebhookUrl::parse(raw)?;
+        url.token = config.webhook_token.clone();
         let (queue, mut rx) = mpsc::channel::<serde_json::Value>(64);
         let (done_tx, done) = watch::channel(false);
         let attempts = config.webhook_attempts;

@@ -62,6 +62,8 @@ pub struct RawInboxConfig {
 pub struct RawPostgres {
     /// Connection URL or libpq key=value string of the consumer's database.
     pub url: Option<String>,
+    /// The password of `url`'s role (overrides one in `url`), e.g. from `password_file`.
+    pub password: Option<String>,
     /// `schema.table` or `table` of the inbox.
     pub table: Option<String>,
     /// Value of the inbox's `consumer` column.
@@ -276,6 +278,7 @@ pub struct RetentionConfig {
 /// `WALBOX_INBOX_KAFKA_PROPERTY_<NAME>` a consumer property.
 const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["postgres"], "url", Kind::Str),
+    (&["postgres"], "password", Kind::Str),
     (&["postgres"], "table", Kind::Str),
     (&["postgres"], "consumer", Kind::Str),
     (&["kafka"], "brokers", Kind::Str),
@@ -308,6 +311,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
 const LAYOUT: EnvLayout = EnvLayout {
     prefix: "WALBOX_INBOX",
     scalars: SCALARS,
+    secrets: &[(&["postgres"], "url"), (&["postgres"], "password")],
     // The config file (clap reads it). Every other WALBOX_INBOX_* must be a setting; other
     // WALBOX_* variables are walbox run's (WALBOX_LOG is checked by the shared loader).
     accepted: &["WALBOX_INBOX_CONFIG"],
@@ -364,9 +368,12 @@ impl RawInboxConfig {
         let url = self.postgres.url.ok_or_else(|| {
             invalid("postgres.url is required (set it in the file or WALBOX_INBOX_POSTGRES_URL)")
         })?;
-        let conn: ConnInfo = url
+        let mut conn: ConnInfo = url
             .parse()
             .map_err(|e| invalid(format!("postgres.url: {e}")))?;
+        if let Some(password) = self.postgres.password {
+            conn.password = Some(password);
+        }
         let table = self.postgres.table.unwrap_or_else(|| "public.inbox".into());
         let (schema, table) = match table.split_once('.') {
             Some((s, t)) => (s.to_owned(), t.to_owned()),
