@@ -17,7 +17,6 @@ use super::alerts::{AlertsConfig, RawAlerts};
 use super::conninfo::ConnInfo;
 use super::env::LAYOUT;
 use super::error::ConfigError;
-use super::secret::Secret;
 use super::http::RawHttp;
 use super::kafka::{
     check_kafka_properties, valid_topic, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC,
@@ -27,6 +26,7 @@ use super::log::{LogConfig, RawLog};
 use super::outbox::{self, OutboxConfig, RawOutbox};
 use super::postgres::{valid_identifier, OnSlotBusy, PostgresConfig, RawPostgres};
 use super::relay::{RawRelay, RelayConfig};
+use super::secret::Secret;
 use super::slot::{RawSlot, SlotConfig};
 use super::units::parse_duration;
 

@@ -39,7 +39,6 @@
 
 mod alerts;
 pub mod conninfo;
-pub mod secret;
 mod document;
 mod env;
 mod error;
@@ -50,6 +49,7 @@ mod log;
 pub mod outbox;
 mod postgres;
 mod relay;
+pub mod secret;
 mod slot;
 pub mod target;
 mod units;

@@ -58,10 +58,7 @@ pub fn read_secret_file(what: &str, path: &Path) -> Result<String, ConfigError> 
         ))
     })?;
     let mut text = String::from_utf8(bytes).map_err(|_| {
-        ConfigError::Invalid(format!(
-            "{what}: {} is not UTF-8 text",
-            path.display()
-        ))
+        ConfigError::Invalid(format!("{what}: {} is not UTF-8 text", path.display()))
     })?;
     if text.ends_with('\n') {
         text.pop();
@@ -135,9 +132,9 @@ pub(crate) fn resolve_files(
         .ok_or_else(|| ConfigError::Invalid("kafka.properties must be a table".into()))?;
     for (name, file) in files {
         let what = format!("kafka.property_files.{name}");
-        let file = file
-            .as_str()
-            .ok_or_else(|| ConfigError::Invalid(format!("{what} must be a file path (a string)")))?;
+        let file = file.as_str().ok_or_else(|| {
+            ConfigError::Invalid(format!("{what} must be a file path (a string)"))
+        })?;
         if properties.contains_key(&name) {
             return Err(ConfigError::Invalid(format!(
                 "set kafka.properties.{name} or {what}, not both"
@@ -182,7 +179,10 @@ mod tests {
         resolve_files(&mut t, SECRETS).unwrap();
         assert_eq!(t["postgres"]["password"].as_str(), Some("s3cr3t"));
         assert!(t["postgres"].get("password_file").is_none());
-        assert_eq!(t["kafka"]["properties"]["sasl.password"].as_str(), Some("k4fk4"));
+        assert_eq!(
+            t["kafka"]["properties"]["sasl.password"].as_str(),
+            Some("k4fk4")
+        );
         assert!(t["kafka"].get("property_files").is_none());
     }
 

@@ -7,4 +7,4 @@ pub mod demo;
 pub mod postgres;
 mod programs;
 pub mod standby;
-mod tls;
+pub mod tls;

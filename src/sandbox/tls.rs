@@ -1,5 +1,6 @@
 //! The sandbox's TLS certificates: a fresh self-signed CA per cluster and a server certificate
-//! it signs, for [`PgClusterOptions::ssl`](super::postgres::PgClusterOptions::ssl).
+//! it signs, for [`PgClusterOptions::ssl`](super::postgres::PgClusterOptions::ssl), and for the
+//! tests of TLS client settings (a CA file librdkafka accepts).
 //!
 //! Invariants: P-256 keys, SHA-256 signatures, ten years' validity from now and a random serial
 //! (127 bits). The CA certificate is marked critical `CA:TRUE` (`keyCertSign`, `cRLSign`);
@@ -23,7 +24,7 @@ use openssl::x509::{X509Name, X509};
 /// Issues a ten-year P-256 certificate for `cn` and its key: a CA
 /// certificate when `issuer` is `None` (self-signed), else a server
 /// certificate for `localhost` and `127.0.0.1` signed by `issuer`.
-pub(super) fn issue_cert(
+pub fn issue_cert(
     cn: &str,
     issuer: Option<(&X509, &PKey<Private>)>,
 ) -> Result<(X509, PKey<Private>), ErrorStack> {

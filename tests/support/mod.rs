@@ -394,6 +394,8 @@ pub struct WebhookReceiver {
     pub url: String,
     /// Bodies received, in order.
     pub received: Arc<Mutex<Vec<serde_json::Value>>>,
+    /// The request heads (request line and headers) received, in order.
+    pub heads: Arc<Mutex<Vec<String>>>,
 }
 
 impl WebhookReceiver {
@@ -403,6 +405,8 @@ impl WebhookReceiver {
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         let received: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
         let sink = received.clone();
+        let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+        let head_sink = heads.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { return };
@@ -427,6 +431,7 @@ impl WebhookReceiver {
                             })
                             .unwrap_or(0);
                         if body.len() >= len {
+                            head_sink.lock().unwrap().push(head.to_owned());
                             break Some(body[..len].to_owned());
                         }
                     }
@@ -439,7 +444,11 @@ impl WebhookReceiver {
                 }
             }
         });
-        WebhookReceiver { url, received }
+        WebhookReceiver {
+            url,
+            received,
+            heads,
+        }
     }
 }
 
