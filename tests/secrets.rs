@@ -181,3 +181,41 @@ fn a_missing_secret_file_or_a_secret_given_twice_exits_3_without_the_secret() {
         assert!(!text.contains(&password), "{text}");
     }
 }
+
+#[test]
+fn walbox_inbox_reads_its_secrets_from_files_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, content: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, content).unwrap();
+        p.display().to_string()
+    };
+    let pw = file("pw", "inbox-s3cr3t\n");
+    let sasl = file("sasl", "inbox-k4fk4\n");
+    let env = [
+        (
+            "WALBOX_INBOX_POSTGRES_URL",
+            "postgres://billing@db:5432/billing",
+        ),
+        ("WALBOX_INBOX_POSTGRES_PASSWORD_FILE", pw.as_str()),
+        (
+            "WALBOX_INBOX_KAFKA_PROPERTY_FILE_SASL_PASSWORD",
+            sasl.as_str(),
+        ),
+        ("WALBOX_INBOX_KAFKA_BROKERS", "k1:9092"),
+        ("WALBOX_INBOX_KAFKA_GROUP_ID", "billing"),
+        ("WALBOX_INBOX_KAFKA_TOPICS", "outbox.event.payment"),
+        ("WALBOX_INBOX_EFFECT_SQL", "SELECT 1"),
+    ];
+    let mut vars = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+    let config = walbox::inbox::config::load_from(None, &mut vars).unwrap();
+    assert_eq!(config.conn.password.as_deref(), Some("inbox-s3cr3t"));
+    assert_eq!(
+        config
+            .kafka
+            .properties
+            .get("sasl.password")
+            .map(String::as_str),
+        Some("inbox-k4fk4")
+    );
+}
