@@ -37,6 +37,7 @@ use crate::health::webhook::Webhook;
 use crate::leader::{self, Leadership};
 use crate::metrics::{self, Health, Metrics};
 use crate::relay::{Relay, SessionEnd, Settings};
+use crate::retention;
 use crate::sink::kafka::{AckQueue, KafkaSink};
 use crate::sink::topics::Topics;
 
@@ -149,6 +150,16 @@ pub async fn run_with(
             fatal.clone(),
             term.stop.clone(),
         ));
+        // Outbox retention belongs to the active process: it runs for the term.
+        let retention_task = config.outbox.retention.clone().map(|cfg| {
+            tokio::spawn(retention::run(
+                config.postgres.clone(),
+                config.outbox.tables.clone(),
+                cfg,
+                metrics.clone(),
+                term.stop.clone(),
+            ))
+        });
         let mut term_stop = term.stop.clone();
         let mut slot_busy_logged = false;
         let ended = loop {
@@ -186,6 +197,11 @@ pub async fn run_with(
         // Stop the monitor (it takes a last reading, so a lost slot is reported), bounded.
         let lost = term.end();
         let _ = tokio::time::timeout(Duration::from_secs(5), monitor_task).await;
+        if let Some(task) = retention_task {
+            // A deletion in progress is rolled back by dropping its connection.
+            task.abort();
+            let _ = task.await;
+        }
         // The relay has stopped streaming: only now may the lock go.
         drop(leadership);
         if ended.is_err() || !lost || *stop_rx.borrow() {

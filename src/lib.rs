@@ -56,6 +56,7 @@ pub mod pg;
 pub mod preflight;
 pub mod relay;
 pub mod republish;
+pub mod retention;
 #[cfg(feature = "sandbox")]
 pub mod sandbox;
 pub mod sink;

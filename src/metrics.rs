@@ -17,8 +17,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Every metric walbox exports.
@@ -85,6 +85,16 @@ pub struct Metrics {
     /// `walbox_ha_active`: 1 while this process holds the leader lock (it streams, or is about
     /// to), 0 while it waits as a standby.
     pub ha_active: IntGauge,
+    /// `walbox_outbox_retention_rows_deleted_total{table}`: rows deleted by `[outbox.retention]`.
+    pub retention_rows_deleted: IntCounterVec,
+    /// `walbox_outbox_retention_partitions_dropped_total{table}`.
+    pub retention_partitions_dropped: IntCounterVec,
+    /// `walbox_outbox_retention_partitions_created_total{table}`.
+    pub retention_partitions_created: IntCounterVec,
+    /// `walbox_outbox_retention_errors_total{table}`: failed retention passes.
+    pub retention_errors: IntCounterVec,
+    /// `walbox_outbox_retention_last_success_timestamp_seconds{table}`.
+    pub retention_last_success: GaugeVec,
     /// `walbox_catchup_wal_behind_bytes`: the slot's confirmed lag at the last reading (absent
     /// before the first), as the catch-up estimate sees it (`health::progress`).
     pub catchup_behind: OptionalGauge,
@@ -122,6 +132,13 @@ fn optional(r: &Registry, name: &str, help: &str) -> OptionalGauge {
         r,
         GaugeVec::new(Opts::new(name, help), &[]).expect("valid metric"),
     ))
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str) -> IntCounterVec {
+    register(
+        r,
+        IntCounterVec::new(Opts::new(name, help), &["table"]).expect("valid metric"),
+    )
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -309,6 +326,37 @@ impl Metrics {
                 &r,
                 "walbox_catchup_eta_seconds",
                 "Seconds until walbox has caught up at the current drain rate (absent when not draining).",
+            ),
+            retention_rows_deleted: counter_vec(
+                &r,
+                "walbox_outbox_retention_rows_deleted_total",
+                "Outbox rows deleted by [outbox.retention], per table.",
+            ),
+            retention_partitions_dropped: counter_vec(
+                &r,
+                "walbox_outbox_retention_partitions_dropped_total",
+                "Outbox partitions dropped by [outbox.retention], per table.",
+            ),
+            retention_partitions_created: counter_vec(
+                &r,
+                "walbox_outbox_retention_partitions_created_total",
+                "Outbox partitions created ahead by [outbox.retention], per table.",
+            ),
+            retention_errors: counter_vec(
+                &r,
+                "walbox_outbox_retention_errors_total",
+                "Failed [outbox.retention] passes, per table.",
+            ),
+            retention_last_success: register(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        "walbox_outbox_retention_last_success_timestamp_seconds",
+                        "Unix time of the last [outbox.retention] pass that succeeded, per table.",
+                    ),
+                    &["table"],
+                )
+                .expect("valid metric"),
             ),
             registry: r,
         }

@@ -21,6 +21,7 @@ mod layout;
 mod progress;
 mod recovery;
 mod relay;
+mod retention;
 mod routing;
 mod secrets;
 mod slot;

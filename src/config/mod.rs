@@ -49,6 +49,7 @@ mod log;
 pub mod outbox;
 mod postgres;
 mod relay;
+pub mod retention;
 pub mod secret;
 mod slot;
 pub mod target;

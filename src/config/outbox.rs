@@ -19,6 +19,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::error::ConfigError;
+use super::retention::{RawRetention, RetentionConfig};
 
 /// One table (or the message source) as written.
 #[derive(Debug, Default, Deserialize)]
@@ -92,6 +93,9 @@ pub struct RawOutbox {
     pub tables: Vec<RawRoute>,
     /// `[outbox.messages]`.
     pub messages: Option<RawRoute>,
+    /// `[outbox.retention]`.
+    #[serde(default)]
+    pub retention: RawRetention,
 }
 
 /// Keys of a route: what the shorthand form may put directly in `[outbox]`.
@@ -249,6 +253,8 @@ pub struct OutboxConfig {
     pub tables: Vec<Route>,
     /// The logical-message route, if enabled.
     pub messages: Option<Route>,
+    /// `[outbox.retention]`, when on.
+    pub retention: Option<RetentionConfig>,
 }
 
 impl OutboxConfig {
@@ -447,6 +453,21 @@ impl RawOutbox {
             .messages
             .map(|m| m.validate("outbox.messages", true))
             .transpose()?;
-        Ok(OutboxConfig { tables, messages })
+        let retention = self.retention.validate()?;
+        if let Some(r) = &retention {
+            if r.column.is_none() {
+                if let Some(route) = tables.iter().find(|t| t.columns.timestamp.is_none()) {
+                    return Err(invalid(format!(
+                        "[outbox.retention] needs each row's insert time: set outbox.retention.column, or outbox.columns.timestamp for {}",
+                        route.name
+                    )));
+                }
+            }
+        }
+        Ok(OutboxConfig {
+            tables,
+            messages,
+            retention,
+        })
     }
 }

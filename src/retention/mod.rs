@@ -1,0 +1,166 @@
+//! Managed outbox retention (`[outbox.retention]`): rows older than `keep` are deleted in short
+//! batches; a table partitioned by range on the time column loses whole partitions instead, and
+//! gets the next ones created ahead of time.
+//!
+//! # Invariants
+//! - **No row is deleted before its transaction is confirmed.** Every deletion runs in one
+//!   transaction that first fixes what it can see and reads `pg_current_wal_insert_lsn()` (L):
+//!   a `REPEATABLE READ` snapshot taken by that statement for row batches, an `ACCESS EXCLUSIVE`
+//!   lock on the partition (all its writers have finished) for partitions. Every transaction
+//!   whose rows it can delete committed before L. It then waits until the slot's
+//!   `confirmed_flush_lsn` reaches L ([`confirm`]): walbox confirms only what the brokers
+//!   acknowledged, so every such row is in Kafka before it is deleted. If the relay does not get
+//!   there within the bound, nothing is deleted in this pass.
+//! - Deletions are not events: the publication publishes inserts only, and dropping a partition
+//!   is DDL, which pgoutput does not send.
+//! - Retention runs only in the active process (a term of `crate::app`), on its own control
+//!   connection, and stops with the term. A failed pass is logged and counted
+//!   (`walbox_outbox_retention_errors_total`) and retried at the next interval; it never stops
+//!   the relay. A default partition is never dropped.
+//! - Statements are bounded (`statement_timeout`, `lock_timeout`), and a batch is one short
+//!   transaction, so retention never holds locks or the xmin horizon for long.
+
+mod confirm;
+mod error;
+mod partitions;
+mod rows;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tokio_postgres::Client;
+
+use crate::config::retention::RetentionConfig;
+use crate::config::{PostgresConfig, Route, RouteSource};
+use crate::metrics::Metrics;
+use crate::pg::control::connect_control;
+pub use error::RetentionError;
+
+/// How long one deletion waits at most for the slot to confirm the position it needs (and at
+/// least, when `interval` is shorter: the relay confirms within a status interval or two).
+const CONFIRM_BOUND: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(10));
+
+/// The wait of one deletion for the slot: `interval`, within [`CONFIRM_BOUND`].
+fn confirm_bound(cfg: &RetentionConfig) -> Duration {
+    cfg.interval.clamp(CONFIRM_BOUND.0, CONFIRM_BOUND.1)
+}
+/// Bound of every retention statement.
+const STATEMENT_TIMEOUT: &str = "60s";
+/// Bound of waiting for a lock.
+const LOCK_TIMEOUT: &str = "5s";
+
+/// One outbox table's retention.
+struct Target {
+    /// The schema.
+    schema: String,
+    /// The table.
+    table: String,
+    /// `"schema"."table"`, quoted.
+    qualified: String,
+    /// `schema.table`, for logs and metric labels.
+    label: String,
+    /// The time column.
+    column: String,
+}
+
+/// Runs retention passes every `cfg.interval` until `stop` is raised; see the [module docs](self).
+pub async fn run(
+    pg: PostgresConfig,
+    tables: Vec<Route>,
+    cfg: RetentionConfig,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let targets: Vec<Target> = tables
+        .iter()
+        .filter_map(|route| {
+            let RouteSource::Table { schema, table } = &route.source else {
+                return None;
+            };
+            let column = cfg.column.clone().or(route.columns.timestamp.clone())?;
+            Some(Target {
+                schema: schema.clone(),
+                table: table.clone(),
+                qualified: format!("{}.{}", quote(schema), quote(table)),
+                label: format!("{schema}.{table}"),
+                column,
+            })
+        })
+        .collect();
+    let mut client: Option<Client> = None;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        for target in &targets {
+            if client.as_ref().is_none_or(Client::is_closed) {
+                match connect_control(&pg.conn).await {
+                    Ok(c) => client = Some(c),
+                    Err(e) => {
+                        metrics
+                            .retention_errors
+                            .with_label_values(&[&target.label])
+                            .inc();
+                        tracing::warn!(error = %e, "outbox retention cannot connect; retrying at the next interval");
+                        break;
+                    }
+                }
+            }
+            let Some(c) = client.as_mut() else { break };
+            let pass = tokio::select! {
+                r = pass(c, &pg.slot, target, &cfg, &metrics) => r,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match pass {
+                Ok(()) => {
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64());
+                    metrics
+                        .retention_last_success
+                        .with_label_values(&[&target.label])
+                        .set(now);
+                }
+                Err(RetentionError::Behind { needed, confirmed }) => {
+                    tracing::info!(table = %target.label, %needed, %confirmed, "outbox retention waits for the relay: the slot has not confirmed every row it could delete; nothing deleted in this pass");
+                }
+                Err(e) => {
+                    metrics
+                        .retention_errors
+                        .with_label_values(&[&target.label])
+                        .inc();
+                    tracing::error!(table = %target.label, error = %e, "outbox retention failed; retrying at the next interval");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(cfg.interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// One pass over one table: partitions when it is partitioned by range on the time column,
+/// else row batches.
+async fn pass(
+    client: &mut Client,
+    slot: &str,
+    target: &Target,
+    cfg: &RetentionConfig,
+    metrics: &Metrics,
+) -> Result<(), RetentionError> {
+    match partitions::layout(client, target).await? {
+        Some(layout) => partitions::pass(client, slot, target, &layout, cfg, metrics).await,
+        None => rows::pass(client, slot, target, cfg, metrics).await,
+    }
+}
+
+fn quote(ident: &str) -> String {
+    postgres_protocol::escape::escape_identifier(ident)
+}
+
+/// `now() - keep`, as SQL.
+fn cutoff(cfg: &RetentionConfig) -> String {
+    format!("now() - interval '{} seconds'", cfg.keep.as_secs())
+}
