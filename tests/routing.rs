@@ -56,39 +56,44 @@ fn several_tables_each_with_its_mapping_and_both_seed_schemas() {
     );
     let broker = support::broker();
     let bs = broker.bootstrap_servers();
-    for t in ["payments.events", "shop.order"] {
+    // Topics of this test only: a real broker is shared by every test.
+    let (payments, shop) = (format!("payments_{}", db.name), format!("shop_{}", db.name));
+    let shop_order = format!("{shop}.order");
+    for t in [&payments, &shop_order] {
         broker.create_topic(t, 2).unwrap();
     }
     let (w, _f) = walbox_with(
         &db,
         &bs,
-        r#"
+        &format!(
+            r#"
 [[outbox.tables]]
 table = "outbox"
 [[outbox.tables]]
 table = "public.outbox_events"
-topic = "shop.${aggregate_type}"
+topic = "{shop}.${{aggregate_type}}"
 cloudevents = true
 cloudevents_source = "/shop"
 [outbox.tables.headers]
 tenant_id = "tenant"
 [outbox.tables.columns]
 timestamp = "created_at"
-"#,
+"#
+        ),
     );
     wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
-    let out = db.sql(
+    let out = db.sql(&format!(
         "BEGIN;
-         INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('w-1', 'payments.events', 'payment.captured', '{\"amount\": 10}');
+         INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('w-1', '{payments}', 'payment.captured', '{{\"amount\": 10}}');
          INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload, tenant_id, created_at)
-           VALUES ('5f0c6b1e-8d7a-4a53-9c1e-3f2b1a0d9e8c', 'order', 'o-1', 'order.placed', '{\"items\": [1, 2]}', 'acme', '2026-11-30 01:02:03.5+00');
+           VALUES ('5f0c6b1e-8d7a-4a53-9c1e-3f2b1a0d9e8c', 'order', 'o-1', 'order.placed', '{{\"items\": [1, 2]}}', 'acme', '2026-11-30 01:02:03.5+00');
          COMMIT;
-         SELECT id FROM outbox;",
-    );
+         SELECT id FROM outbox;"
+    ));
     let outbox_id = out.lines().last().unwrap().to_owned();
-    let recs = read_logged(&w, &bs, &["payments.events", "shop.order"], 2);
-    let p = recs.iter().find(|r| r.topic == "payments.events").unwrap();
-    let o = recs.iter().find(|r| r.topic == "shop.order").unwrap();
+    let recs = read_logged(&w, &bs, &[&payments, &shop_order], 2);
+    let p = recs.iter().find(|r| r.topic == payments).unwrap();
+    let o = recs.iter().find(|r| r.topic == shop_order).unwrap();
     let lsn = p.header_str("walbox.commit_lsn").unwrap().to_owned();
     assert_eq!(text(&p.key), "w-1");
     assert_eq!(text(&p.payload), "{\"amount\": 10}");
