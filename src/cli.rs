@@ -77,6 +77,28 @@ pub enum Command {
         #[arg(long, value_name = "COLUMN")]
         time_column: Option<String>,
     },
+    /// Compare the outbox rows still in the table(s) with Kafka (by the `id` header) and print
+    /// the missing and the duplicated ones. Exits 0 only when nothing is missing.
+    Audit {
+        /// TOML configuration file (the same as for `run`).
+        #[arg(long, short, env = "WALBOX_CONFIG")]
+        config: Option<PathBuf>,
+        /// Only rows whose id column is at least this value.
+        #[arg(long, value_name = "ID")]
+        since_id: Option<String>,
+        /// Only rows whose time column is at least this timestamp (e.g. 2026-12-01T09:50:00Z).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// The column holding each row's insert time (default: outbox.columns.timestamp).
+        #[arg(long, value_name = "COLUMN")]
+        time_column: Option<String>,
+        /// How long to wait for the slot to confirm the audited rows before reading Kafka.
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_wait)]
+        wait: std::time::Duration,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Consume topics into PostgreSQL effectively once: inbox row + effect in one transaction,
     /// then the offset commit (the consumer half).
     Inbox {
@@ -102,4 +124,8 @@ pub enum Command {
         #[arg(long, default_value_t = 3)]
         events: u32,
     },
+}
+
+fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_duration(text)
 }

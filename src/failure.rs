@@ -22,6 +22,7 @@
 //! | 11 | [`Failure::Retention`] | `walbox inbox`: the inbox keeps rows for less than a topic's replay window |
 //! | 12 | [`Failure::Unavailable`] | a one-shot command (`status`, `recreate-slot`, `republish`) cannot reach PostgreSQL |
 //! | 13 | [`Failure::Preflight`] | `walbox check`: at least one check failed (each printed with its fix) |
+//! | 14 | [`Failure::Audit`] | `walbox audit`: outbox rows are missing from Kafka (each listed) |
 
 use std::fmt;
 
@@ -52,6 +53,8 @@ pub enum Failure {
     Unavailable,
     /// `walbox check`: at least one check failed.
     Preflight,
+    /// `walbox audit`: outbox rows are missing from Kafka.
+    Audit,
 }
 
 impl Failure {
@@ -70,6 +73,7 @@ impl Failure {
             Failure::Retention => 11,
             Failure::Unavailable => 12,
             Failure::Preflight => 13,
+            Failure::Audit => 14,
         }
     }
 
@@ -145,6 +149,7 @@ mod tests {
             Failure::Retention,
             Failure::Unavailable,
             Failure::Preflight,
+            Failure::Audit,
         ];
         let mut codes: Vec<u8> = all.iter().map(|f| f.exit_code()).collect();
         codes.sort();

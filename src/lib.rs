@@ -41,6 +41,7 @@
 //! ```
 
 pub mod app;
+pub mod audit;
 pub mod backoff;
 pub mod cli;
 pub mod config;

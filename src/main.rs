@@ -134,6 +134,26 @@ fn main() -> ExitCode {
                 finish("republish", result.map(|_| ()))
             }
         },
+        Command::Audit {
+            config,
+            since_id,
+            since,
+            time_column,
+            wait,
+            json,
+        } => match load(config) {
+            Err(e) => fail(Failure::Config, e),
+            Ok(config) => {
+                init_logging(config.log.format, "warn");
+                let window = walbox::republish::Window {
+                    since_id,
+                    since,
+                    time_column,
+                };
+                let result = runtime.block_on(walbox::audit::audit(&config, &window, wait, json));
+                finish("audit", result.map(|_| ()))
+            }
+        },
         Command::Inbox { config } => match walbox::inbox::load(config.as_deref()) {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {

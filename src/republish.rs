@@ -23,6 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::GenericClient;
 
 use crate::config::{Config, Route, RouteSource};
 use crate::failure::{Failure, FatalError};
@@ -99,16 +100,7 @@ pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalErr
         while let Some(row) = rows.next().await {
             let row =
                 row.map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
-            let columns = (0..row.len())
-                .map(|i| match row.get::<_, Option<&str>>(i) {
-                    Some(v) => TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())),
-                    None => TupleValue::Null,
-                })
-                .collect();
-            let insert = Insert {
-                relation_id: relation.id,
-                tuple: TupleData { columns },
-            };
+            let insert = insert_of(&row, relation.id);
             let position = EventPosition {
                 commit_lsn: Lsn::ZERO,
                 index,
@@ -159,10 +151,24 @@ pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalErr
     Ok(total)
 }
 
+/// A row read by [`select`] (every column as text) as the `Insert` pgoutput would send.
+pub(crate) fn insert_of(row: &tokio_postgres::Row, relation_id: u32) -> Insert {
+    let columns = (0..row.len())
+        .map(|i| match row.get::<_, Option<&str>>(i) {
+            Some(v) => TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())),
+            None => TupleValue::Null,
+        })
+        .collect();
+    Insert {
+        relation_id,
+        tuple: TupleData { columns },
+    }
+}
+
 /// The table as pgoutput would announce it: every column, in order, with its type (and the
 /// types' SQL names).
-async fn describe(
-    client: &tokio_postgres::Client,
+pub(crate) async fn describe(
+    client: &impl GenericClient,
     schema: &str,
     table: &str,
 ) -> Result<(Relation, Vec<String>), FatalError> {
@@ -203,7 +209,7 @@ async fn describe(
 }
 
 /// The query for `route`'s rows in `window`.
-fn select(
+pub(crate) fn select(
     route: &Route,
     relation: &Relation,
     types: &[String],
@@ -260,6 +266,10 @@ fn select(
         ));
     }
     order.push(quote_ident(id));
+    if filters.is_empty() {
+        // `walbox audit` without a window: every row.
+        filters.push("true".to_owned());
+    }
     let columns: Vec<String> = relation
         .columns
         .iter()

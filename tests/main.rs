@@ -3,6 +3,7 @@
 
 mod support;
 
+mod audit;
 mod check;
 mod cli;
 mod connection;
