@@ -98,3 +98,35 @@ fn the_mutual_tls_example_needs_the_right_key_passphrase() {
     assert!(e.to_lowercase().contains("key"), "{e}");
     assert!(!e.contains("not-the-passphrase"), "{e}");
 }
+
+#[test]
+fn brokers_refusing_the_credentials_stop_walbox_with_exit_4_without_the_password() {
+    use crate::support::{self, walbox_env, TestDb, Walbox, WAIT};
+    let db = TestDb::new("sasl_refused");
+    let broker = support::broker();
+    if broker.mock_cluster().is_none() {
+        eprintln!("external broker: its own security settings decide; skipped");
+        return;
+    }
+    let mut env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    for (k, v) in [
+        ("WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL", "SASL_PLAINTEXT"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_MECHANISMS", "PLAIN"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_USERNAME", "walbox"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", KAFKA_PASSWORD),
+    ] {
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    let mut walbox = Walbox::spawn(&env);
+    let status = walbox.wait_exit(WAIT);
+    let log = walbox.log();
+    assert_eq!(status.code(), Some(4), "{log}");
+    assert!(
+        walbox
+            .last_line()
+            .contains("kafka producer cannot continue"),
+        "{}",
+        walbox.last_line()
+    );
+    assert!(!log.contains(KAFKA_PASSWORD), "{log}");
+}

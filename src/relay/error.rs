@@ -4,6 +4,8 @@
 //! or which [`Failure`] (exit status) it is; the classification of a stage's own error is the
 //! stage's, never re-decided here.
 
+use rdkafka::error::KafkaError;
+
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::outbox::{OutboxError, OutboxEvent};
@@ -70,6 +72,10 @@ pub enum RelayError {
     /// The stream broke the protocol's rules.
     #[error("replication protocol violation: {0}")]
     Protocol(String),
+    /// The producer cannot deliver anything: the brokers refused its credentials or its
+    /// rights, or librdkafka raised a fatal error.
+    #[error("kafka producer cannot continue: {0} (check kafka.properties: security.protocol, sasl.*, ssl.*, and the ACLs of the principal)")]
+    Producer(KafkaError),
     /// The progress topic is missing and may not be created.
     #[error("kafka.progress_topic: {0}; walbox keeps there the evidence that its slot existed (create it with one partition and cleanup.policy=compact)")]
     ProgressTopic(TopicError),
@@ -106,6 +112,7 @@ impl Classify for RelayError {
             RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
             RelayError::Protocol(_) => Some(Failure::Internal),
+            RelayError::Producer(e) => Some(producer_failure(e)),
             RelayError::SlotGone { .. } => Some(Failure::SlotLost),
         }
     }
@@ -202,4 +209,13 @@ pub(super) fn send_failure(event: &OutboxEvent, source: SinkError) -> RelayError
         topic: event.topic.clone(),
         source,
     }))
+}
+
+/// Exit status 4 for credentials the brokers refused, 9 for the rest.
+fn producer_failure(e: &KafkaError) -> Failure {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    match e.rdkafka_error_code() {
+        Some(C::Authentication | C::SaslAuthenticationFailed) => Failure::Auth,
+        _ => Failure::Kafka,
+    }
 }

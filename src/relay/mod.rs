@@ -214,6 +214,12 @@ impl Relay {
     /// it: the data-loss window and the republish command for a lost slot, the statement that
     /// skips a rejected event's transaction, the way out of a dropped publication.
     pub fn into_fatal(&self, e: RelayError) -> Result<FatalError, RelayError> {
+        // Whatever ended the session (a progress topic that cannot be read, say), a producer
+        // that can never deliver is the cause to report.
+        let e = match (e.failure(), self.acks.fatal()) {
+            (None, Some(kafka)) => RelayError::Producer(kafka),
+            _ => e,
+        };
         let Some(failure) = e.failure() else {
             return Err(e);
         };

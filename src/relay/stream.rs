@@ -135,6 +135,9 @@ impl Relay {
     /// Handles every waiting delivery report. All of them are accounted for even when one
     /// fails (the first failure is returned).
     pub(super) fn take_acks(&mut self, s: &mut Session) -> Result<(), RelayError> {
+        if let Some(e) = self.acks.fatal() {
+            return Err(RelayError::Producer(e));
+        }
         let mut batch = std::mem::take(&mut self.ack_batch);
         self.acks.drain_into(&mut batch);
         let mut first_error = None;

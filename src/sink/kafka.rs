@@ -176,6 +176,9 @@ pub fn describe_delivery_error(e: &KafkaError) -> String {
 pub struct AckQueue {
     pending: Mutex<Vec<Ack>>,
     ready: Notify,
+    /// A client error after which the producer cannot deliver anything (authentication or
+    /// authorization refused, librdkafka's fatal error): no delivery report would ever come.
+    fatal: Mutex<Option<KafkaError>>,
 }
 
 impl AckQueue {
@@ -190,6 +193,25 @@ impl AckQueue {
         if was_empty {
             // Stores a permit when nobody waits, so no batch is ever missed.
             self.ready.notify_one();
+        }
+    }
+
+    /// Records a client error the producer cannot recover from, and wakes the relay.
+    fn fail(&self, error: KafkaError) {
+        let mut fatal = match self.fatal.lock() {
+            Ok(f) => f,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        fatal.get_or_insert(error);
+        drop(fatal);
+        self.ready.notify_one();
+    }
+
+    /// The client error the producer cannot recover from, if one happened.
+    pub fn fatal(&self) -> Option<KafkaError> {
+        match self.fatal.lock() {
+            Ok(f) => f.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 
@@ -233,6 +255,8 @@ impl ClientContext for SinkContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if classify(&error) == Severity::Fatal {
             tracing::error!(error = %error, reason, "kafka producer error");
+            // Delivery reports would never come (records wait for the brokers forever): stop.
+            self.acks.fail(error);
             return;
         }
         let key = error.to_string();
