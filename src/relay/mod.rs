@@ -296,6 +296,11 @@ impl Relay {
             database: open.identity.dbname.clone().unwrap_or_default(),
             slot: pg.slot.clone(),
         };
+        // A producer that can never deliver (refused credentials) stops walbox before the
+        // progress topic is read with the same settings, to its timeout.
+        if let Some(e) = self.acks.fatal() {
+            return Err(RelayError::Producer(e));
+        }
         let progress_topic = self.settings.kafka.progress_topic.clone();
         self.topics
             .ensure_progress(&self.sink, &progress_topic)
