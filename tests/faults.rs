@@ -91,11 +91,17 @@ fn a_slow_reset_and_blackholed_link_to_postgres_loses_nothing() {
     wait_until(WAIT, "a reconnect after the reset", || {
         reconnects(port) > before
     });
-    // The reset also cut the leader lock's connection: walbox steps down and, alone, takes the
-    // lock again. The blackhole below must find a streaming session, not one being set up.
-    wait_until(WAIT, "walbox to stream again as the active one", || {
+    // The reset also cut the leader lock's connection: walbox steps down (at the lock's next
+    // check) and, alone, takes the lock again. The blackhole below must find the session of
+    // that new term streaming, not one being set up or about to be ended by the lost lock.
+    wait_until(WAIT, "walbox to stream again in a new term", || {
         let log = walbox.log();
-        log.rfind("streaming slot=") > log.rfind("waiting as a standby")
+        let taken = log
+            .rfind("active one (leader lock taken)")
+            .max(log.rfind("took over:"));
+        log.matches("lost the leader lock").count() >= 1
+            && taken > log.rfind("lost the leader lock")
+            && log.rfind("streaming slot=") > taken
             && http_get(port, "/active").is_some_and(|(status, _)| status == 200)
             && db.streaming(&slot)
     });
