@@ -725,3 +725,38 @@ fn a_cluster_without_the_idempotent_producer_fails() {
         &["fix: brokers of Kafka 0.11 or newer"],
     );
 }
+
+#[test]
+fn a_failover_slot_needs_17_and_synchronized_standby_slots() {
+    let db = TestDb::new("check_failover");
+    let broker = support::broker();
+    db.create_slot_and_publication(&db.name);
+    let env = with(
+        walbox_env(&db, &db.name, &broker.bootstrap_servers()),
+        "WALBOX_POSTGRES_FAILOVER_SLOT",
+        "true",
+    );
+    let run = check(&env, &[]);
+    if support::major() < 17 {
+        run.failed();
+        run.expect(
+            "failover slot",
+            "FAIL",
+            &[
+                "needs PostgreSQL 17 or newer",
+                "set postgres.failover_slot = false",
+            ],
+        );
+    } else {
+        // The shared cluster has no standby, so nothing names one in synchronized_standby_slots.
+        run.expect(
+            "failover slot",
+            "WARN",
+            &[
+                "walbox makes the slot a failover slot at start",
+                "synchronized_standby_slots is empty",
+                "ALTER SYSTEM SET synchronized_standby_slots",
+            ],
+        );
+    }
+}

@@ -116,6 +116,27 @@ fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_pha
         "walbox created a failover slot"
     );
 
+    // The preflight agrees: a failover slot, and the standby's slot named and active.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_walbox"))
+        .arg("check")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().cloned())
+        .output()
+        .expect("walbox check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("failover slot  "))
+        .unwrap_or_else(|| panic!("no failover slot check in:\n{stdout}"));
+    assert!(
+        line.starts_with("ok")
+            && line.contains(&format!(
+                "the slot is a failover slot; synchronized_standby_slots = {physical}"
+            )),
+        "{line}"
+    );
+
     // A writer commits on whichever server accepts writes, throughout.
     let stop = Arc::new(AtomicBool::new(false));
     let committed: Arc<Mutex<Vec<i64>>> = Arc::default();

@@ -31,6 +31,7 @@ const ROLE: &str = "role";
 const REPLICATION: &str = "replication connection";
 const SLOT: &str = "slot";
 const KEEP_SIZE: &str = "max_slot_wal_keep_size";
+const FAILOVER: &str = "failover slot";
 
 /// Every PostgreSQL check, in order.
 pub async fn checks(config: &Config) -> Vec<Check> {
@@ -47,6 +48,9 @@ pub async fn checks(config: &Config) -> Vec<Check> {
                 names.push(select_check(route));
             }
             names.extend([PUBLICATION, SLOT, KEEP_SIZE].map(String::from));
+            if config.postgres.failover_slot {
+                names.push(FAILOVER.into());
+            }
             out.extend(names.into_iter().map(|n| Check::skipped(n, CONNECTION)));
             return out;
         }
@@ -195,6 +199,10 @@ async fn checks_on(
 
     let health = slot::read(client, &pg.slot).await?;
     out.push(slot_check(client, config, &facts, health.as_ref()).await?);
+
+    if pg.failover_slot {
+        out.push(failover_check(client, &server, role, health.as_ref()).await?);
+    }
 
     let settings = slot::settings(client).await?;
     out.push(match settings.max_slot_wal_keep_bytes {
@@ -398,6 +406,64 @@ async fn replication_check(config: &Config) -> Check {
 
 /// The slot exists as a pgoutput slot of this database that no other process holds, or it
 /// may be created.
+/// `postgres.failover_slot`: a server that has failover slots (17+, a primary), the slot's flag,
+/// and `synchronized_standby_slots` naming active physical slots (without it a promotion may
+/// lose changes Kafka already has; with an inactive one, the stream waits for that standby).
+async fn failover_check(
+    client: &Client,
+    server: &catalog::Server,
+    role: Role,
+    health: Option<&SlotHealth>,
+) -> Result<Check, tokio_postgres::Error> {
+    if server.version_num < 170_000 {
+        return Ok(Check::fail(
+            FAILOVER,
+            format!(
+                "postgres.failover_slot needs PostgreSQL 17 or newer; this server is {}",
+                server.version
+            ),
+            "set postgres.failover_slot = false (before 17 a failover loses the slot: see the README, \"Failover of the primary\")",
+        ));
+    }
+    if role == Role::Standby {
+        return Ok(Check::fail(
+            FAILOVER,
+            "postgres.url names a standby: failover slots are created on the primary",
+            "set postgres.failover_slot = false, or point postgres.url at the primary",
+        ));
+    }
+    let row = client
+        .query_one(
+            "SELECT current_setting('synchronized_standby_slots'),                     (SELECT string_agg(s, ', ' ORDER BY s) FROM unnest(string_to_array(current_setting('synchronized_standby_slots'), ',')) s                      WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots r                                        WHERE r.slot_name = trim(s) AND r.slot_type = 'physical' AND r.active))",
+            &[],
+        )
+        .await?;
+    let (standby_slots, inactive): (String, Option<String>) = (row.get(0), row.get(1));
+    let flag = match health.and_then(|h| h.failover) {
+        Some(true) => "the slot is a failover slot",
+        Some(false) => "walbox makes the slot a failover slot at start (ALTER_REPLICATION_SLOT)",
+        None => "walbox creates the slot as a failover slot",
+    };
+    Ok(if standby_slots.trim().is_empty() {
+        Check::warn(
+            FAILOVER,
+            format!("{flag}, but synchronized_standby_slots is empty: a promoted standby may lack changes Kafka already has"),
+            "ALTER SYSTEM SET synchronized_standby_slots = '<the standby's physical slot>'; SELECT pg_reload_conf();",
+        )
+    } else if let Some(inactive) = inactive {
+        Check::warn(
+            FAILOVER,
+            format!("{flag}; synchronized_standby_slots names {inactive}, not an active physical slot: walbox's stream waits for it"),
+            "start that standby, or remove its slot from synchronized_standby_slots",
+        )
+    } else {
+        Check::ok(
+            FAILOVER,
+            format!("{flag}; synchronized_standby_slots = {standby_slots}"),
+        )
+    })
+}
+
 async fn slot_check(
     client: &Client,
     config: &Config,
