@@ -14,7 +14,9 @@ use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 use walbox::sandbox::standby::StandbyOptions;
 
 use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids};
-use crate::support::{self, free_port, wait_until, walbox_env, TestDb, Walbox, WAIT};
+use crate::support::{
+    self, free_port, since_in, wait_until, walbox_cmd, walbox_env, TestDb, Walbox, WAIT,
+};
 
 fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
     env.retain(|(k, _)| k != key);
@@ -395,8 +397,55 @@ fn a_promotion_without_a_synchronized_slot_stops_walbox_with_exit_7_and_the_runb
         "0",
         "walbox must not create a slot on the promoted standby"
     );
+
+    // The runbook, against the new primary (the dead first host is passed over): recreate the
+    // slot, republish the window, start. A row committed on the new primary while walbox was
+    // stopped arrives through republish; then Kafka holds exactly the new primary's outbox.
+    let since = since_in(&line);
+    let gap = insert(&replica, &topic, 2).expect("insert on the new primary");
+    let (code, recreated) = walbox_cmd(&["recreate-slot", "--confirm-data-loss"], &env);
+    assert_eq!(code, 0, "{recreated}");
+    let republish = [
+        "republish",
+        "--since",
+        &since,
+        "--time-column",
+        "created_at",
+    ];
+    let (code, republished) = walbox_cmd(&republish, &env);
+    assert_eq!(code, 0, "{republished}");
+    let log = walbox.log();
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the new primary", || {
+        replica.streaming(&slot)
+    });
+    let later = insert(&replica, &topic, 3).expect("insert on the new primary");
+    let truth: HashSet<i64> = replica
+        .sql("SELECT id FROM outbox")
+        .lines()
+        .map(|l| l.parse().expect("id"))
+        .collect();
+    assert!(truth.contains(&id) && truth.contains(&gap) && truth.contains(&later));
     assert!(
-        !walbox.log().contains(primary.password()),
-        "the password appeared in the log"
+        reader.poll_until(WAIT, |r| distinct_ids(r) == truth),
+        "Kafka {:?}, the new primary {truth:?}; log:\n{}",
+        distinct_ids(&reader.records),
+        walbox.log()
     );
+    assert!(
+        reader
+            .records
+            .iter()
+            .any(|r| r.header_str("id") == Some(&gap.to_string())
+                && r.header_str("walbox.commit_lsn") == Some("0/0")),
+        "the row committed while walbox was stopped came from republish"
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    for text in [log, recreated, republished, walbox.log()] {
+        assert!(
+            !text.contains(primary.password()),
+            "the password appeared in walbox's output"
+        );
+    }
 }
