@@ -3,7 +3,9 @@
 //! standby that synchronizes the slot (`sync_replication_slots`), the primary crashed mid-stream
 //! while a writer commits, the standby promoted, walbox carrying on from the synchronized slot.
 //! What the new primary's outbox holds is exactly what Kafka holds: nothing missing, and no
-//! event from a commit the standby never received (`synchronized_standby_slots`).
+//! event from a commit the standby never received (`synchronized_standby_slots`). Without a
+//! synchronized slot (every major before 17), the same promotion must stop walbox with exit 7
+//! rather than let it create a slot on the new primary, and the runbook then recovers the gap.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -98,6 +100,21 @@ fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_pha
     wait_until(WAIT, "the standby to replay the outbox table", || {
         replica.try_sql("SELECT count(*) FROM outbox").is_ok()
     });
+
+    // A failover slot belongs on the primary: pointed at the standby alone, walbox refuses.
+    let mut on_standby = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(&mut on_standby, "WALBOX_POSTGRES_URL", replica.url());
+    set(
+        &mut on_standby,
+        "WALBOX_POSTGRES_FAILOVER_SLOT",
+        "true".into(),
+    );
+    let (code, out) = walbox_cmd(&["run"], &on_standby);
+    assert_eq!(code, 5, "{out}");
+    assert!(
+        out.contains("postgres.failover_slot applies to a slot on the primary, but postgres.url names a standby"),
+        "{out}"
+    );
 
     // The standby is listed first: read-write passes it over while it is in recovery.
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
@@ -324,10 +341,11 @@ fn a_promotion_without_a_synchronized_slot_stops_walbox_with_exit_7_and_the_runb
         multi_host_url(
             &db,
             primary.port(),
-            &[primary.port(), standby.port()],
+            &[standby.port(), primary.port()],
             "read-write",
         ),
     );
+    // The standby, listed first, is passed over while it is in recovery.
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox to stream from the primary", || {
         db.streaming(&slot)
@@ -398,7 +416,7 @@ fn a_promotion_without_a_synchronized_slot_stops_walbox_with_exit_7_and_the_runb
         "walbox must not create a slot on the promoted standby"
     );
 
-    // The runbook, against the new primary (the dead first host is passed over): recreate the
+    // The runbook, against the new primary (which the same url now picks): recreate the
     // slot, republish the window, start. A row committed on the new primary while walbox was
     // stopped arrives through republish; then Kafka holds exactly the new primary's outbox.
     let since = since_in(&line);
