@@ -145,14 +145,7 @@ fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_pha
     );
 
     // The preflight agrees: a failover slot, and the standby's slot named and active.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_walbox"))
-        .arg("check")
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .envs(env.iter().cloned())
-        .output()
-        .expect("walbox check");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (_, stdout) = walbox_cmd(&["check"], &env);
     let line = stdout
         .lines()
         .find(|l| l.contains("failover slot  "))
