@@ -3,12 +3,11 @@
 //! backlog. Each follows the message walbox prints, as an operator would.
 
 use std::collections::{BTreeSet, HashSet};
-use std::process::Command;
 
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
 
-use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
+use crate::support::{self, since_in, wait_until, walbox_cmd, walbox_env, TestDb, Walbox, WAIT};
 
 fn insert(db: &TestDb, topic: &str, n: usize) {
     db.sql(&format!(
@@ -29,32 +28,6 @@ fn ids(records: &[ConsumedRecord]) -> BTreeSet<String> {
         .iter()
         .filter_map(|r| r.header_str("id").map(str::to_owned))
         .collect()
-}
-
-/// Runs `walbox <args…>` with `env` to completion: (exit code, stdout + stderr).
-fn walbox_cmd(args: &[&str], env: &[(String, String)]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("run walbox");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
-
-/// The value quoted after `walbox republish --since ` in `text`.
-fn since_in(text: &str) -> String {
-    let at = text
-        .find("walbox republish --since '")
-        .unwrap_or_else(|| panic!("no republish command in: {text}"));
-    let rest = &text[at + "walbox republish --since '".len()..];
-    rest[..rest.find('\'').expect("closing quote")].to_owned()
 }
 
 /// `walbox republish --since <since> --time-column created_at`, which must succeed; its output.

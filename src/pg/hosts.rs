@@ -11,7 +11,8 @@
 //! - A connection string with one host and `target_session_attrs=any` never reaches this module
 //!   (no extra query): [`ConnInfo::chooses_host`] is false.
 //! - When no host will do, the error names every host with its reason (never the password) and
-//!   is transient: the caller retries with backoff, as for a server that is down. Only when
+//!   is transient: the caller retries with backoff, as for a server that is down, and logs it
+//!   as it logs that (so a waiting hot standby, polling every second, says it once). Only when
 //!   every host failed for the same fatal reason (a wrong password everywhere) is that error
 //!   returned as it is, with its exit status.
 
@@ -116,11 +117,7 @@ where
     }
     match fatal {
         Some(e) if all_fatal => Err(Ok(e)),
-        _ => {
-            let message = no_suitable_host(attrs, &reasons);
-            tracing::warn!("{message}");
-            Err(Err(message))
-        }
+        _ => Err(Err(no_suitable_host(attrs, &reasons))),
     }
 }
 

@@ -268,6 +268,32 @@ pub fn walbox_env(db: &TestDb, slot: &str, brokers: &str) -> Vec<(String, String
     .collect()
 }
 
+/// Runs `walbox <args…>` with `env` to completion: (exit code, stdout + stderr).
+pub fn walbox_cmd(args: &[&str], env: &[(String, String)]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("run walbox");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// The value quoted after `walbox republish --since ` in `text`.
+pub fn since_in(text: &str) -> String {
+    let at = text
+        .find("walbox republish --since '")
+        .unwrap_or_else(|| panic!("no republish command in: {text}"));
+    let rest = &text[at + "walbox republish --since '".len()..];
+    rest[..rest.find('\'').expect("closing quote")].to_owned()
+}
+
 impl Walbox {
     /// Starts `walbox run` with exactly `env` (plus PATH) as its environment.
     pub fn spawn(env: &[(String, String)]) -> Walbox {
