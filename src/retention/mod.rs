@@ -141,8 +141,8 @@ pub async fn run(
     }
 }
 
-/// One pass over one table: partitions when it is partitioned by range on the time column,
-/// else row batches.
+/// One pass over one table: partitions when it is partitioned by range on the time column (and
+/// row batches in its default partition), else row batches in each of its leaves.
 async fn pass(
     client: &mut Client,
     slot: &str,
@@ -150,10 +150,16 @@ async fn pass(
     cfg: &RetentionConfig,
     metrics: &Metrics,
 ) -> Result<(), RetentionError> {
-    match partitions::layout(client, target).await? {
-        Some(layout) => partitions::pass(client, slot, target, &layout, cfg, metrics).await,
-        None => rows::pass(client, slot, target, cfg, metrics).await,
-    }
+    let relations = match partitions::layout(client, target).await? {
+        Some(layout) => {
+            match partitions::pass(client, slot, target, &layout, cfg, metrics).await? {
+                Some(default) => rows::leaves(client, &default).await?,
+                None => Vec::new(),
+            }
+        }
+        None => rows::leaves(client, &target.qualified).await?,
+    };
+    rows::pass(client, slot, target, &relations, cfg, metrics).await
 }
 
 fn quote(ident: &str) -> String {
