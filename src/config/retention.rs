@@ -202,8 +202,10 @@ mod tests {
                 .to_string();
             assert!(e.contains(needle), "{toml}: {e}");
         }
-        assert!(raw("keep = \"1d\"\npartition_interval = \"7d\"")
-            .validate()
-            .is_ok());
+        assert!(
+            raw("enabled = true\nkeep = \"1d\"\npartition_interval = \"7d\"")
+                .validate()
+                .is_ok()
+        );
     }
 }

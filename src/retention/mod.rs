@@ -1,6 +1,7 @@
 //! Managed outbox retention (`[outbox.retention]`): rows older than `keep` are deleted in short
-//! batches; a table partitioned by range on the time column loses whole partitions instead, and
-//! gets the next ones created ahead of time.
+//! batches ([`rows`], leaf partition by leaf partition for a partitioned table); a table
+//! partitioned by range on the time column loses whole partitions instead, and gets the next
+//! ones created ahead of time ([`partitions`]; old rows in its default partition go in batches).
 //!
 //! # Invariants
 //! - **No row is deleted before its transaction is confirmed.** Every deletion runs in one
@@ -17,6 +18,8 @@
 //!   connection, and stops with the term. A failed pass is logged and counted
 //!   (`walbox_outbox_retention_errors_total`) and retried at the next interval; it never stops
 //!   the relay. A default partition is never dropped.
+//! - A batch deletes by `ctid` within one relation (`DELETE FROM ONLY leaf`): a `ctid` is not
+//!   unique across the partitions of a table, so a batch through the parent could hit young rows.
 //! - Statements are bounded (`statement_timeout`, `lock_timeout`), and a batch is one short
 //!   transaction, so retention never holds locks or the xmin horizon for long.
 
