@@ -3,12 +3,14 @@
 //! while the slot has not confirmed it (the broker refusing every record holds retention
 //! back, and a SIGKILL mid-retention loses nothing); deletions produce no events; a table
 //! partitioned otherwise is cleaned partition by partition; a failing retention is reported
-//! and the relay goes on.
+//! and the relay goes on, also when a partition cannot be created; only the active walbox runs
+//! retention, and a standby starts it when it takes over.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
 
 use crate::support::events::distinct_ids;
@@ -428,4 +430,143 @@ fn sigkill_during_retention_loses_no_event() {
     );
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
+
+#[test]
+fn a_partition_that_cannot_be_created_is_reported_and_the_rest_goes_on() {
+    // Today's rows sit in the default partition: today's partition cannot be created.
+    let db = TestDb::new("retention_premake");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 1).expect("topic");
+    db.sql(&format!(
+        "CREATE TABLE outbox_d (
+             id bigint GENERATED ALWAYS AS IDENTITY,
+             aggregate_id text NOT NULL, topic text NOT NULL, event_type text NOT NULL,
+             payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (id, created_at)
+         ) PARTITION BY RANGE (created_at);
+         CREATE TABLE outbox_d_2000 PARTITION OF outbox_d
+             FOR VALUES FROM ('2000-01-01 00:00:00+00') TO ('2000-01-02 00:00:00+00');
+         CREATE TABLE outbox_d_rest PARTITION OF outbox_d DEFAULT;
+         CREATE PUBLICATION {slot} FOR TABLE outbox_d WITH (publish = 'insert', publish_via_partition_root = true);
+         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');
+         INSERT INTO outbox_d (aggregate_id, topic, event_type, payload, created_at)
+             VALUES ('a', '{topic}', 'x', '{{}}', '2000-01-01 12:00:00+00');
+         INSERT INTO outbox_d (aggregate_id, topic, event_type, payload)
+             VALUES ('b', '{topic}', 'x', '{{}}');"
+    ));
+    let port = free_port();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
+    set(&mut env, "WALBOX_OUTBOX_TABLE", "public.outbox_d".into());
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1d".into());
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
+    set(
+        &mut env,
+        "WALBOX_OUTBOX_RETENTION_COLUMN",
+        "created_at".into(),
+    );
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_PREMAKE", "2".into());
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "a failed pass", || {
+        scrape(port, "walbox_outbox_retention_errors_total") >= 1.0
+    });
+    assert!(
+        walbox.log().contains("default partition"),
+        "the error names the default partition:\n{}",
+        walbox.log()
+    );
+    // The expired partition is dropped and the later days are created all the same.
+    wait_until(WAIT, "the expired partition to be dropped", || {
+        db.sql("SELECT to_regclass('outbox_d_2000') IS NULL") == "t"
+    });
+    let days: Vec<String> = db
+        .sql(
+            "SELECT 'outbox_d_p' || to_char((now() AT TIME ZONE 'UTC')::date + k, 'YYYYMMDD') \
+             FROM generate_series(0, 2) k ORDER BY 1",
+        )
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    wait_until(WAIT, "the partitions of the later days", || {
+        days[1..]
+            .iter()
+            .all(|p| db.sql(&format!("SELECT to_regclass('{p}') IS NOT NULL")) == "t")
+    });
+    assert_eq!(
+        db.sql(&format!("SELECT to_regclass('{}') IS NULL", days[0])),
+        "t"
+    );
+    assert_eq!(db.sql("SELECT count(*) FROM outbox_d_rest"), "1");
+    assert!(metric(&http_get(port, "/metrics").unwrap().1, "walbox_ha_active") == Some(1.0));
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
+
+#[test]
+fn only_the_active_walbox_runs_retention_and_a_standby_starts_it_when_it_takes_over() {
+    let db = TestDb::new("retention_ha");
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 1).expect("topic");
+    db.create_slot_and_publication(&slot);
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload, created_at) \
+         SELECT 'agg-' || i, '{topic}', 'x', '{{}}', now() - interval '1 day' \
+         FROM generate_series(1, 300) i"
+    ));
+    let written: Lsn = db
+        .sql("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+    // The active process runs without retention, and confirms every row.
+    let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    let mut active = Walbox::spawn(&env);
+    wait_until(WAIT, "the rows to be confirmed", || {
+        db.confirmed(&slot) >= written
+    });
+    // The standby has retention on: it must not run it while it waits.
+    let port = free_port();
+    let mut env = env.clone();
+    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1h".into());
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
+    set(
+        &mut env,
+        "WALBOX_OUTBOX_RETENTION_COLUMN",
+        "created_at".into(),
+    );
+    let mut standby = Walbox::spawn(&env);
+    wait_until(WAIT, "the second walbox to wait as a standby", || {
+        standby
+            .log()
+            .contains("standby: another walbox relays this slot")
+    });
+    assert_eq!(db.sql("SELECT count(*) FROM outbox"), "300");
+    active.kill();
+    wait_until(WAIT, "the new active walbox to delete the old rows", || {
+        db.sql("SELECT count(*) FROM outbox") == "0"
+    });
+    let log = standby.log();
+    let took_over = log
+        .find("took over: this walbox is now the active one")
+        .unwrap_or_else(|| panic!("no takeover in the log:\n{log}"));
+    let deleted = log
+        .find("outbox retention deleted rows older than keep")
+        .unwrap_or_else(|| panic!("no deletion in the log:\n{log}"));
+    assert!(
+        took_over < deleted,
+        "retention ran before the takeover:\n{log}"
+    );
+    assert_eq!(
+        scrape(port, "walbox_outbox_retention_rows_deleted_total"),
+        300.0
+    );
+    standby.terminate();
+    assert!(standby.wait_exit(WAIT).success(), "{}", standby.log());
 }

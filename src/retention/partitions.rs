@@ -138,7 +138,8 @@ fn upper_bound(bound: &str) -> Option<String> {
     Some(value.to_owned())
 }
 
-/// Creates the current partition and `premake` more, where missing.
+/// Creates the current partition and `premake` more, where missing; one that cannot be created
+/// (the default partition holds rows of its range) does not keep the others from being created.
 async fn premake(
     client: &Client,
     target: &Target,
@@ -151,6 +152,7 @@ async fn premake(
     } else {
         "YYYYMMDD\"_\"HH24"
     };
+    let mut failed = None;
     for k in 0..=u64::from(cfg.premake) {
         let row = client
             .query_one(
@@ -197,10 +199,14 @@ async fn premake(
             Err(e) if e.code() == Some(&SqlState::INVALID_OBJECT_DEFINITION) => {
                 tracing::debug!(table = %target.label, partition = %name, error = %e, "range covered by an existing partition");
             }
-            Err(e) => return Err(e.into()),
+            // Tried for the later ranges too; the first failure is reported.
+            Err(e) => {
+                tracing::debug!(table = %target.label, partition = %name, error = %e, "cannot create a partition ahead");
+                failed.get_or_insert(e);
+            }
         }
     }
-    Ok(())
+    failed.map_or(Ok(()), |e| Err(e.into()))
 }
 
 #[cfg(test)]
