@@ -7,10 +7,10 @@
 //! ever deleted, is in `crate::retention`.
 //!
 //! Invariants (checked here): retention runs only with `enabled = true`, and then needs `keep`;
-//! keys without `enabled` are an error, not ignored. `keep` is at least one minute (rows younger than that are what a
-//! running relay may still resend, and what the slot-lost runbook republishes from);
-//! `interval` ≥ 1 s; `1 ≤ batch_size ≤ 1,000,000`; `partition_interval` is a whole number of
-//! hours that divides a day, or a whole number of days; `premake` ≤ 366.
+//! keys without `enabled` are an error, not ignored. `keep` is at least one minute (rows
+//! younger than that are what a running relay may still resend, and what the slot-lost runbook
+//! republishes from); `interval` ≥ 1 s; `1 ≤ batch_size ≤ 1,000,000`; `partition_interval` is
+//! a whole number of hours that divides a day, or a whole number of days; `premake` ≤ 366.
 
 use std::time::Duration;
 
