@@ -456,6 +456,7 @@ const NOT_FOUNDATION: &[&str] = &[
     "preflight",
     "leader",
     "metrics",
+    "retention",
 ];
 
 /// What each top-level module may not import: the dependency directions of
@@ -484,6 +485,7 @@ const RULES: &[(&str, &[&str])] = &[
             "preflight",
             "leader",
             "metrics",
+            "retention",
         ],
     ),
     (
@@ -501,6 +503,7 @@ const RULES: &[(&str, &[&str])] = &[
             "preflight",
             "leader",
             "metrics",
+            "retention",
         ],
     ),
     (
@@ -517,6 +520,7 @@ const RULES: &[(&str, &[&str])] = &[
             "preflight",
             "leader",
             "metrics",
+            "retention",
         ],
     ),
     (
@@ -533,6 +537,7 @@ const RULES: &[(&str, &[&str])] = &[
             "preflight",
             "leader",
             "metrics",
+            "retention",
         ],
     ),
     (
@@ -548,6 +553,7 @@ const RULES: &[(&str, &[&str])] = &[
             "sandbox",
             "preflight",
             "leader",
+            "retention",
         ],
     ),
     (
@@ -561,6 +567,7 @@ const RULES: &[(&str, &[&str])] = &[
             "sandbox",
             "preflight",
             "leader",
+            "retention",
         ],
     ),
     (
@@ -572,6 +579,7 @@ const RULES: &[(&str, &[&str])] = &[
             "sandbox",
             "leader",
             "preflight",
+            "retention",
         ],
     ),
     (
@@ -600,6 +608,7 @@ const RULES: &[(&str, &[&str])] = &[
             "sandbox",
             "preflight",
             "leader",
+            "retention",
         ],
     ),
     (
@@ -616,6 +625,7 @@ const RULES: &[(&str, &[&str])] = &[
             "sandbox",
             "preflight",
             "leader",
+            "retention",
         ],
     ),
     (
@@ -631,6 +641,23 @@ const RULES: &[(&str, &[&str])] = &[
             "app",
             "sandbox",
             "preflight",
+            "retention",
+        ],
+    ),
+    (
+        "retention",
+        &[
+            "source",
+            "outbox",
+            "relay",
+            "sink",
+            "health",
+            "inbox",
+            "republish",
+            "app",
+            "sandbox",
+            "preflight",
+            "leader",
         ],
     ),
 ];

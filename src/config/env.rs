@@ -182,6 +182,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["outbox"], "on_invalid", Kind::Str),
     (&["outbox"], "dead_letter_topic", Kind::Str),
     (&["outbox"], "on_change", Kind::Str),
+    (&["outbox", "retention"], "enabled", Kind::Bool),
     (&["outbox", "retention"], "keep", Kind::Str),
     (&["outbox", "retention"], "interval", Kind::Str),
     (&["outbox", "retention"], "batch_size", Kind::Int),

@@ -6,10 +6,11 @@
 //! `partition_interval` ahead of time. What happens at run time, and why no unconfirmed row is
 //! ever deleted, is in `crate::retention`.
 //!
-//! Invariants (checked here): `keep` is at least one minute (rows younger than that are what a
-//! running relay may still resend, and what the slot-lost runbook republishes from);
-//! `interval` ≥ 1 s; `1 ≤ batch_size ≤ 1,000,000`; `partition_interval` is a whole number of
-//! hours that divides a day, or a whole number of days; `premake` ≤ 366.
+//! Invariants (checked here): retention runs only with `enabled = true`, and then needs `keep`;
+//! keys without `enabled` are an error, not ignored. `keep` is at least one minute (rows
+//! younger than that are what a running relay may still resend, and what the slot-lost runbook
+//! republishes from); `interval` ≥ 1 s; `1 ≤ batch_size ≤ 1,000,000`; `partition_interval` is
+//! a whole number of hours that divides a day, or a whole number of days; `premake` ≤ 366.
 
 use std::time::Duration;
 
@@ -22,7 +23,9 @@ use super::units::parse_duration;
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRetention {
-    /// How long rows are kept, e.g. `"7d"`. Required: retention is on when this is set.
+    /// Turns retention on (off by default).
+    pub enabled: Option<bool>,
+    /// How long rows are kept, e.g. `"7d"`. Required when enabled.
     pub keep: Option<String>,
     /// How often a pass runs.
     pub interval: Option<String>,
@@ -65,21 +68,32 @@ fn duration(key: &str, text: Option<&str>, default: Duration) -> Result<Duration
 }
 
 impl RawRetention {
-    /// Checks values and fills in defaults; `None` when retention is off (no `keep`).
+    /// Checks values and fills in defaults; `None` when retention is off (`enabled` not true).
+    /// Keys set without `enabled` are refused rather than ignored: retention deletes rows, so
+    /// it is switched on (or explicitly off) in so many words.
     pub fn validate(self) -> Result<Option<RetentionConfig>, ConfigError> {
-        let Some(keep) = self.keep.as_deref() else {
-            if self.interval.is_some()
-                || self.batch_size.is_some()
-                || self.column.is_some()
-                || self.partition_interval.is_some()
-                || self.premake.is_some()
-            {
+        let any_key = self.keep.is_some()
+            || self.interval.is_some()
+            || self.batch_size.is_some()
+            || self.column.is_some()
+            || self.partition_interval.is_some()
+            || self.premake.is_some();
+        match self.enabled {
+            Some(false) => return Ok(None),
+            None if any_key => {
                 return Err(invalid(
-                    "[outbox.retention] needs keep (e.g. keep = \"7d\"): without it retention is off"
+                    "[outbox.retention] is set but not enabled: add outbox.retention.enabled = true (WALBOX_OUTBOX_RETENTION_ENABLED=true), or enabled = false to keep it off"
                         .into(),
-                ));
+                ))
             }
-            return Ok(None);
+            None => return Ok(None),
+            Some(true) => {}
+        }
+        let Some(keep) = self.keep.as_deref() else {
+            return Err(invalid(
+                "outbox.retention.enabled = true needs keep, how long rows stay (e.g. keep = \"7d\")"
+                    .into(),
+            ));
         };
         let keep = duration("keep", Some(keep), Duration::ZERO)?;
         if keep < Duration::from_secs(60) {
@@ -143,7 +157,14 @@ mod tests {
     #[test]
     fn off_without_keep_and_defaults_with_it() {
         assert_eq!(raw("").validate().unwrap(), None);
-        let c = raw("keep = \"7d\"").validate().unwrap().unwrap();
+        assert_eq!(
+            raw("enabled = false\nkeep = \"7d\"").validate().unwrap(),
+            None
+        );
+        let c = raw("enabled = true\nkeep = \"7d\"")
+            .validate()
+            .unwrap()
+            .unwrap();
         assert_eq!(c.keep, Duration::from_secs(7 * 86_400));
         assert_eq!(c.interval, Duration::from_secs(60));
         assert_eq!((c.batch_size, c.premake), (5000, 3));
@@ -152,8 +173,10 @@ mod tests {
 
     #[test]
     fn bad_values_say_what_to_set() {
+        let e = raw("keep = \"7d\"").validate().unwrap_err().to_string();
+        assert!(e.contains("add outbox.retention.enabled = true"), "{e}");
         for (toml, needle) in [
-            ("interval = \"5m\"", "needs keep"),
+            ("", "needs keep"),
             ("keep = \"10s\"", "at least 1m"),
             (
                 "keep = \"1d\"\ninterval = \"100ms\"",
@@ -173,11 +196,16 @@ mod tests {
             ),
             ("keep = \"soon\"", "outbox.retention.keep"),
         ] {
-            let e = raw(toml).validate().unwrap_err().to_string();
+            let e = raw(&format!("enabled = true\n{toml}"))
+                .validate()
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(needle), "{toml}: {e}");
         }
-        assert!(raw("keep = \"1d\"\npartition_interval = \"7d\"")
-            .validate()
-            .is_ok());
+        assert!(
+            raw("enabled = true\nkeep = \"1d\"\npartition_interval = \"7d\"")
+                .validate()
+                .is_ok()
+        );
     }
 }

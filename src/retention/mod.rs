@@ -1,6 +1,7 @@
 //! Managed outbox retention (`[outbox.retention]`): rows older than `keep` are deleted in short
-//! batches; a table partitioned by range on the time column loses whole partitions instead, and
-//! gets the next ones created ahead of time.
+//! batches ([`rows`], leaf partition by leaf partition for a partitioned table); a table
+//! partitioned by range on the time column loses whole partitions instead, and gets the next
+//! ones created ahead of time ([`partitions`]; old rows in its default partition go in batches).
 //!
 //! # Invariants
 //! - **No row is deleted before its transaction is confirmed.** Every deletion runs in one
@@ -17,6 +18,8 @@
 //!   connection, and stops with the term. A failed pass is logged and counted
 //!   (`walbox_outbox_retention_errors_total`) and retried at the next interval; it never stops
 //!   the relay. A default partition is never dropped.
+//! - A batch deletes by `ctid` within one relation (`DELETE FROM ONLY leaf`): a `ctid` is not
+//!   unique across the partitions of a table, so a batch through the parent could hit young rows.
 //! - Statements are bounded (`statement_timeout`, `lock_timeout`), and a batch is one short
 //!   transaction, so retention never holds locks or the xmin horizon for long.
 
@@ -141,8 +144,8 @@ pub async fn run(
     }
 }
 
-/// One pass over one table: partitions when it is partitioned by range on the time column,
-/// else row batches.
+/// One pass over one table: partitions when it is partitioned by range on the time column (and
+/// row batches in its default partition), else row batches in each of its leaves.
 async fn pass(
     client: &mut Client,
     slot: &str,
@@ -150,10 +153,16 @@ async fn pass(
     cfg: &RetentionConfig,
     metrics: &Metrics,
 ) -> Result<(), RetentionError> {
-    match partitions::layout(client, target).await? {
-        Some(layout) => partitions::pass(client, slot, target, &layout, cfg, metrics).await,
-        None => rows::pass(client, slot, target, cfg, metrics).await,
-    }
+    let relations = match partitions::layout(client, target).await? {
+        Some(layout) => {
+            match partitions::pass(client, slot, target, &layout, cfg, metrics).await? {
+                Some(default) => rows::leaves(client, &default).await?,
+                None => Vec::new(),
+            }
+        }
+        None => rows::leaves(client, &target.qualified).await?,
+    };
+    rows::pass(client, slot, target, &relations, cfg, metrics).await
 }
 
 fn quote(ident: &str) -> String {

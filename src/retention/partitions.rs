@@ -3,8 +3,10 @@
 //! day, bounds in UTC), and a partition whose upper bound is at or before `now() - keep` is
 //! dropped, behind the confirmation gate ([`super::confirm`]): the partition is locked first
 //! (its writers have all finished), then the WAL position read, then confirmed, then dropped.
-//! A default partition, or one bounded by `MAXVALUE`, is never dropped. A partition that would
-//! overlap an existing one is not created (the existing one covers the range).
+//! A default partition, or one bounded by `MAXVALUE`, is never dropped; old rows in the default
+//! partition are deleted in batches ([`super::rows`]). A partition that would overlap an
+//! existing one is not created (the existing one covers the range). A failed creation does not
+//! keep expired partitions from being dropped.
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -40,7 +42,9 @@ pub async fn layout(client: &Client, target: &Target) -> Result<Option<Layout>, 
     }))
 }
 
-/// Creates the partitions ahead, then drops the expired ones.
+/// Creates the partitions ahead, then drops the expired ones (also when creating failed: a
+/// failed creation is reported after the drops). Returns the default partition, if any: rows
+/// in it have no partition to expire with, and are deleted in batches instead.
 pub async fn pass(
     client: &mut Client,
     slot: &str,
@@ -48,9 +52,10 @@ pub async fn pass(
     layout: &Layout,
     cfg: &RetentionConfig,
     metrics: &Metrics,
-) -> Result<(), RetentionError> {
-    premake(client, target, cfg, metrics).await?;
-    for partition in expired(client, target, layout, cfg).await? {
+) -> Result<Option<String>, RetentionError> {
+    let created = premake(client, target, cfg, metrics).await;
+    let children = children(client, target, layout, cfg).await?;
+    for partition in &children.expired {
         let tx = client.transaction().await?;
         tx.batch_execute(&format!(
             "SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; \
@@ -68,16 +73,25 @@ pub async fn pass(
             .inc();
         tracing::info!(table = %target.label, %partition, "outbox retention dropped a partition older than keep");
     }
-    Ok(())
+    created?;
+    Ok(children.default)
 }
 
-/// The partitions (as `regclass` text) whose upper bound is at or before `now() - keep`.
-async fn expired(
+/// A partitioned table's children, as retention sees them.
+struct Children {
+    /// Partitions (as `regclass` text) whose upper bound is at or before `now() - keep`.
+    expired: Vec<String>,
+    /// The default partition.
+    default: Option<String>,
+}
+
+/// Reads `target`'s partitions: the expired ones and the default one.
+async fn children(
     client: &Client,
     target: &Target,
     layout: &Layout,
     cfg: &RetentionConfig,
-) -> Result<Vec<String>, RetentionError> {
+) -> Result<Children, RetentionError> {
     let rows = client
         .query(
             "SELECT c.oid::regclass::text, pg_get_expr(c.relpartbound, c.oid) \
@@ -86,9 +100,16 @@ async fn expired(
             &[&target.qualified],
         )
         .await?;
-    let mut out = Vec::new();
+    let mut out = Children {
+        expired: Vec::new(),
+        default: None,
+    };
     for row in rows {
         let (name, bound): (String, Option<String>) = (row.get(0), row.get(1));
+        if bound.as_deref() == Some("DEFAULT") {
+            out.default = Some(name);
+            continue;
+        }
         let Some(upper) = bound.as_deref().and_then(upper_bound) else {
             continue;
         };
@@ -104,7 +125,7 @@ async fn expired(
             .await?
             .get(0);
         if expired {
-            out.push(name);
+            out.expired.push(name);
         }
     }
     Ok(out)
@@ -117,7 +138,8 @@ fn upper_bound(bound: &str) -> Option<String> {
     Some(value.to_owned())
 }
 
-/// Creates the current partition and `premake` more, where missing.
+/// Creates the current partition and `premake` more, where missing; one that cannot be created
+/// (the default partition holds rows of its range) does not keep the others from being created.
 async fn premake(
     client: &Client,
     target: &Target,
@@ -130,6 +152,7 @@ async fn premake(
     } else {
         "YYYYMMDD\"_\"HH24"
     };
+    let mut failed = None;
     for k in 0..=u64::from(cfg.premake) {
         let row = client
             .query_one(
@@ -176,10 +199,14 @@ async fn premake(
             Err(e) if e.code() == Some(&SqlState::INVALID_OBJECT_DEFINITION) => {
                 tracing::debug!(table = %target.label, partition = %name, error = %e, "range covered by an existing partition");
             }
-            Err(e) => return Err(e.into()),
+            // Tried for the later ranges too; the first failure is reported.
+            Err(e) => {
+                tracing::debug!(table = %target.label, partition = %name, error = %e, "cannot create a partition ahead");
+                failed.get_or_insert(e);
+            }
         }
     }
-    Ok(())
+    failed.map_or(Ok(()), |e| Err(e.into()))
 }
 
 #[cfg(test)]

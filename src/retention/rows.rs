@@ -1,5 +1,9 @@
 //! Row batches: `DELETE … LIMIT batch_size` by `ctid`, one short `REPEATABLE READ` transaction
 //! per batch, each behind the confirmation gate ([`super::confirm`]).
+//!
+//! A `ctid` names a row only within one relation: a partitioned table is cleaned leaf
+//! partition by leaf partition (`DELETE FROM ONLY leaf`), never through the parent, where the
+//! `ctid` of an old row in one partition would also match a young row in another.
 
 use tokio_postgres::{Client, IsolationLevel};
 
@@ -8,45 +12,66 @@ use super::{confirm_bound, LOCK_TIMEOUT, STATEMENT_TIMEOUT};
 use crate::config::retention::RetentionConfig;
 use crate::metrics::Metrics;
 
-/// Deletes `target`'s rows older than `keep`, batch by batch, until a batch is not full.
+/// The relations (as `regclass` text) that hold `relation`'s rows: its leaf partitions when it
+/// is partitioned, else the table itself.
+pub async fn leaves(client: &Client, relation: &str) -> Result<Vec<String>, RetentionError> {
+    let rows = client
+        .query(
+            "SELECT relid::regclass::text FROM pg_partition_tree($1::text::regclass) \
+             WHERE isleaf ORDER BY level, 1",
+            &[&relation],
+        )
+        .await?;
+    // A table that is neither partitioned nor a partition has no partition tree.
+    if rows.is_empty() {
+        return Ok(vec![relation.to_owned()]);
+    }
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Deletes the rows older than `keep` in each of `relations` (leaves of `target`), batch by
+/// batch, until a batch is not full.
 pub async fn pass(
     client: &mut Client,
     slot: &str,
     target: &Target,
+    relations: &[String],
     cfg: &RetentionConfig,
     metrics: &Metrics,
 ) -> Result<(), RetentionError> {
     let column = quote(&target.column);
-    let delete = format!(
-        "DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE {column} < {cutoff} LIMIT {n}))",
-        t = target.qualified,
-        cutoff = cutoff(cfg),
-        n = cfg.batch_size,
-    );
     let mut total = 0u64;
-    loop {
-        let tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .start()
+    for relation in relations {
+        let delete = format!(
+            "DELETE FROM ONLY {relation} WHERE ctid = ANY(ARRAY(\
+             SELECT ctid FROM ONLY {relation} WHERE {column} < {cutoff} LIMIT {n}))",
+            cutoff = cutoff(cfg),
+            n = cfg.batch_size,
+        );
+        loop {
+            let tx = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::RepeatableRead)
+                .start()
+                .await?;
+            tx.batch_execute(&format!(
+                "SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"
+            ))
             .await?;
-        tx.batch_execute(&format!(
-            "SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"
-        ))
-        .await?;
-        // The first statement takes the snapshot: every row the DELETE can see committed
-        // before this position.
-        let needed = confirm::insert_position(&tx).await?;
-        confirm::wait(&tx, slot, needed, confirm_bound(cfg)).await?;
-        let deleted = tx.execute(delete.as_str(), &[]).await?;
-        tx.commit().await?;
-        total += deleted;
-        metrics
-            .retention_rows_deleted
-            .with_label_values(&[&target.label])
-            .inc_by(deleted);
-        if deleted < u64::from(cfg.batch_size) {
-            break;
+            // The first statement takes the snapshot: every row the DELETE can see committed
+            // before this position.
+            let needed = confirm::insert_position(&tx).await?;
+            confirm::wait(&tx, slot, needed, confirm_bound(cfg)).await?;
+            let deleted = tx.execute(delete.as_str(), &[]).await?;
+            tx.commit().await?;
+            total += deleted;
+            metrics
+                .retention_rows_deleted
+                .with_label_values(&[&target.label])
+                .inc_by(deleted);
+            if deleted < u64::from(cfg.batch_size) {
+                break;
+            }
         }
     }
     if total > 0 {
