@@ -26,6 +26,7 @@
 mod confirm;
 mod error;
 mod partitions;
+pub mod rights;
 mod rows;
 
 use std::sync::Arc;
@@ -67,6 +68,23 @@ struct Target {
     column: String,
 }
 
+impl Target {
+    /// `route`'s table and time column; `None` for the table-less route.
+    fn of(route: &Route, cfg: &RetentionConfig) -> Option<Target> {
+        let RouteSource::Table { schema, table } = &route.source else {
+            return None;
+        };
+        let column = cfg.column.clone().or(route.columns.timestamp.clone())?;
+        Some(Target {
+            schema: schema.clone(),
+            table: table.clone(),
+            qualified: format!("{}.{}", quote(schema), quote(table)),
+            label: format!("{schema}.{table}"),
+            column,
+        })
+    }
+}
+
 /// Runs retention passes every `cfg.interval` until `stop` is raised; see the [module docs](self).
 pub async fn run(
     pg: PostgresConfig,
@@ -77,19 +95,7 @@ pub async fn run(
 ) {
     let targets: Vec<Target> = tables
         .iter()
-        .filter_map(|route| {
-            let RouteSource::Table { schema, table } = &route.source else {
-                return None;
-            };
-            let column = cfg.column.clone().or(route.columns.timestamp.clone())?;
-            Some(Target {
-                schema: schema.clone(),
-                table: table.clone(),
-                qualified: format!("{}.{}", quote(schema), quote(table)),
-                label: format!("{schema}.{table}"),
-                column,
-            })
-        })
+        .filter_map(|route| Target::of(route, &cfg))
         .collect();
     let mut client: Option<Client> = None;
     loop {
