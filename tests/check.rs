@@ -760,3 +760,34 @@ fn a_failover_slot_needs_17_and_synchronized_standby_slots() {
         );
     }
 }
+
+#[test]
+fn retention_says_what_it_will_do_or_which_grant_it_lacks() {
+    let db = TestDb::new("check_retention");
+    db.create_slot_and_publication(&db.name);
+    let broker = support::broker();
+    let env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    let env = with(env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true");
+    let env = with(env, "WALBOX_OUTBOX_RETENTION_KEEP", "7d");
+    let env = with(env, "WALBOX_OUTBOX_RETENTION_COLUMN", "created_at");
+    let run = check(&env, &[]);
+    run.expect(
+        "retention on public.outbox",
+        "ok",
+        &["deletes rows older than 7d in batches of 5000"],
+    );
+
+    // A role that may read the outbox but not delete from it: retention would fail every pass.
+    let (role, password) = MD5_ROLE;
+    db.sql(&format!("GRANT SELECT ON outbox TO {role}"));
+    let url = support::cluster().role_url(role, password, &db.name);
+    let run = check(&with(env, "WALBOX_POSTGRES_URL", &url), &[]);
+    run.expect(
+        "retention on public.outbox",
+        "WARN",
+        &[
+            &format!("{role} lacks SELECT or DELETE on public.outbox"),
+            &format!("fix: GRANT SELECT, DELETE ON public.outbox TO \"{role}\";"),
+        ],
+    );
+}

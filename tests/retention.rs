@@ -284,7 +284,19 @@ fn a_failing_retention_is_counted_and_logged_while_the_relay_goes_on() {
         "the relay goes on; log:\n{}",
         walbox.log()
     );
-    assert!(metric(&http_get(port, "/metrics").unwrap().1, "walbox_ha_active") == Some(1.0));
+    let body = http_get(port, "/metrics").unwrap().1;
+    assert!(metric(&body, "walbox_ha_active") == Some(1.0));
+    // Nothing was ever removed, and the counters say so (the alert compares them).
+    for name in [
+        "walbox_outbox_retention_rows_deleted_total",
+        "walbox_outbox_retention_partitions_dropped_total",
+    ] {
+        assert_eq!(
+            metric(&body, &format!("{name}{{table=\"public.outbox\"}}")),
+            Some(0.0),
+            "{name} in:\n{body}"
+        );
+    }
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # First start of the compose stack's PostgreSQL (docker-entrypoint-initdb.d, run once on an
 # empty data directory, as the superuser): the application's database `app` with the outbox
-# (migrations/outbox.sql), the roles of the writer and walbox, walbox's publication, and the
-# consumer's database `billing` with the inbox (migrations/inbox.sql) and the table its effect
-# writes. The passwords are for a local demonstration only.
+# (migrations/outbox.sql), the roles of the writer and walbox (which may delete old outbox
+# rows: outbox retention), walbox's publication, and the consumer's database `billing` with the
+# inbox (migrations/inbox.sql) and the table its effect writes. The passwords are for a local
+# demonstration only.
 #
 # Outside the container (examples/stack_sample.rs runs it on a throwaway cluster): PGHOST and
 # PGPORT name the server, POSTGRES_USER a superuser, MIGRATIONS_DIR the repository's migrations/.
@@ -29,6 +30,8 @@ DO $$ BEGIN
     END IF;
 END $$;
 GRANT SELECT ON outbox TO walbox;
+-- [outbox.retention] deletes rows once Kafka has them.
+GRANT DELETE ON outbox TO walbox;
 CREATE PUBLICATION walbox FOR TABLE outbox WITH (publish = 'insert');
 SQL
 

@@ -1,5 +1,6 @@
 //! The PostgreSQL checks of `walbox check`: the connection, the server and its settings, the
-//! role's rights, each outbox table and its mapping, the publication, the slot.
+//! role's rights, each outbox table and its mapping (and, with `[outbox.retention]`, what
+//! retention needs on it), the publication, the slot.
 //!
 //! The catalog is read with the relay's own start-up queries (`source::catalog`,
 //! `source::slot`); where a verdict is the relay's (a missing column, a slot of another plugin,
@@ -13,8 +14,8 @@ use crate::config::conninfo::ConnInfo;
 use crate::config::Config;
 use crate::pg::control::{connect_control, ConnectError};
 use crate::preflight::tables::{
-    creation_rights, mapping_check, publication_check, qualified, select_check, select_privilege,
-    table_check, tables, PUBLICATION,
+    creation_rights, mapping_check, publication_check, qualified, retention_check, retention_name,
+    select_check, select_privilege, table_check, tables, PUBLICATION,
 };
 use crate::preflight::Check;
 use crate::source::catalog::{self, CatalogError, MIN_SERVER_VERSION};
@@ -169,6 +170,9 @@ async fn checks_on(
             Ok(shape) => {
                 out.push(mapping_check(route, &qualified(schema, table), &shape));
                 out.push(select_privilege(client, route, schema, table).await?);
+                if let Some(cfg) = &config.outbox.retention {
+                    out.push(retention_check(client, route, cfg).await?);
+                }
                 shapes.push((route, schema, table, shape.partitioned));
             }
             Err(CatalogError::Query(e)) => return Err(e),
@@ -177,8 +181,14 @@ async fn checks_on(
                 out.push(from_catalog(table_check(route), &e));
                 if missing {
                     out.push(Check::skipped(select_check(route), &table_check(route)));
+                    if config.outbox.retention.is_some() {
+                        out.push(Check::skipped(retention_name(route), &table_check(route)));
+                    }
                 } else {
                     out.push(select_privilege(client, route, schema, table).await?);
+                    if let Some(cfg) = &config.outbox.retention {
+                        out.push(retention_check(client, route, cfg).await?);
+                    }
                 }
             }
         }

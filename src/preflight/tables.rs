@@ -1,13 +1,15 @@
 //! The outbox tables and the publication that carries their rows: each table's mapping (the
 //! relay's column checks, then the column types the mapper can read), the role's `SELECT` on
 //! it, and the publication, which must exist (or be creatable), publish exactly these tables,
-//! and only their INSERTs.
+//! and only their INSERTs; with `[outbox.retention]`, what retention needs on each table.
 
 use postgres_protocol::escape::escape_identifier as quote_ident;
 use tokio_postgres::Client;
 
+use crate::config::retention::RetentionConfig;
 use crate::config::{Config, Route, RouteSource};
 use crate::preflight::Check;
+use crate::retention::rights::{readiness, Readiness};
 use crate::source::catalog::{Publication, TableShape};
 use crate::source::standby::Role;
 
@@ -22,6 +24,33 @@ pub(super) fn table_check(route: &Route) -> String {
 /// The name of a table's `SELECT` check.
 pub(super) fn select_check(route: &Route) -> String {
     format!("select on {}", route.name)
+}
+
+/// The name of a table's retention check.
+pub(super) fn retention_name(route: &Route) -> String {
+    format!("retention on {}", route.name)
+}
+
+/// What `[outbox.retention]` needs on the table (a warning when missing: retention failing
+/// never stops the relay, but the table then grows).
+pub(super) async fn retention_check(
+    client: &Client,
+    route: &Route,
+    cfg: &RetentionConfig,
+) -> Result<Check, tokio_postgres::Error> {
+    let name = retention_name(route);
+    Ok(match readiness(client, route, cfg).await? {
+        Some(Readiness::Ready(what)) => Check::ok(name, what),
+        Some(Readiness::Blocked { problems, fixes }) => Check::warn(
+            name,
+            format!(
+                "{}: retention will fail every pass and the table grow",
+                problems.join("; ")
+            ),
+            fixes.join(" "),
+        ),
+        None => Check::ok(name, "no table: nothing to remove"),
+    })
 }
 
 /// The table routes with their schema and table.

@@ -17,7 +17,7 @@
 //! - Retention runs only in the active process (a term of `crate::app`), on its own control
 //!   connection, and stops with the term. A failed pass is logged and counted
 //!   (`walbox_outbox_retention_errors_total`) and retried at the next interval; it never stops
-//!   the relay. A default partition is never dropped.
+//!   the relay. Every table's counters exist from the first pass on, at 0. A default partition is never dropped.
 //! - A batch deletes by `ctid` within one relation (`DELETE FROM ONLY leaf`): a `ctid` is not
 //!   unique across the partitions of a table, so a batch through the parent could hit young rows.
 //! - Statements are bounded (`statement_timeout`, `lock_timeout`), and a batch is one short
@@ -26,6 +26,7 @@
 mod confirm;
 mod error;
 mod partitions;
+pub mod rights;
 mod rows;
 
 use std::sync::Arc;
@@ -67,6 +68,23 @@ struct Target {
     column: String,
 }
 
+impl Target {
+    /// `route`'s table and time column; `None` for the table-less route.
+    fn of(route: &Route, cfg: &RetentionConfig) -> Option<Target> {
+        let RouteSource::Table { schema, table } = &route.source else {
+            return None;
+        };
+        let column = cfg.column.clone().or(route.columns.timestamp.clone())?;
+        Some(Target {
+            schema: schema.clone(),
+            table: table.clone(),
+            qualified: format!("{}.{}", quote(schema), quote(table)),
+            label: format!("{schema}.{table}"),
+            column,
+        })
+    }
+}
+
 /// Runs retention passes every `cfg.interval` until `stop` is raised; see the [module docs](self).
 pub async fn run(
     pg: PostgresConfig,
@@ -77,20 +95,20 @@ pub async fn run(
 ) {
     let targets: Vec<Target> = tables
         .iter()
-        .filter_map(|route| {
-            let RouteSource::Table { schema, table } = &route.source else {
-                return None;
-            };
-            let column = cfg.column.clone().or(route.columns.timestamp.clone())?;
-            Some(Target {
-                schema: schema.clone(),
-                table: table.clone(),
-                qualified: format!("{}.{}", quote(schema), quote(table)),
-                label: format!("{schema}.{table}"),
-                column,
-            })
-        })
+        .filter_map(|route| Target::of(route, &cfg))
         .collect();
+    // Every counter of every table exists from the start, at 0: an alert comparing them
+    // (`WalboxOutboxRetentionFailing`) has a series to compare before anything was removed.
+    for target in &targets {
+        for counter in [
+            &metrics.retention_rows_deleted,
+            &metrics.retention_partitions_dropped,
+            &metrics.retention_partitions_created,
+            &metrics.retention_errors,
+        ] {
+            counter.with_label_values(&[&target.label]).inc_by(0);
+        }
+    }
     let mut client: Option<Client> = None;
     loop {
         if *stop.borrow() {
@@ -126,7 +144,7 @@ pub async fn run(
                         .set(now);
                 }
                 Err(RetentionError::Behind { needed, confirmed }) => {
-                    tracing::info!(table = %target.label, %needed, %confirmed, "outbox retention waits for the relay: the slot has not confirmed every row it could delete; nothing deleted in this pass");
+                    tracing::info!(table = %target.label, %needed, %confirmed, "outbox retention waits for the relay: the slot has not confirmed every row it could delete; the rest waits for the next pass");
                 }
                 Err(e) => {
                     metrics

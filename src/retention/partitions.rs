@@ -24,7 +24,10 @@ pub struct Layout {
 
 /// `Some` when `target` is partitioned by range on its time column; `None` for a plain table
 /// (or one partitioned otherwise, which row batches handle).
-pub async fn layout(client: &Client, target: &Target) -> Result<Option<Layout>, RetentionError> {
+pub async fn layout(
+    client: &Client,
+    target: &Target,
+) -> Result<Option<Layout>, tokio_postgres::Error> {
     let row = client
         .query_opt(
             "SELECT p.partstrat::text, p.partnatts::int, a.attname::text, format_type(a.atttypid, a.atttypmod) \

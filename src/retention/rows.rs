@@ -12,20 +12,21 @@ use super::{confirm_bound, LOCK_TIMEOUT, STATEMENT_TIMEOUT};
 use crate::config::retention::RetentionConfig;
 use crate::metrics::Metrics;
 
-/// The relations (as `regclass` text) that hold `relation`'s rows: its leaf partitions when it
+/// The relations (`"schema"."name"`, quoted where needed) that hold `relation`'s rows: its leaf partitions when it
 /// is partitioned, else the table itself.
-pub async fn leaves(client: &Client, relation: &str) -> Result<Vec<String>, RetentionError> {
+pub async fn leaves(client: &Client, relation: &str) -> Result<Vec<String>, tokio_postgres::Error> {
+    // A table that is neither partitioned nor a partition has no partition tree: itself.
     let rows = client
         .query(
-            "SELECT relid::regclass::text FROM pg_partition_tree($1::text::regclass) \
-             WHERE isleaf ORDER BY level, 1",
+            "SELECT format('%I.%I', n.nspname, c.relname) \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.oid IN (SELECT relid FROM pg_partition_tree($1::text::regclass) WHERE isleaf) \
+                OR (c.oid = $1::text::regclass \
+                    AND NOT EXISTS (SELECT FROM pg_partition_tree($1::text::regclass))) \
+             ORDER BY 1",
             &[&relation],
         )
         .await?;
-    // A table that is neither partitioned nor a partition has no partition tree.
-    if rows.is_empty() {
-        return Ok(vec![relation.to_owned()]);
-    }
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 

@@ -345,6 +345,18 @@ fn exported_names() -> BTreeSet<String> {
     for status in walbox::metrics::WAL_STATUSES {
         relay.slot_wal_status.with_label_values(&[status]).set(0);
     }
+    for counter in [
+        &relay.retention_rows_deleted,
+        &relay.retention_partitions_dropped,
+        &relay.retention_partitions_created,
+        &relay.retention_errors,
+    ] {
+        counter.with_label_values(&["public.outbox"]).inc();
+    }
+    relay
+        .retention_last_success
+        .with_label_values(&["public.outbox"])
+        .set(1.0);
     let inbox = walbox::inbox::metrics::InboxMetrics::new();
     let mut names = exposition_names(&relay.render());
     names.extend(exposition_names(&inbox.render()));
@@ -474,6 +486,10 @@ fn dashboard_queries_name_only_metrics_walbox_exports() {
         "walbox_slot_wal_status",
         "walbox_replication_lag_seconds",
         "walbox_dead_letter_total",
+        "walbox_outbox_retention_rows_deleted_total",
+        "walbox_outbox_retention_partitions_dropped_total",
+        "walbox_outbox_retention_errors_total",
+        "walbox_outbox_retention_last_success_timestamp_seconds",
         "walbox_inbox_records_consumed_total",
         "walbox_inbox_consumer_lag_records",
         "walbox_inbox_dead_lettered_total",
