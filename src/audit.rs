@@ -259,6 +259,7 @@ fn count_records(
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
         .set("log_level", "3");
     let consumer: BaseConsumer = cc.create().map_err(kafka_err)?;
     let timeout = Duration::from_secs(10);
@@ -295,7 +296,25 @@ fn count_records(
             }
             continue;
         };
-        let m = message.map_err(kafka_err)?;
+        let m = match message {
+            // Transaction markers end a partition without being delivered.
+            // Transaction markers end a partition without being delivered: its end is where
+            // the consumer's position reached the high watermark.
+            Err(rdkafka::error::KafkaError::PartitionEOF(_)) => {
+                if let Ok(positions) = consumer.position() {
+                    for e in positions.elements() {
+                        if let Offset::Offset(at) = e.offset() {
+                            let key = (e.topic().to_owned(), e.partition());
+                            if ends.get(&key).is_some_and(|end| at >= *end) {
+                                ends.remove(&key);
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+            other => other.map_err(kafka_err)?,
+        };
         last_progress = Instant::now();
         read += 1;
         let key = (m.topic().to_owned(), m.partition());

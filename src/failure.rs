@@ -23,6 +23,7 @@
 //! | 12 | [`Failure::Unavailable`] | a one-shot command (`status`, `recreate-slot`, `republish`) cannot reach PostgreSQL |
 //! | 13 | [`Failure::Preflight`] | `walbox check`: at least one check failed (each printed with its fix) |
 //! | 14 | [`Failure::Audit`] | `walbox audit`: outbox rows are missing from Kafka (each listed) |
+//! | 15 | [`Failure::Fenced`] | exactly-once mode: another walbox process took over the slot's Kafka transactions |
 
 use std::fmt;
 
@@ -55,6 +56,8 @@ pub enum Failure {
     Preflight,
     /// `walbox audit`: outbox rows are missing from Kafka.
     Audit,
+    /// Exactly-once mode: a newer producer with the same transactional id fenced this one.
+    Fenced,
 }
 
 impl Failure {
@@ -74,6 +77,7 @@ impl Failure {
             Failure::Unavailable => 12,
             Failure::Preflight => 13,
             Failure::Audit => 14,
+            Failure::Fenced => 15,
         }
     }
 

@@ -43,6 +43,14 @@ pub struct Metrics {
     pub delivery_errors: IntCounter,
     /// `walbox_dead_letter_total`: events sent to a dead-letter topic.
     pub dead_letters: IntCounter,
+    /// `walbox_kafka_transactions_total{outcome}`: exactly-once mode's Kafka transactions,
+    /// `committed` or `aborted`.
+    pub kafka_transactions: IntCounterVec,
+    /// `walbox_kafka_transaction_commit_seconds`: how long `commit_transaction` took.
+    pub kafka_transaction_commit: Histogram,
+    /// `walbox_exactly_once_skipped_events_total`: events PostgreSQL sent again that a
+    /// committed Kafka transaction already holds (skipped at start-up).
+    pub exactly_once_skipped: IntCounter,
     /// `walbox_reconnects_total`: replication sessions restarted after a transient error.
     pub reconnects: IntCounter,
     /// `walbox_streaming`: 1 while a replication session is streaming.
@@ -206,6 +214,35 @@ impl Metrics {
             dead_letters: counter(
                 "walbox_dead_letter_total",
                 "Events that could not be published and went to a dead-letter topic.",
+            ),
+            kafka_transactions: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "walbox_kafka_transactions_total",
+                        "Kafka transactions of exactly-once mode, by outcome (committed, aborted).",
+                    ),
+                    &["outcome"],
+                )
+                .expect("valid metric"),
+            ),
+            kafka_transaction_commit: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "walbox_kafka_transaction_commit_seconds",
+                        "Time to commit a Kafka transaction (flush and EndTxn), exactly-once mode.",
+                    )
+                    .buckets(vec![
+                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                        10.0, 30.0,
+                    ]),
+                )
+                .expect("valid metric"),
+            ),
+            exactly_once_skipped: counter(
+                "walbox_exactly_once_skipped_events_total",
+                "Events sent again by PostgreSQL that a committed Kafka transaction already holds.",
             ),
             reconnects: counter(
                 "walbox_reconnects_total",

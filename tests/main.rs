@@ -11,6 +11,7 @@ mod connection;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod deploy;
+mod exactly_once;
 mod failover;
 mod failures;
 mod faults;

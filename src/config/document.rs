@@ -19,7 +19,7 @@ use super::env::LAYOUT;
 use super::error::ConfigError;
 use super::http::RawHttp;
 use super::kafka::{
-    check_kafka_properties, valid_topic, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC,
+    check_kafka_properties, valid_topic, ExactlyOnce, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC,
 };
 use super::layers::{deserialize, read_layers};
 use super::log::{LogConfig, RawLog};
@@ -153,6 +153,11 @@ impl RawConfig {
         for (k, v) in &self.kafka.properties {
             let weakens = match k.as_str() {
                 "enable.idempotence" => v != "true",
+                "transactional.id" => {
+                    return Err(ConfigError::Invalid(
+                        "kafka.properties.transactional.id: walbox derives it from the slot; set kafka.exactly_once = true instead".into(),
+                    ))
+                }
                 "acks" | "request.required.acks" => v != "all" && v != "-1",
                 "bootstrap.servers" | "metadata.broker.list" => {
                     return Err(ConfigError::Invalid(format!(
@@ -273,6 +278,36 @@ impl RawConfig {
             )));
         }
 
+        let exactly_once = match self.kafka.exactly_once {
+            Some(true) => {
+                let d = ExactlyOnce::default();
+                let max_events = self.kafka.transaction_max_events.unwrap_or(d.max_events);
+                let interval = self.kafka.transaction_interval.map_or(d.interval, |i| i.0);
+                if !(1..=10_000_000).contains(&max_events) {
+                    return Err(ConfigError::Invalid(
+                        "kafka.transaction_max_events must be between 1 and 10000000".into(),
+                    ));
+                }
+                if interval.is_zero() || interval > Duration::from_secs(60) {
+                    return Err(ConfigError::Invalid(
+                        "kafka.transaction_interval must be between 1ms and 60s".into(),
+                    ));
+                }
+                Some(ExactlyOnce {
+                    max_events,
+                    interval,
+                })
+            }
+            _ if self.kafka.transaction_max_events.is_some()
+                || self.kafka.transaction_interval.is_some() =>
+            {
+                return Err(ConfigError::Invalid(
+                    "kafka.transaction_max_events and kafka.transaction_interval apply only with kafka.exactly_once = true; set it, or remove them".into(),
+                ));
+            }
+            _ => None,
+        };
+
         let http_listen = self.http.validate("0.0.0.0:9187")?;
         let log = self.log.validate()?;
 
@@ -316,6 +351,7 @@ impl RawConfig {
                     )
                 }),
                 progress_topic,
+                exactly_once,
             },
             relay: RelayConfig {
                 max_in_flight,

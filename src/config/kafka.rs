@@ -48,6 +48,12 @@ pub struct RawKafka {
     pub topic_replication_factor: Option<i32>,
     /// Compacted topic for walbox's progress records.
     pub progress_topic: Option<String>,
+    /// Exactly-once mode: a transactional producer (see `relay::exactly_once`).
+    pub exactly_once: Option<bool>,
+    /// Exactly-once mode: commit the Kafka transaction after this many events.
+    pub transaction_max_events: Option<usize>,
+    /// Exactly-once mode: commit the Kafka transaction at least this often.
+    pub transaction_interval: Option<super::units::HumanDuration>,
 }
 
 impl fmt::Debug for RawKafka {
@@ -70,6 +76,26 @@ pub struct KafkaConfig {
     pub create_topics: Option<(i32, i32)>,
     /// Compacted topic holding one progress record per slot (see `sink::progress`).
     pub progress_topic: String,
+    /// Exactly-once mode and its transaction bounds; `None`: at-least-once.
+    pub exactly_once: Option<ExactlyOnce>,
+}
+
+/// `kafka.exactly_once = true`: how Kafka transactions are cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExactlyOnce {
+    /// A Kafka transaction is committed at the first PostgreSQL commit after this many events.
+    pub max_events: usize,
+    /// … or after this long since it began (at the next PostgreSQL commit, or when idle).
+    pub interval: std::time::Duration,
+}
+
+impl Default for ExactlyOnce {
+    fn default() -> Self {
+        ExactlyOnce {
+            max_events: 10_000,
+            interval: std::time::Duration::from_millis(100),
+        }
+    }
 }
 
 impl fmt::Debug for KafkaConfig {

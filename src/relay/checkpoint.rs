@@ -127,6 +127,21 @@ impl Checkpoint {
         self.advance()
     }
 
+    /// Every event below `end_seq` is acknowledged at once: exactly-once mode, where a Kafka
+    /// transaction's commit (not each record's delivery report) makes its events count.
+    /// Returns how many transactions this confirmed.
+    pub fn ack_through(&mut self, end_seq: u64) -> usize {
+        let end = end_seq.min(self.next_seq);
+        if end <= self.base_seq {
+            return 0;
+        }
+        let n = (end - self.base_seq) as usize;
+        for slot in self.acked.iter_mut().take(n) {
+            *slot = true;
+        }
+        self.advance()
+    }
+
     /// A primary keepalive reported `wal_end`. Moves the frontier there only when nothing is
     /// open, pending or in flight. Returns whether the frontier moved.
     pub fn keepalive(&mut self, wal_end: Lsn) -> bool {
@@ -375,5 +390,26 @@ mod tests {
             }
             prop_assert_eq!(cp.frontier(), Lsn(sizes.len() as u64 * 10));
         });
+    }
+
+    #[test]
+    fn ack_through_confirms_whole_transactions_and_nothing_after() {
+        let mut c = Checkpoint::new(Lsn(100), 0);
+        c.begin();
+        c.event();
+        c.event();
+        assert_eq!(c.commit(Lsn(150), Lsn(200), 1), 0);
+        c.begin();
+        let third = c.event();
+        assert_eq!(c.commit(Lsn(250), Lsn(300), 2), 0);
+        c.begin();
+        c.event();
+        // The Kafka transaction held the first two PostgreSQL transactions.
+        assert_eq!(c.ack_through(third + 1), 2);
+        assert_eq!(c.frontier(), Lsn(300));
+        // The open one's event stays unconfirmed, whatever its delivery report says.
+        assert_eq!(c.ack_through(third + 1), 0);
+        assert_eq!(c.frontier(), Lsn(300));
+        assert_eq!(c.in_flight(), 1);
     }
 }

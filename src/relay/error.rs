@@ -12,6 +12,7 @@ use crate::outbox::{OutboxError, OutboxEvent};
 use crate::sink::kafka::SinkError;
 use crate::sink::progress::{ProgressError, ProgressRecord};
 use crate::sink::topics::TopicError;
+use crate::sink::transaction::TxnError;
 use crate::source::pgoutput::DecodeError;
 use crate::source::replication::ReplicationError;
 use crate::source::session::OpenError;
@@ -76,6 +77,9 @@ pub enum RelayError {
     /// rights, or librdkafka raised a fatal error.
     #[error("kafka producer cannot continue: {0} (check kafka.properties: security.protocol, sasl.*, ssl.*, and the ACLs of the principal)")]
     Producer(KafkaError),
+    /// A Kafka transaction (exactly-once mode) failed: aborted (transient), fenced or fatal.
+    #[error(transparent)]
+    Transaction(TxnError),
     /// The progress topic is missing and may not be created.
     #[error("kafka.progress_topic: {0}; walbox keeps there the evidence that its slot existed (create it with one partition and cleanup.policy=compact)")]
     ProgressTopic(TopicError),
@@ -113,6 +117,7 @@ impl Classify for RelayError {
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
             RelayError::Protocol(_) => Some(Failure::Internal),
             RelayError::Producer(e) => Some(producer_failure(e)),
+            RelayError::Transaction(e) => e.failure(),
             RelayError::SlotGone { .. } => Some(Failure::SlotLost),
         }
     }

@@ -45,6 +45,7 @@ use tokio::sync::watch;
 
 pub mod checkpoint;
 mod error;
+mod exactly_once;
 mod publish;
 mod stream;
 
@@ -101,6 +102,8 @@ struct Session {
     outstanding: usize,
     last_status: Lsn,
     last_status_at: Instant,
+    /// Exactly-once mode's Kafka transaction; `None` in at-least-once mode.
+    eos: Option<exactly_once::KafkaTxn>,
 }
 
 /// Shortest gap between status updates sent because the frontier moved (the periodic ones
@@ -217,7 +220,7 @@ impl Relay {
         // Whatever ended the session (a progress topic that cannot be read, say), a producer
         // that can never deliver is the cause to report.
         let e = match (e.failure(), self.acks.fatal()) {
-            (None, Some(kafka)) => RelayError::Producer(kafka),
+            (None, Some(kafka)) => self.producer_error(kafka),
             _ => e,
         };
         let Some(failure) = e.failure() else {
@@ -259,6 +262,28 @@ impl Relay {
         Ok(FatalError { failure, message })
     }
 
+    /// The error for a producer that cannot continue: fenced by a newer walbox in exactly-once
+    /// mode, or refused and fatal.
+    fn producer_error(&self, e: rdkafka::error::KafkaError) -> RelayError {
+        if self.settings.kafka.exactly_once.is_some()
+            && self
+                .sink
+                .fatal_error()
+                .is_some_and(|(code, _)| crate::sink::transaction::is_fencing(code))
+        {
+            let id = self
+                .progress_key
+                .as_ref()
+                .map(crate::sink::transaction::transactional_id)
+                .unwrap_or_default();
+            return RelayError::Transaction(crate::sink::transaction::TxnError::Fenced {
+                id,
+                error: e,
+            });
+        }
+        RelayError::Producer(e)
+    }
+
     /// How to republish what this process has not confirmed: the command with a `--since`
     /// [`progress::REPUBLISH_MARGIN_MICROS`] before the newest confirmed commit.
     fn republish_hint(&self) -> String {
@@ -288,7 +313,7 @@ impl Relay {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<SessionEnd, RelayError> {
         self.reached_streaming = false;
-        let pg = &self.settings.postgres;
+        let pg = &self.settings.postgres.clone();
         let mut open = session::open(pg, &self.settings.outbox).await?;
         self.on_standby = open.role == Role::Standby;
         let key = ProgressKey {
@@ -299,7 +324,7 @@ impl Relay {
         // A producer that can never deliver (refused credentials) stops walbox before the
         // progress topic is read with the same settings, to its timeout.
         if let Some(e) = self.acks.fatal() {
-            return Err(RelayError::Producer(e));
+            return Err(self.producer_error(e));
         }
         let progress_topic = self.settings.kafka.progress_topic.clone();
         self.topics
@@ -336,6 +361,7 @@ impl Relay {
                 }
             }
         };
+        let eos_key = key.clone();
         if self.progress_key.as_ref() != Some(&key) {
             self.progress_key = Some(key);
             self.progress_lsn = Lsn::ZERO;
@@ -349,6 +375,13 @@ impl Relay {
         // Logical messages carry heartbeats and the table-less outbox.
         let messages = self.settings.heartbeats || self.settings.outbox.messages.is_some();
         let stream = open.start(pg, start, messages).await?;
+        // Exactly-once: only once this process holds the slot does it fence the previous
+        // producer and read what that one committed (a second process that cannot get the
+        // slot must not stop the one streaming).
+        let eos = match self.settings.kafka.exactly_once {
+            Some(bounds) => Some(self.begin_exactly_once(&eos_key, bounds).await?),
+            None => None,
+        };
         self.health.set_ready(true);
         // The slot is active: walbox streams from it (the monitor's reading may be older). Set
         // before `streaming`, so a scrape that sees walbox streaming sees the slot active too.
@@ -358,6 +391,7 @@ impl Relay {
         self.reached_streaming = true;
         crash_point!("relay::session-started");
         self.write_progress(start, true);
+        let exactly_once = eos.is_some();
         let mut session = Session {
             stream,
             checkpoint: Checkpoint::new(start, self.next_seq),
@@ -367,8 +401,21 @@ impl Relay {
             outstanding: 0,
             last_status: start,
             last_status_at: Instant::now(),
+            eos,
         };
-        let result = self.stream_loop(&mut session, shutdown).await;
+        let result = if exactly_once {
+            match self.eos_start_record(&mut session, start).await {
+                Ok(()) => self.stream_loop(&mut session, shutdown).await,
+                Err(e) => Err(e),
+            }
+        } else {
+            self.stream_loop(&mut session, shutdown).await
+        };
+        let result = match self.end_kafka_txn(&mut session, result.is_ok()).await {
+            // Fenced (or worse): that is why nothing more can be relayed.
+            Err(e) => Err(e),
+            Ok(()) => result,
+        };
         self.health.set_ready(false);
         self.metrics.streaming.set(0);
         let connection_alive = !matches!(
@@ -445,6 +492,10 @@ impl Relay {
         let Some(key) = &self.progress_key else {
             return;
         };
+        if self.settings.kafka.exactly_once.is_some() {
+            // Written inside each Kafka transaction instead (see `exactly_once`).
+            return;
+        }
         if frontier == Lsn::ZERO
             || (!force && frontier <= self.progress_lsn)
             || (!force

@@ -77,6 +77,7 @@ impl Relay {
                 error,
             });
         }
+        self.ensure_kafka_txn(s)?;
         let seq = s.checkpoint.next_seq();
         self.send(s, event, seq, route).await?;
         let assigned = s.checkpoint.event();
@@ -127,6 +128,11 @@ impl Relay {
         failed: &FailedRecord,
         error: &rdkafka::error::KafkaError,
     ) -> Option<Result<(), RelayError>> {
+        if s.eos.is_some() {
+            // The Kafka transaction cannot commit after a failed record: the error ends the
+            // session (see `exactly_once`).
+            return None;
+        }
         let position = failed_position(s, failed);
         let reason = format!(
             "kafka refused the record for topic {:?}: {error}",

@@ -34,7 +34,7 @@ impl Relay {
         let mut draining: Option<Instant> = None;
         let mut liveness = Liveness::new(self.settings.postgres.receive_timeout);
         loop {
-            let reading = s.checkpoint.in_flight() < max_in_flight;
+            let reading = in_flight(s) < max_in_flight;
             if !reading {
                 // Not reading (the broker is behind): silence is walbox's own doing.
                 liveness.heard();
@@ -71,6 +71,13 @@ impl Relay {
                 _ = self.acks.wait() => {
                     self.take_acks(s)?;
                 }
+                // Exactly-once: a Kafka transaction that reached its age bound while no
+                // PostgreSQL transaction is being received is committed now.
+                _ = tokio::time::sleep_until(eos_deadline(s).into()),
+                    if s.txn.is_none() && s.eos.as_ref().is_some_and(|t| t.committable()) =>
+                {
+                    self.commit_kafka_txn(s).await?;
+                }
                 // Confirm progress promptly (releasing WAL sooner), but at most every
                 // EAGER_STATUS_GAP: never a status update per event.
                 _ = tokio::time::sleep_until((s.last_status_at + EAGER_STATUS_GAP).into()),
@@ -95,7 +102,7 @@ impl Relay {
                     // The burst yields to shutdown and to a due status update.
                     let mut burst = 0;
                     while burst < MAX_BURST
-                        && s.checkpoint.in_flight() < max_in_flight
+                        && in_flight(s) < max_in_flight
                         && !(draining.is_some() && s.txn.is_none())
                         && !(draining.is_none() && *shutdown.borrow())
                         && s.last_status_at.elapsed() < status_interval
@@ -136,7 +143,7 @@ impl Relay {
     /// fails (the first failure is returned).
     pub(super) fn take_acks(&mut self, s: &mut Session) -> Result<(), RelayError> {
         if let Some(e) = self.acks.fatal() {
-            return Err(RelayError::Producer(e));
+            return Err(self.producer_error(e));
         }
         let mut batch = std::mem::take(&mut self.ack_batch);
         self.acks.drain_into(&mut batch);
@@ -163,6 +170,26 @@ impl Relay {
             return Ok(()); // from an earlier session
         }
         s.outstanding = s.outstanding.saturating_sub(1);
+        if let Some(txn) = &s.eos {
+            // Exactly-once: the Kafka commit, not the delivery report, counts an event.
+            return match ack.result {
+                _ if ack.seq < txn.discard_below => Ok(()), // of an aborted transaction
+                Ok(()) => {
+                    self.metrics.events_published.inc();
+                    Ok(())
+                }
+                Err(error) => {
+                    self.metrics.delivery_errors.inc();
+                    let failed = ack.failed.unwrap_or_default();
+                    Err(RelayError::Delivery(Box::new(DeliveryFailure {
+                        id: failed.id,
+                        lsn: failed.lsn,
+                        topic: failed.topic,
+                        error,
+                    })))
+                }
+            };
+        }
         match ack.result {
             Ok(()) => {
                 self.metrics.events_published.inc();
@@ -192,7 +219,7 @@ impl Relay {
         }
     }
 
-    fn observe_confirmed(&mut self, s: &mut Session) {
+    pub(super) fn observe_confirmed(&mut self, s: &mut Session) {
         let now = pg_now_micros();
         for c in s.checkpoint.drain_confirmed() {
             self.confirmed_commit_time = Some(c.commit_time);
@@ -208,6 +235,10 @@ impl Relay {
         tracing::trace!(?message, "pgoutput");
         match message {
             LogicalMessage::Begin(b) => {
+                if let Some(txn) = s.eos.as_mut() {
+                    // Already in a committed Kafka transaction (see `exactly_once`).
+                    txn.skipping = b.final_lsn < txn.skip_below;
+                }
                 s.checkpoint.begin();
                 s.txn = Some(OpenTxn {
                     commit_lsn: b.final_lsn,
@@ -221,6 +252,7 @@ impl Relay {
                 if s.checkpoint.commit(c.commit_lsn, c.end_lsn, c.commit_time) > 0 {
                     self.observe_confirmed(s);
                 }
+                self.on_pg_commit(s, c.end_lsn, c.commit_time).await?;
             }
             LogicalMessage::Relation(r) => s.mapper.relation(&r),
             LogicalMessage::Insert(ins) => {
@@ -235,6 +267,9 @@ impl Relay {
                         return Err(RelayError::Protocol("INSERT outside a transaction".into()))
                     }
                 };
+                if skipped(s, &self.metrics) {
+                    return Ok(());
+                }
                 let mapped = s.mapper.map_insert(&ins, position);
                 self.publish(s, mapped, route).await?;
             }
@@ -261,6 +296,9 @@ impl Relay {
                         })
                     }
                 };
+                if skipped(s, &self.metrics) {
+                    return Ok(());
+                }
                 let mapped = s.mapper.map_message(&m, position);
                 self.publish(s, mapped, route).await?;
             }
@@ -387,6 +425,35 @@ impl Relay {
         }
         tracing::info!(confirmed = %s.checkpoint.frontier(), "replication session ended");
     }
+}
+
+/// Events not yet retired, as intake counts them: in exactly-once mode those not yet
+/// delivered (a Kafka transaction may hold more than `relay.max_in_flight`), otherwise those
+/// the checkpoint has not retired.
+fn in_flight(s: &Session) -> usize {
+    if s.eos.is_some() {
+        s.outstanding
+    } else {
+        s.checkpoint.in_flight()
+    }
+}
+
+/// When exactly-once mode's open Kafka transaction reaches its age bound.
+fn eos_deadline(s: &Session) -> Instant {
+    s.eos.as_ref().map_or_else(
+        || Instant::now() + Duration::from_secs(3600),
+        |t| t.deadline(),
+    )
+}
+
+/// Whether the event being received belongs to a transaction a committed Kafka transaction
+/// already holds (exactly-once mode, after a restart): then it is counted and not produced.
+fn skipped(s: &Session, metrics: &crate::metrics::Metrics) -> bool {
+    let skip = s.eos.as_ref().is_some_and(|t| t.skipping);
+    if skip {
+        metrics.exactly_once_skipped.inc();
+    }
+    skip
 }
 
 /// What the silence of the replication connection calls for.

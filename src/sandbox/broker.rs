@@ -273,6 +273,20 @@ impl TopicReader {
                 ));
             }
             self.poll_once();
+            // Transaction markers take offsets but are never delivered: the consumer's
+            // position passes them.
+            if let Ok(positions) = self.consumer.position() {
+                for e in positions.elements() {
+                    if let (Offset::Offset(at), Some(i)) = (
+                        e.offset(),
+                        self.partitions
+                            .iter()
+                            .position(|(t, p)| t == e.topic() && *p == e.partition()),
+                    ) {
+                        self.next[i] = self.next[i].max(at);
+                    }
+                }
+            }
         }
         Ok(())
     }

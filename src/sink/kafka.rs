@@ -231,7 +231,7 @@ impl AckQueue {
 }
 
 /// Routes delivery reports to the relay.
-struct SinkContext {
+pub(super) struct SinkContext {
     acks: Arc<AckQueue>,
     /// The last client error logged and when: librdkafka repeats connection errors many times a
     /// second while a broker is down, and one line per change (or per minute) is enough.
@@ -349,9 +349,42 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
 impl KafkaSink {
     /// Creates the producer. Delivery reports go to `acks`.
     pub fn new(config: &KafkaConfig, acks: Arc<AckQueue>) -> Result<Self, SinkError> {
+        Self::with_defaults(config, acks, &[])
+    }
+
+    /// Creates the transactional producer of exactly-once mode (see
+    /// [`crate::sink::transaction`]): `transactional.id` is `id`, and a record may wait for
+    /// delivery as long as its transaction may stay open (librdkafka requires
+    /// `message.timeout.ms` ≤ `transaction.timeout.ms`), unless `[kafka.properties]` says
+    /// otherwise.
+    pub fn transactional(
+        config: &KafkaConfig,
+        acks: Arc<AckQueue>,
+        id: &str,
+    ) -> Result<Self, SinkError> {
+        let timeout = config
+            .properties
+            .get("transaction.timeout.ms")
+            .map_or(super::transaction::TRANSACTION_TIMEOUT_MS, String::as_str);
+        Self::with_defaults(
+            config,
+            acks,
+            &[
+                ("transactional.id", id),
+                ("transaction.timeout.ms", timeout),
+                ("message.timeout.ms", timeout),
+            ],
+        )
+    }
+
+    fn with_defaults(
+        config: &KafkaConfig,
+        acks: Arc<AckQueue>,
+        extra: &[(&str, &str)],
+    ) -> Result<Self, SinkError> {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &config.brokers);
-        for (k, v) in DEFAULT_PROPERTIES {
+        for (k, v) in DEFAULT_PROPERTIES.iter().chain(extra) {
             cc.set(*k, *v);
         }
         for (k, v) in &config.properties {
@@ -438,6 +471,11 @@ impl KafkaSink {
             .filter(|t| t.error().is_none() && !t.partitions().is_empty())
             .map(|t| t.name().to_owned())
             .collect())
+    }
+
+    /// The librdkafka producer.
+    pub(super) fn producer(&self) -> &ThreadedProducer<SinkContext> {
+        &self.producer
     }
 
     /// Records handed to librdkafka and not yet reported.

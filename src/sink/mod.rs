@@ -1,11 +1,12 @@
-//! Where events go: Kafka ([`kafka`]), its topics ([`topics`]), and walbox's own progress
-//! records ([`progress`]).
+//! Where events go: Kafka ([`kafka`]), its topics ([`topics`]), walbox's own progress
+//! records ([`progress`]), and Kafka transactions for exactly-once mode ([`transaction`]).
 
 use std::collections::BTreeMap;
 
 pub mod kafka;
 pub mod progress;
 pub mod topics;
+pub mod transaction;
 
 /// The user's producer properties that every other client of the same cluster (admin,
 /// progress reader) needs too: security settings, not producer tuning.

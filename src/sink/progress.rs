@@ -137,9 +137,10 @@ impl Classify for ProgressError {
     }
 }
 
-/// The newest record for `key` in the progress topic (blocking; reads every partition from
-/// the beginning to its high watermark, at most `timeout`). `Ok(None)` only when the topic
-/// was read completely and holds no record for `key`.
+/// The newest committed record for `key` in the progress topic (blocking; reads every
+/// partition from the beginning to its end, at most `timeout`; records of aborted or open
+/// transactions are not read). `Ok(None)` only when the topic was read completely and holds no
+/// record for `key`.
 pub fn read_last(
     config: &KafkaConfig,
     key: &ProgressKey,
@@ -154,7 +155,10 @@ pub fn read_last(
     cc.set("bootstrap.servers", &config.brokers)
         .set("group.id", "walbox-progress-reader")
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
+        // The end of a partition is where librdkafka says it is: in exactly-once mode the
+        // last offsets are transaction markers, which are never delivered as records.
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
         .set("allow.auto.create.topics", "false");
     for (k, v) in crate::sink::security_properties(&config.properties) {
         cc.set(k, v);
@@ -217,6 +221,7 @@ pub fn read_last(
                 let (p, offset) = (m.partition(), m.offset());
                 pending.retain(|(q, high)| !(*q == p && offset + 1 >= *high));
             }
+            Some(Err(KafkaError::PartitionEOF(p))) => pending.retain(|(q, _)| *q != p),
             Some(Err(e)) => return Err(kafka(e)),
             None => {}
         }

@@ -272,6 +272,7 @@ mod tests {
             properties: BTreeMap::new(),
             create_topics: None,
             progress_topic: "walbox.progress".into(),
+            exactly_once: None,
         }
     }
 

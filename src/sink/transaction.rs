@@ -1,0 +1,184 @@
+//! Kafka transactions for exactly-once mode (`kafka.exactly_once = true`).
+//!
+//! The producer is librdkafka's transactional producer. Its `transactional.id` is derived from
+//! the slot's progress key ([`transactional_id`]: `walbox/<system identifier>/<database>/<slot>`),
+//! so every walbox process relaying the same slot of the same cluster uses the same id, and
+//! `init_transactions` of a new process fences the one before it: the coordinator bumps the
+//! producer epoch and aborts (or completes) the transaction the old one left open, and every
+//! later request of the old one is refused.
+//!
+//! # Invariants
+//! - Every transaction error is sorted into one of three outcomes ([`TxnError`]): retry the
+//!   same call, abort the transaction and start over from the slot, or stop (fenced, or
+//!   librdkafka's fatal error). librdkafka says which; walbox never guesses.
+//! - A fenced producer is never used again: the process stops with exit status 15, because
+//!   another walbox process now relays this slot (never retried: retrying would fence the
+//!   newer one in turn).
+
+use std::time::Duration;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::Producer;
+
+use super::kafka::KafkaSink;
+use super::progress::ProgressKey;
+use crate::failure::{Classify, Failure};
+
+/// The `transactional.id` of the producer relaying `key`'s slot.
+pub fn transactional_id(key: &ProgressKey) -> String {
+    format!("walbox/{}", key.record_key())
+}
+
+/// `transaction.timeout.ms` unless `[kafka.properties]` sets it: the coordinator aborts a
+/// transaction left open this long (a killed walbox's, when no successor fences it first).
+pub const TRANSACTION_TIMEOUT_MS: &str = "60000";
+
+/// How a transactional call failed, as librdkafka classifies it.
+#[derive(Debug, thiserror::Error)]
+pub enum TxnError {
+    /// Call it again (a timeout, a coordinator that is moving or loading).
+    #[error("kafka transaction: {0} (retriable)")]
+    Retriable(KafkaError),
+    /// The transaction cannot commit: abort it; nothing of it is confirmed, and the session
+    /// starts over from the slot and the progress record.
+    #[error("kafka transaction aborted: {0}")]
+    Abortable(KafkaError),
+    /// Another producer with the same `transactional.id` took over.
+    #[error("another walbox process took over this slot's kafka transactions (transactional.id {id:?}, {error}): this one stops without confirming anything more. Run one walbox per slot, or `[ha]` with a standby (it waits for the leader lock)")]
+    Fenced {
+        /// The transactional id.
+        id: String,
+        /// librdkafka's error.
+        error: KafkaError,
+    },
+    /// The producer cannot continue (authorization refused, unsupported broker, …).
+    #[error("kafka transactional producer cannot continue: {0} (check the ACLs: the principal needs Write and Describe on the transactional id, and IdempotentWrite on the cluster)")]
+    Fatal(KafkaError),
+}
+
+impl Classify for TxnError {
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            TxnError::Retriable(_) | TxnError::Abortable(_) => None,
+            TxnError::Fenced { .. } => Some(Failure::Fenced),
+            TxnError::Fatal(e) if is_auth(e) => Some(Failure::Auth),
+            TxnError::Fatal(_) => Some(Failure::Kafka),
+        }
+    }
+}
+
+fn is_auth(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::TransactionalIdAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::TopicAuthorizationFailed
+                | C::SaslAuthenticationFailed
+                | C::Authentication
+        )
+    )
+}
+
+/// Whether `code` says that a newer producer with the same transactional id exists.
+pub fn is_fencing(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+    )
+}
+
+/// Sorts a transactional call's error (see [`TxnError`]). `sink` answers what librdkafka's
+/// fatal error was when the call only says "fatal".
+pub fn classify_txn(sink: &KafkaSink, id: &str, e: KafkaError) -> TxnError {
+    let (fatal, retriable, abortable) = match &e {
+        KafkaError::Transaction(t) => (t.is_fatal(), t.is_retriable(), t.txn_requires_abort()),
+        _ => (false, true, false),
+    };
+    let fenced = e.rdkafka_error_code().is_some_and(is_fencing)
+        || sink.fatal_error().is_some_and(|(code, _)| is_fencing(code));
+    if fenced {
+        return TxnError::Fenced {
+            id: id.to_owned(),
+            error: e,
+        };
+    }
+    if fatal || is_auth(&e) {
+        return TxnError::Fatal(e);
+    }
+    if abortable {
+        return TxnError::Abortable(e);
+    }
+    if retriable {
+        return TxnError::Retriable(e);
+    }
+    // Neither retriable nor abortable (a state error, say): abort and start over.
+    TxnError::Abortable(e)
+}
+
+impl KafkaSink {
+    /// `init_transactions` (blocking): registers the transactional id with its coordinator,
+    /// fencing every earlier producer with the same id.
+    pub fn init_transactions(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.producer().init_transactions(timeout)
+    }
+
+    /// `begin_transaction` (local, does not block).
+    pub fn begin_transaction(&self) -> Result<(), KafkaError> {
+        self.producer().begin_transaction()
+    }
+
+    /// `commit_transaction` (blocking): flushes every record of the transaction, then commits.
+    pub fn commit_transaction(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.producer().commit_transaction(timeout)
+    }
+
+    /// `abort_transaction` (blocking): purges what is queued and aborts.
+    pub fn abort_transaction(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.producer().abort_transaction(timeout)
+    }
+
+    /// librdkafka's fatal error, if one was raised.
+    pub fn fatal_error(&self) -> Option<(RDKafkaErrorCode, String)> {
+        self.producer().client().fatal_error()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transactional_id_names_cluster_database_and_slot() {
+        let key = ProgressKey {
+            system_identifier: "7300000000000000001".into(),
+            database: "app".into(),
+            slot: "walbox".into(),
+        };
+        assert_eq!(
+            transactional_id(&key),
+            "walbox/7300000000000000001/app/walbox"
+        );
+    }
+
+    #[test]
+    fn fencing_stops_with_its_own_status_and_auth_with_auth() {
+        let fenced = TxnError::Fenced {
+            id: "walbox/x".into(),
+            error: KafkaError::Global(RDKafkaErrorCode::Fenced),
+        };
+        assert_eq!(fenced.failure(), Some(Failure::Fenced));
+        assert!(fenced.to_string().contains("walbox/x"), "{fenced}");
+        let denied = TxnError::Fatal(KafkaError::Global(
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+        ));
+        assert_eq!(denied.failure(), Some(Failure::Auth));
+        let aborted = TxnError::Abortable(KafkaError::Global(
+            RDKafkaErrorCode::InvalidTransactionalState,
+        ));
+        assert_eq!(aborted.failure(), None);
+    }
+}

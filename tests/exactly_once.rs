@@ -1,0 +1,287 @@
+//! Exactly-once mode (`kafka.exactly_once = true`): crashes on both sides of a Kafka commit,
+//! SIGKILLs while a writer commits, a fenced zombie, and faults the broker injects.
+//!
+//! Brokers and `read_committed`: librdkafka's mock cluster writes no transaction markers, and
+//! tansu (the real-broker script) sends no aborted-transaction list, so on both a consumer sees
+//! the records of aborted transactions as well. Where a test crashes inside a Kafka transaction
+//! it therefore asserts what walbox controls: nothing of that transaction is confirmed, every
+//! committed event arrives, and the only events seen twice are the aborted transaction's.
+//! Where no Kafka transaction is left open (a crash after the commit), every event must be in
+//! Kafka exactly once on any broker.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use walbox::lsn::Lsn;
+use walbox::sandbox::broker::TopicReader;
+
+use crate::support::events::{
+    assert_per_aggregate_commit_order, distinct_ids, id_of, write_txn, Written,
+};
+use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
+
+/// The environment of a walbox in exactly-once mode.
+fn eos_env(db: &TestDb, slot: &str, brokers: &str, interval: &str) -> Vec<(String, String)> {
+    let mut env = walbox_env(db, slot, brokers);
+    env.push(("WALBOX_KAFKA_EXACTLY_ONCE".into(), "true".into()));
+    env.push(("WALBOX_KAFKA_TRANSACTION_INTERVAL".into(), interval.into()));
+    env
+}
+
+/// How often each id is in `records`.
+fn counts(records: &[walbox::sandbox::broker::ConsumedRecord]) -> HashMap<i64, usize> {
+    let mut n = HashMap::new();
+    for r in records {
+        *n.entry(id_of(r)).or_insert(0) += 1;
+    }
+    n
+}
+
+/// The positions of the progress records in `topic` for `slot`, in the order written.
+fn progress_positions(brokers: &str, slot: &str) -> Vec<Lsn> {
+    let mut reader = TopicReader::new(brokers, &["walbox.progress"], WAIT).unwrap();
+    reader.read_to_end(WAIT).unwrap();
+    reader
+        .records
+        .iter()
+        .filter(|r| {
+            r.key
+                .as_deref()
+                .is_some_and(|k| k.ends_with(format!("/{slot}").as_bytes()))
+        })
+        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(r.payload.as_deref()?).ok())
+        .filter_map(|v| v.get("confirmed_lsn")?.as_str()?.parse().ok())
+        .collect()
+}
+
+struct Setup {
+    db: TestDb,
+    slot: String,
+    topic: String,
+    broker: walbox::sandbox::broker::Broker,
+    aggregates: Vec<String>,
+}
+
+fn setup(tag: &str) -> Setup {
+    let db = TestDb::new(tag);
+    let slot = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 4).expect("topic");
+    db.create_slot_and_publication(&slot);
+    let aggregates = (0..40).map(|i| format!("agg-{}", i % 10)).collect();
+    Setup {
+        db,
+        slot,
+        topic,
+        broker,
+        aggregates,
+    }
+}
+
+fn all_ids(db: &TestDb) -> HashSet<i64> {
+    db.sql("SELECT id FROM outbox")
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect()
+}
+
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_crash_after_the_kafka_commit_before_the_status_update_sends_nothing_twice() {
+    use std::os::unix::process::ExitStatusExt;
+    let t = setup("eos_after");
+    let written: Vec<Written> = (0..12)
+        .map(|_| write_txn(&t.db, &t.topic, &t.aggregates, false))
+        .collect();
+    // A small bound: several Kafka transactions over the backlog.
+    let mut env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "1ms");
+    env.push(("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS".into(), "80".into()));
+    let mut faulty = env.clone();
+    // The session's first commit is its start record; the third is the second of events.
+    faulty.push((
+        "FAILPOINTS".into(),
+        "relay::eos-committed=2*off->return".into(),
+    ));
+    let mut walbox = Walbox::spawn(&faulty);
+    let status = walbox.wait_exit(WAIT);
+    assert_eq!(status.signal(), Some(6), "{status:?}: {}", walbox.log());
+    wait_until(WAIT, "PostgreSQL to release the slot", || {
+        !t.db.slot_active(&t.slot)
+    });
+    let confirmed = t.db.confirmed(&t.slot);
+    let committed = *progress_positions(&t.broker.bootstrap_servers(), &t.slot)
+        .iter()
+        .max()
+        .expect("progress records");
+    // The window: Kafka holds a committed transaction the slot never heard of.
+    assert!(
+        committed > confirmed,
+        "the crash missed the window: committed {committed}, confirmed {confirmed}"
+    );
+    assert!(written.iter().any(|w| w.after_commit > confirmed));
+
+    let mut walbox = Walbox::spawn(&env);
+    let more = write_txn(&t.db, &t.topic, &t.aggregates, true);
+    let all = all_ids(&t.db);
+    assert_eq!(all.len(), 13 * 40);
+    assert!(more.ids.iter().all(|id| all.contains(id)));
+    let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
+        "{} of {} events arrived; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        all.len(),
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    assert!(
+        walbox.log().contains("exactly-once mode"),
+        "{}",
+        walbox.log()
+    );
+    reader.read_to_end(WAIT).unwrap();
+    let twice: Vec<i64> = counts(&reader.records)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "{} events in Kafka twice, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
+    assert_eq!(distinct_ids(&reader.records), all);
+    assert_per_aggregate_commit_order(&reader.records);
+}
+
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_crash_inside_a_kafka_transaction_confirms_nothing_of_it() {
+    use std::os::unix::process::ExitStatusExt;
+    let t = setup("eos_inside");
+    let written: Vec<Written> = (0..12)
+        .map(|_| write_txn(&t.db, &t.topic, &t.aggregates, false))
+        .collect();
+    // One Kafka transaction per PostgreSQL transaction: due by count at each commit.
+    let mut env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "60s");
+    env.push(("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS".into(), "1".into()));
+    let mut faulty = env.clone();
+    // Commit 1 is the session's start record, 2 the first transaction's: the crash comes
+    // before the second transaction's Kafka commit.
+    faulty.push((
+        "FAILPOINTS".into(),
+        "relay::eos-before-commit=2*off->return".into(),
+    ));
+    let mut walbox = Walbox::spawn(&faulty);
+    let status = walbox.wait_exit(WAIT);
+    assert_eq!(status.signal(), Some(6), "{status:?}: {}", walbox.log());
+    wait_until(WAIT, "PostgreSQL to release the slot", || {
+        !t.db.slot_active(&t.slot)
+    });
+    let confirmed = t.db.confirmed(&t.slot);
+    assert!(
+        confirmed < written[1].after_commit,
+        "the slot was confirmed to {confirmed}, into the uncommitted transaction (committed in PostgreSQL before {})",
+        written[1].after_commit
+    );
+    let uncommitted: HashSet<i64> = written[1].ids.iter().copied().collect();
+
+    let mut walbox = Walbox::spawn(&env);
+    let all = all_ids(&t.db);
+    let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
+        "{} of {} events arrived; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        all.len(),
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    reader.read_to_end(WAIT).unwrap();
+    assert_eq!(distinct_ids(&reader.records), all);
+    // Seen twice: only events of the aborted transaction (a broker with transaction markers
+    // hides that copy from read_committed consumers).
+    for (id, n) in counts(&reader.records) {
+        assert!(
+            n == 1 || (n == 2 && uncommitted.contains(&id)),
+            "event {id} in Kafka {n} times, and not of the aborted transaction"
+        );
+    }
+    assert_per_aggregate_commit_order(&reader.records);
+}
+
+#[test]
+fn sigkills_while_a_writer_commits_lose_nothing_and_never_confirm_past_kafka() {
+    let t = setup("eos_kill");
+    let env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "20ms");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (db, topic, aggs, stop) = (
+            t.db.clone(),
+            t.topic.clone(),
+            t.aggregates[..10].to_vec(),
+            stop.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                write_txn(&db, &topic, &aggs, false);
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut rng_state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        rng_state
+    };
+    for round in 0..5 {
+        let mut walbox = Walbox::spawn(&env);
+        wait_until(WAIT, "walbox to stream", || t.db.streaming(&t.slot));
+        std::thread::sleep(Duration::from_millis(200 + next() % 600));
+        walbox.kill();
+        wait_until(WAIT, "PostgreSQL to release the slot", || {
+            !t.db.slot_active(&t.slot)
+        });
+        // Never confirmed past what Kafka holds committed (the newest progress record may be
+        // an uncommitted one on brokers without markers: it bounds from above).
+        let confirmed = t.db.confirmed(&t.slot);
+        let newest = progress_positions(&t.broker.bootstrap_servers(), &t.slot)
+            .into_iter()
+            .max()
+            .unwrap_or(Lsn::ZERO);
+        assert!(
+            confirmed <= newest,
+            "round {round}: slot confirmed {confirmed}, past the newest progress record {newest}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let txns = writer.join().unwrap();
+    let mut walbox = Walbox::spawn(&env);
+    let all = all_ids(&t.db);
+    assert_eq!(all.len(), txns * 10);
+    let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
+        "{} of {} events arrived; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        all.len(),
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    reader.read_to_end(WAIT).unwrap();
+    assert_eq!(
+        distinct_ids(&reader.records),
+        all,
+        "nothing lost, nothing else"
+    );
+    assert_per_aggregate_commit_order(&reader.records);
+}
