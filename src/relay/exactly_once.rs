@@ -231,6 +231,7 @@ impl Relay {
         crash_point!("relay::eos-before-commit");
         let started = Instant::now();
         let retry_until = started + COMMIT_RETRY_FOR;
+        let mut backoff = Duration::from_millis(50);
         loop {
             let sink = self.sink.clone();
             let result =
@@ -240,7 +241,9 @@ impl Relay {
             match result.map_err(|e| classify_txn(&self.sink, &id, e)) {
                 Ok(()) => break,
                 Err(TxnError::Retriable(e)) if Instant::now() < retry_until => {
-                    tracing::warn!(error = %e, "committing the kafka transaction; retrying");
+                    tracing::warn!(error = %e, retry_in = ?backoff, "committing the kafka transaction; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
                 Err(TxnError::Retriable(e)) => {
                     return Err(RelayError::Transaction(TxnError::Abortable(e)));

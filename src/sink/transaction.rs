@@ -51,7 +51,10 @@ pub enum TxnError {
         /// librdkafka's error.
         error: KafkaError,
     },
-    /// The producer cannot continue (authorization refused, unsupported broker, …).
+    /// The brokers do not implement Kafka transactions (KIP-98).
+    #[error("the kafka brokers do not support transactions ({0}): exactly-once mode needs brokers that implement KIP-98 (Apache Kafka 0.11 or later); set kafka.exactly_once = false to relay at-least-once")]
+    Unsupported(KafkaError),
+    /// The producer cannot continue (authorization refused, …).
     #[error("kafka transactional producer cannot continue: {0} (check the ACLs: the principal needs Write and Describe on the transactional id, and IdempotentWrite on the cluster)")]
     Fatal(KafkaError),
 }
@@ -61,6 +64,7 @@ impl Classify for TxnError {
         match self {
             TxnError::Retriable(_) | TxnError::Abortable(_) => None,
             TxnError::Fenced { .. } => Some(Failure::Fenced),
+            TxnError::Unsupported(_) => Some(Failure::Kafka),
             TxnError::Fatal(e) if is_auth(e) => Some(Failure::Auth),
             TxnError::Fatal(_) => Some(Failure::Kafka),
         }
@@ -105,6 +109,12 @@ pub fn classify_txn(sink: &KafkaSink, id: &str, e: KafkaError) -> TxnError {
             id: id.to_owned(),
             error: e,
         };
+    }
+    if matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::UnsupportedFeature | RDKafkaErrorCode::UnsupportedVersion)
+    ) {
+        return TxnError::Unsupported(e);
     }
     if fatal || is_auth(&e) {
         return TxnError::Fatal(e);
