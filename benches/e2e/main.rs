@@ -45,6 +45,11 @@ use broker::BenchBroker;
 use procs::WalboxChild;
 use report::Report;
 
+/// What turns exactly-once mode on (default transaction bounds).
+fn exactly_once() -> Vec<(&'static str, String)> {
+    vec![("WALBOX_KAFKA_EXACTLY_ONCE", "true".to_owned())]
+}
+
 /// Partitions of every topic.
 const PARTITIONS: i32 = 4;
 /// The publication walbox and pg_recvlogical read.
@@ -235,10 +240,17 @@ async fn run() -> anyhow::Result<()> {
 
     let n = bench.settings.rows;
     // 1. Backlog drain, 100-row transactions; then the polling relay on the same rows.
-    let end = bench.backlog(&["recv_100", "walbox_100"], n, 100).await?;
+    let end = bench
+        .backlog(&["recv_100", "walbox_100", "walbox_eos_100"], n, 100)
+        .await?;
     let recv = bench.drain_recvlogical("recv_100", end, n).await?;
     let wb = bench.drain_walbox("walbox_100", end, n).await?;
     report.drain("100-row tx", &wb, &recv);
+    // The same backlog in exactly-once mode (Kafka transactions, default bounds).
+    let eos = bench
+        .drain_walbox_with("walbox_eos_100", end, n, &exactly_once())
+        .await?;
+    report.exactly_once_drain("100-row tx", &eos, &wb, &recv);
     bench.drop_slots().await?;
     let poll = bench.drain_poller(n).await?;
     report.poller(&wb, &poll, &recv);
@@ -281,6 +293,34 @@ async fn run() -> anyhow::Result<()> {
                 .await?;
             let after = walbox.metrics().unwrap_or_default();
             report.live("walbox", rate, &lat, Some(histogram_p99(&before, &after)));
+        }
+        walbox.stop()?;
+        bench.drop_slots().await?;
+        bench.admin.batch_execute("TRUNCATE outbox").await?;
+        // Exactly-once: a consumer sees a record once its Kafka transaction commits (on the
+        // mock cluster, which has no transaction markers, as soon as it is written; walbox's
+        // commit → confirmed histogram then gives the commit → Kafka commit time).
+        let mut walbox = WalboxChild::start_with(
+            &bench.url,
+            "walbox_live_eos",
+            PUBLICATION,
+            &brokers,
+            true,
+            &exactly_once(),
+        )?;
+        bench.wait_slot("walbox_live_eos", &mut walbox).await?;
+        for &rate in &rates {
+            let before = walbox.metrics().unwrap_or_default();
+            let lat = bench.live(&format!("live-eos-{rate}"), rate, None).await?;
+            let after = walbox.metrics().unwrap_or_default();
+            let name = match histogram_p99(&before, &after) {
+                Some(h) => format!(
+                    "walbox, exactly-once (commit → Kafka commit p99 ≤ {} ms)",
+                    h * 1000.0
+                ),
+                None => "walbox, exactly-once".to_owned(),
+            };
+            report.live(&name, rate, &lat, None);
         }
         walbox.stop()?;
         bench.drop_slots().await?;
@@ -521,12 +561,24 @@ impl Bench {
     /// Drains `slot` with the walbox binary until `rows` events are acked and the slot passed
     /// `end`.
     async fn drain_walbox(&self, slot: &str, end: Lsn, rows: u64) -> anyhow::Result<Drain> {
+        self.drain_walbox_with(slot, end, rows, &[]).await
+    }
+
+    /// [`Bench::drain_walbox`] with more `WALBOX_*` variables.
+    async fn drain_walbox_with(
+        &self,
+        slot: &str,
+        end: Lsn,
+        rows: u64,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Drain> {
         let wal0 = self.wal_lsn().await?;
         let dead0 = self.dead_tuples().await?;
         let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
         let t0 = Instant::now();
         let brokers = self.broker.bootstrap();
-        let mut walbox = WalboxChild::start(&self.url, slot, PUBLICATION, &brokers, false)?;
+        let mut walbox =
+            WalboxChild::start_with(&self.url, slot, PUBLICATION, &brokers, false, extra)?;
         let pid = walbox.pid();
         let deadline = t0 + Self::timeout(rows);
         let mut acked = None;

@@ -200,6 +200,40 @@ impl Report {
         });
     }
 
+    /// Exactly-once mode's drain of the same backlog, against at-least-once and pg_recvlogical.
+    pub fn exactly_once_drain(&mut self, shape: &str, eos: &Drain, wb: &Drain, recv: &Drain) {
+        self.rows.push(Row {
+            measurement: format!(
+                "backlog drain, {shape}, exactly-once (kafka.exactly_once): events/s (Kafka commit + slot confirmed)"
+            ),
+            walbox: k(eos.rate()),
+            comparison: format!(
+                "walbox at-least-once {} / pg_recvlogical {}",
+                k(wb.rate()),
+                k(recv.rate())
+            ),
+            ratio: format!(
+                "{} / {}",
+                ratio(eos.rate(), wb.rate()),
+                ratio(eos.rate(), recv.rate())
+            ),
+            target: "–".into(),
+        });
+        self.rows.push(Row {
+            measurement: format!("… same, walbox CPU s per 100k events ({shape})"),
+            walbox: format!("{:.2}", per_100k(eos.relay_cpu.unwrap_or(0.0), eos.events)),
+            comparison: format!(
+                "at-least-once {:.2}",
+                per_100k(wb.relay_cpu.unwrap_or(0.0), wb.events)
+            ),
+            ratio: ratio(
+                eos.relay_cpu.unwrap_or(0.0),
+                wb.relay_cpu.unwrap_or(f64::NAN),
+            ),
+            target: "–".into(),
+        });
+    }
+
     /// walbox's peak RSS while draining `what`.
     pub fn memory(&mut self, what: &str, wb: &Drain) {
         self.rows.push(Row {

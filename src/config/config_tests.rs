@@ -474,3 +474,47 @@ fn the_primary_of_a_standby_is_optional_and_never_shown() {
         "{e}"
     );
 }
+
+#[test]
+fn exactly_once_is_off_by_default_and_its_bounds_need_it() {
+    let base = [
+        ("WALBOX_POSTGRES_URL", "postgres://u@h/d"),
+        ("WALBOX_KAFKA_BROKERS", "k:9092"),
+    ];
+    let load = |extra: &[(&str, &str)]| {
+        let mut pairs = base.to_vec();
+        pairs.extend_from_slice(extra);
+        load_from(None, &mut env(&pairs).into_iter())
+    };
+    assert_eq!(load(&[]).unwrap().kafka.exactly_once, None);
+    let on = load(&[("WALBOX_KAFKA_EXACTLY_ONCE", "true")]).unwrap();
+    assert_eq!(on.kafka.exactly_once, Some(ExactlyOnce::default()));
+    let tuned = load(&[
+        ("WALBOX_KAFKA_EXACTLY_ONCE", "true"),
+        ("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS", "500"),
+        ("WALBOX_KAFKA_TRANSACTION_INTERVAL", "1s"),
+    ])
+    .unwrap();
+    assert_eq!(
+        tuned.kafka.exactly_once,
+        Some(ExactlyOnce {
+            max_events: 500,
+            interval: Duration::from_secs(1)
+        })
+    );
+    let e = load(&[("WALBOX_KAFKA_TRANSACTION_INTERVAL", "1s")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kafka.exactly_once = true"), "{e}");
+    let e = load(&[
+        ("WALBOX_KAFKA_EXACTLY_ONCE", "true"),
+        ("WALBOX_KAFKA_TRANSACTION_INTERVAL", "0s"),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("kafka.transaction_interval"), "{e}");
+    let e = load(&[("WALBOX_KAFKA_PROPERTY_TRANSACTIONAL_ID", "mine")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("derives it from the slot"), "{e}");
+}

@@ -17,11 +17,14 @@
 //! - The checkpoint counts an event only when its Kafka transaction commits
 //!   ([`Checkpoint::ack_through`]): a delivery report alone confirms nothing, so the slot is
 //!   never confirmed past the last committed Kafka transaction.
-//! - At session start, `init_transactions` fences every earlier producer of the slot (and aborts
-//!   what it left open) before the progress topic is read, so the record read is the last one
-//!   committed. Every PostgreSQL transaction whose commit LSN is below it is already in Kafka:
-//!   streaming starts there, and what PostgreSQL sends again below it is skipped. This closes
-//!   the window between a Kafka commit and the status update that confirms it.
+//! - At session start, once this process holds the slot (START_REPLICATION succeeded: a second
+//!   process that cannot get the slot never fences the one streaming), `init_transactions`
+//!   fences every earlier producer of the slot (and aborts what it left open) before the
+//!   progress topic is read `read_committed`, so the record read is the last one committed.
+//!   Every PostgreSQL transaction whose commit LSN is below it is already in Kafka: what
+//!   PostgreSQL sends again below it is skipped (counted, not produced). This closes the window
+//!   between a Kafka commit and the status update that confirms it. It relies on the broker
+//!   hiding the records of aborted transactions from `read_committed` readers, as Kafka does.
 //! - An aborted transaction confirms nothing; the session ends and the next one starts over from
 //!   the slot and the progress record. A fenced producer stops the process.
 //! - Intake is bounded by records not yet delivered (`relay.max_in_flight`), not by records not

@@ -34,6 +34,10 @@
 //! - A progress record (`sink::progress`) follows the acknowledged frontier: written when
 //!   streaming starts, at most every second while it moves, and when the session ends. A missing
 //!   slot is created only when the progress topic has no record of it.
+//! - Exactly-once mode (`kafka.exactly_once`, [`exactly_once`]): events count for the
+//!   checkpoint only when their Kafka transaction commits, the progress record is written inside
+//!   each Kafka transaction, and what a committed Kafka transaction already holds is skipped
+//!   after a restart.
 //! - Acknowledged progress is remembered across sessions of one process (`acked_frontier`), so a
 //!   reconnect resumes after it even if the last status update did not reach the server.
 
