@@ -335,6 +335,11 @@ pub struct KafkaSink {
     producer: ThreadedProducer<SinkContext>,
 }
 
+/// `transaction.timeout.ms` of exactly-once mode unless `[kafka.properties]` sets it: the
+/// coordinator aborts a transaction left open this long (a killed walbox's, when no successor
+/// fences it first).
+pub const TRANSACTION_TIMEOUT_MS: &str = "60000";
+
 /// walbox's producer defaults; user properties are applied over them.
 pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("enable.idempotence", "true"),
@@ -352,11 +357,10 @@ impl KafkaSink {
         Self::with_defaults(config, acks, &[])
     }
 
-    /// Creates the transactional producer of exactly-once mode (see
-    /// [`crate::sink::transaction`]): `transactional.id` is `id`, and a record may wait for
-    /// delivery as long as its transaction may stay open (librdkafka requires
-    /// `message.timeout.ms` ≤ `transaction.timeout.ms`), unless `[kafka.properties]` says
-    /// otherwise.
+    /// Creates the transactional producer of exactly-once mode (see the `transaction` module):
+    /// `transactional.id` is `id`, and a record may wait for delivery as long as its transaction
+    /// may stay open (librdkafka requires `message.timeout.ms` ≤ `transaction.timeout.ms`),
+    /// unless `[kafka.properties]` says otherwise.
     pub fn transactional(
         config: &KafkaConfig,
         acks: Arc<AckQueue>,
@@ -365,7 +369,7 @@ impl KafkaSink {
         let timeout = config
             .properties
             .get("transaction.timeout.ms")
-            .map_or(super::transaction::TRANSACTION_TIMEOUT_MS, String::as_str);
+            .map_or(TRANSACTION_TIMEOUT_MS, String::as_str);
         Self::with_defaults(
             config,
             acks,

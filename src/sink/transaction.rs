@@ -29,10 +29,6 @@ pub fn transactional_id(key: &ProgressKey) -> String {
     format!("walbox/{}", key.record_key())
 }
 
-/// `transaction.timeout.ms` unless `[kafka.properties]` sets it: the coordinator aborts a
-/// transaction left open this long (a killed walbox's, when no successor fences it first).
-pub const TRANSACTION_TIMEOUT_MS: &str = "60000";
-
 /// How a transactional call failed, as librdkafka classifies it.
 #[derive(Debug, thiserror::Error)]
 pub enum TxnError {
