@@ -73,11 +73,11 @@ pub fn dead_letter(
     let id = Bytes::copy_from_slice(rejected.id.as_bytes());
     let position = rejected.position;
     Some(OutboxEvent {
-        topic: topic.clone(),
+        topic: topic.as_str().into(),
         partition: None,
         key: rejected.key,
         value: rejected.payload,
-        headers: vec![
+        headers: smallvec::smallvec![
             (HeaderName::Static("id"), id.clone()),
             (
                 HeaderName::Static("walbox.error"),
@@ -140,7 +140,7 @@ mod tests {
     fn a_dead_letter_keeps_key_payload_and_position() {
         let policy = OnInvalid::DeadLetter("walbox.dead_letter".into());
         let letter = dead_letter(&policy, rejected(Some("orders")), "too large").unwrap();
-        assert_eq!(letter.topic, "walbox.dead_letter");
+        assert_eq!(&*letter.topic, "walbox.dead_letter");
         assert_eq!(letter.key.as_deref(), Some(&b"order-7"[..]));
         assert_eq!(letter.value.as_deref(), Some(&b"{\"total\":1}"[..]));
         assert_eq!(letter.position, rejected(None).position);

@@ -44,11 +44,15 @@ impl HeaderName {
     }
 }
 
+/// Headers held inline up to walbox's own four and two configured ones: no allocation per
+/// event (CloudEvents headers spill to the heap).
+pub type Headers = smallvec::SmallVec<[(HeaderName, Bytes); 6]>;
+
 /// One record to produce.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxEvent {
-    /// Destination topic.
-    pub topic: String,
+    /// Destination topic (interned: events of one topic share the name).
+    pub topic: Arc<str>,
     /// Explicit partition (`columns.partition`), else the key decides.
     pub partition: Option<i32>,
     /// Record key: the aggregate id.
@@ -57,7 +61,7 @@ pub struct OutboxEvent {
     pub value: Option<Bytes>,
     /// Headers in order: `id`, `event_type`, `walbox.commit_lsn`, `walbox.index`, CloudEvents,
     /// configured extras.
-    pub headers: Vec<(HeaderName, Bytes)>,
+    pub headers: Headers,
     /// Record timestamp, milliseconds since the Unix epoch.
     pub timestamp_ms: i64,
     /// The event id (for messages and dead letters).

@@ -23,6 +23,7 @@
 pub mod dead_letter;
 pub mod envelope;
 mod event;
+mod scratch;
 mod template;
 
 use std::cell::RefCell;
@@ -39,7 +40,7 @@ use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
 use crate::timestamp::{self, pg_micros_to_unix_micros, pg_micros_to_unix_ms};
 pub use dead_letter::{dead_letter, Rejected};
 use envelope::{Payload, PayloadKind};
-pub use event::{EventPosition, HeaderName, OutboxEvent};
+pub use event::{EventPosition, HeaderName, Headers, OutboxEvent};
 use template::{Template, Vars};
 
 /// Type OIDs with a special meaning for payloads.
@@ -148,6 +149,17 @@ pub struct OutboxMapper {
     /// The text of the last commit LSN mapped: every event of a transaction shares it, so it
     /// is formatted once per transaction, not per event.
     lsn_text: RefCell<(Lsn, Bytes)>,
+    /// Where header texts and topic names come from without an allocation per event.
+    scratch: RefCell<Scratch>,
+}
+
+/// The mapper's reusable buffers (see `scratch`).
+#[derive(Debug, Default)]
+struct Scratch {
+    texts: scratch::TextArena,
+    topics: scratch::Topics,
+    /// The topic being rendered.
+    topic: String,
 }
 
 impl OutboxMapper {
@@ -173,6 +185,7 @@ impl OutboxMapper {
             messages,
             relations: HashMap::new(),
             lsn_text: RefCell::new((Lsn::ZERO, Bytes::from_static(b"0/0"))),
+            scratch: RefCell::new(Scratch::default()),
         }
     }
 
@@ -426,7 +439,7 @@ impl OutboxMapper {
     fn lsn_text(&self, lsn: Lsn) -> Bytes {
         let mut cached = self.lsn_text.borrow_mut();
         if cached.0 != lsn {
-            *cached = (lsn, Bytes::from(lsn.to_string()));
+            *cached = (lsn, self.scratch.borrow_mut().texts.text(lsn));
         }
         cached.1.clone()
     }
@@ -496,38 +509,45 @@ impl OutboxMapper {
                 ),
             ));
         }
-        let topic = match row.topic.and_then(|t| std::str::from_utf8(t).ok()) {
-            Some(t) => t.to_owned(),
-            None => {
-                let vars = Vars {
-                    aggregate_type: row.aggregate_type,
-                    event_type: row.event_type.as_deref(),
-                    source: &r.source,
-                };
-                let (template, fallback) = &self.templates[route];
-                match template.render(&vars) {
-                    Some(t) => t,
-                    None => match fallback.as_ref().and_then(|f| f.render(&vars)) {
-                        Some(t) => t,
-                        None => {
-                            return Err(fail(
-                                &row,
-                                format!(
-                                    "no topic: a routing value of {:?} is NULL and no fallback_topic is set",
-                                    r.topic
-                                ),
-                            ))
-                        }
-                    },
+        let topic = {
+            let mut scratch = self.scratch.borrow_mut();
+            let Scratch { topics, topic, .. } = &mut *scratch;
+            topic.clear();
+            let rendered = match row.topic.and_then(|t| std::str::from_utf8(t).ok()) {
+                Some(t) => {
+                    topic.push_str(t);
+                    true
                 }
+                None => {
+                    let vars = Vars {
+                        aggregate_type: row.aggregate_type,
+                        event_type: row.event_type.as_deref(),
+                        source: &r.source,
+                    };
+                    let (template, fallback) = &self.templates[route];
+                    template.render_into(&vars, topic)
+                        || fallback
+                            .as_ref()
+                            .is_some_and(|f| f.render_into(&vars, topic))
+                }
+            };
+            if !rendered {
+                drop(scratch);
+                return Err(fail(
+                    &row,
+                    format!(
+                        "no topic: a routing value of {:?} is NULL and no fallback_topic is set",
+                        r.topic
+                    ),
+                ));
             }
+            if !valid_topic(topic) {
+                let reason = format!("{topic:?} is not a valid Kafka topic name");
+                drop(scratch);
+                return Err(fail(&row, reason));
+            }
+            topics.intern(topic)
         };
-        if !valid_topic(&topic) {
-            return Err(fail(
-                &row,
-                format!("{topic:?} is not a valid Kafka topic name"),
-            ));
-        }
         let partition = match row.partition {
             None => None,
             Some(p) => match std::str::from_utf8(p)
@@ -566,7 +586,7 @@ impl OutboxMapper {
             },
         };
         let lsn_text = self.lsn_text(position.commit_lsn);
-        let mut headers = Vec::with_capacity(4 + row.headers.len());
+        let mut headers = Headers::new();
         headers.push((HeaderName::Static("id"), id.clone()));
         if let Some(t) = &row.event_type {
             headers.push((HeaderName::Static("event_type"), t.clone()));
@@ -574,7 +594,7 @@ impl OutboxMapper {
         headers.push((HeaderName::Static("walbox.commit_lsn"), lsn_text.clone()));
         headers.push((
             HeaderName::Static("walbox.index"),
-            Bytes::from(position.index.to_string()),
+            self.scratch.borrow_mut().texts.text(position.index),
         ));
         let value = match (&row.payload, r.format) {
             (None, _) => None,

@@ -50,25 +50,32 @@ impl Template {
         Template(out)
     }
 
-    /// `None` when a variable it uses is NULL (or not UTF-8).
-    pub(super) fn render(&self, v: &Vars<'_>) -> Option<String> {
-        let mut s = String::with_capacity(48);
+    /// The topic for `v`, into `out` (cleared first); `false` when a variable is NULL or not
+    /// UTF-8.
+    pub(super) fn render_into(&self, v: &Vars<'_>, out: &mut String) -> bool {
+        out.clear();
         for seg in &self.0 {
-            match seg {
-                Segment::Literal(l) => s.push_str(l),
-                Segment::AggregateType => s.push_str(std::str::from_utf8(v.aggregate_type?).ok()?),
-                Segment::EventType => s.push_str(std::str::from_utf8(v.event_type?).ok()?),
-                Segment::Table => match v.source {
-                    RouteSource::Table { table, .. } => s.push_str(table),
-                    RouteSource::Messages { prefix } => s.push_str(prefix),
-                },
-                Segment::Schema => match v.source {
-                    RouteSource::Table { schema, .. } => s.push_str(schema),
-                    RouteSource::Messages { .. } => s.push_str("message"),
-                },
+            let part = match seg {
+                Segment::Literal(l) => Some(&l[..]),
+                Segment::AggregateType => {
+                    v.aggregate_type.and_then(|b| std::str::from_utf8(b).ok())
+                }
+                Segment::EventType => v.event_type.and_then(|b| std::str::from_utf8(b).ok()),
+                Segment::Table => Some(match v.source {
+                    RouteSource::Table { table, .. } => &table[..],
+                    RouteSource::Messages { prefix } => &prefix[..],
+                }),
+                Segment::Schema => Some(match v.source {
+                    RouteSource::Table { schema, .. } => &schema[..],
+                    RouteSource::Messages { .. } => "message",
+                }),
+            };
+            match part {
+                Some(p) => out.push_str(p),
+                None => return false,
             }
         }
-        Some(s)
+        true
     }
 }
 

@@ -87,7 +87,7 @@ fn seed_schema_with_topic_column() {
         )
         .unwrap()
         .unwrap();
-    assert_eq!(e.topic, "payments.events");
+    assert_eq!(&*e.topic, "payments.events");
     assert_eq!(e.key.as_deref(), Some(&b"wallet-1"[..]));
     assert_eq!(e.value.as_deref(), Some(&b"{\"a\": 1}"[..]));
     assert_eq!(header(&e, "id"), Some(&b"7"[..]));
@@ -131,7 +131,7 @@ fn seed_schema_with_aggregate_type_and_bytea() {
         )
         .unwrap()
         .unwrap();
-    assert_eq!(e.topic, "outbox.event.order");
+    assert_eq!(&*e.topic, "outbox.event.order");
     assert_eq!(e.value.as_deref(), Some(&[0x00, 0xff, 0x41][..]));
     assert_eq!(header(&e, "event_type"), None);
 }
@@ -171,7 +171,7 @@ fn templates_fallbacks_and_explicit_partitions() {
         )
         .unwrap()
         .unwrap();
-    assert_eq!(e.topic, "public.outbox.user.created");
+    assert_eq!(&*e.topic, "public.outbox.user.created");
     assert_eq!(e.partition, Some(3));
     let e = m
         .map_insert(
@@ -190,7 +190,7 @@ fn templates_fallbacks_and_explicit_partitions() {
         )
         .unwrap()
         .unwrap();
-    assert_eq!(e.topic, "unrouted.outbox");
+    assert_eq!(&*e.topic, "unrouted.outbox");
 }
 
 #[test]
@@ -322,7 +322,7 @@ fn logical_messages_map_like_rows() {
         ),
     };
     let e = m.map_message(&msg, POS).unwrap().unwrap();
-    assert_eq!(e.topic, "outbox.event.order");
+    assert_eq!(&*e.topic, "outbox.event.order");
     assert_eq!(e.key.as_deref(), Some(&b"o-9"[..]));
     assert_eq!(
         e.value.as_deref(),

@@ -211,7 +211,7 @@ pub(super) fn send_failure(event: &OutboxEvent, source: SinkError) -> RelayError
         table: event.source.to_string(),
         id: String::from_utf8_lossy(&event.id).into_owned(),
         lsn: event.position.commit_lsn,
-        topic: event.topic.clone(),
+        topic: event.topic.to_string(),
         source,
     }))
 }
