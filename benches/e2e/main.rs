@@ -21,7 +21,8 @@
 //! 5 s live runs), `WALBOX_BENCH_LIVE_SECS` (default 30), `WALBOX_BENCH_RATES` (default
 //! `1000,5000,20000`), `WALBOX_BENCH_BIG_ROWS` (default 5×N), `WALBOX_BENCH_STANDBY_ROWS`
 //! (default N, at least 100,000), `WALBOX_BENCH_STANDBY_PG` (default 16), `WALBOX_BENCH_OUTPUT`,
-//! `WALBOX_BENCH_KAFKA_BROKERS`, `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn).
+//! `WALBOX_BENCH_KAFKA_BROKERS`, `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn),
+//! `WALBOX_BENCH_LINGER_MS` (the live runs again with this `linger.ms`, default 1; `off`).
 
 mod broker;
 mod live;
@@ -296,6 +297,38 @@ async fn run() -> anyhow::Result<()> {
         }
         walbox.stop()?;
         bench.drop_slots().await?;
+        // The same runs with another linger.ms (`WALBOX_BENCH_LINGER_MS`, default 1; "off"
+        // skips them): how much of the latency is the producer's wait for a fuller batch.
+        let linger = std::env::var("WALBOX_BENCH_LINGER_MS").unwrap_or_else(|_| "1".into());
+        if linger != "off" {
+            bench.admin.batch_execute("TRUNCATE outbox").await?;
+            let mut walbox = WalboxChild::start_with(
+                &bench.url,
+                "walbox_live_linger",
+                PUBLICATION,
+                &brokers,
+                true,
+                &[("WALBOX_KAFKA_PROPERTY_LINGER_MS", linger.clone())],
+            )?;
+            bench.wait_slot("walbox_live_linger", &mut walbox).await?;
+            for &rate in &rates {
+                let before = walbox.metrics().unwrap_or_default();
+                let lat = bench
+                    .live(&format!("live-linger-{rate}"), rate, None)
+                    .await?;
+                let after = walbox.metrics().unwrap_or_default();
+                let name = match histogram_p99(&before, &after) {
+                    Some(h) => format!(
+                        "walbox, linger.ms = {linger} (walbox_commit_to_ack_seconds p99 ≤ {} ms)",
+                        h * 1000.0
+                    ),
+                    None => format!("walbox, linger.ms = {linger}"),
+                };
+                report.live(&name, rate, &lat, None);
+            }
+            walbox.stop()?;
+            bench.drop_slots().await?;
+        }
         bench.admin.batch_execute("TRUNCATE outbox").await?;
         // Exactly-once: a consumer sees a record once its Kafka transaction commits (on the
         // mock cluster, which has no transaction markers, as soon as it is written; walbox's
