@@ -109,15 +109,16 @@ impl Relay {
     ) -> Result<KafkaTxn, RelayError> {
         let id = transactional_id(key);
         let acks = Arc::new(AckQueue::default());
-        let sink = KafkaSink::transactional(&self.settings.kafka, acks.clone(), &id).map_err(
-            |e| match e {
-                SinkError::Config(k) => RelayError::Transaction(TxnError::Fatal(k)),
-                other => RelayError::Transaction(TxnError::Fatal(match other {
-                    SinkError::Send(k) => k,
-                    _ => rdkafka::error::KafkaError::Canceled,
-                })),
-            },
-        )?;
+        let sink =
+            KafkaSink::transactional(&self.settings.kafka, acks.clone(), &id).map_err(|e| {
+                RelayError::Transaction(match e {
+                    SinkError::Config(k) => TxnError::Config(k),
+                    SinkError::Send(k) => TxnError::Fatal(k),
+                    SinkError::QueueFull => {
+                        TxnError::Retriable(rdkafka::error::KafkaError::Canceled)
+                    }
+                })
+            })?;
         let init = sink.clone();
         let result = tokio::task::spawn_blocking(move || init.init_transactions(TXN_CALL_TIMEOUT))
             .await
@@ -139,7 +140,7 @@ impl Relay {
                 self.settings.kafka.progress_topic.clone(),
             ))
         })
-        .map_err(RelayError::Progress)?;
+        .map_err(|e| RelayError::Transaction(TxnError::Progress(e)))?;
         let skip_below = record.map_or(Lsn::ZERO, |r| r.confirmed_lsn);
         tracing::info!(transactional_id = %id, committed = %skip_below, "exactly-once mode: kafka transactions ready");
         Ok(KafkaTxn {

@@ -47,6 +47,12 @@ pub enum TxnError {
         /// librdkafka's error.
         error: KafkaError,
     },
+    /// librdkafka refused the transactional producer's configuration.
+    #[error("kafka transactional producer configuration refused: {0} (in exactly-once mode message.timeout.ms must not exceed transaction.timeout.ms, and neither may be 0)")]
+    Config(KafkaError),
+    /// The last committed progress record could not be read: nothing is produced until it is.
+    #[error("exactly-once mode: {0}; walbox reads the last committed progress record before it produces anything (retrying)")]
+    Progress(super::progress::ProgressError),
     /// The brokers do not implement Kafka transactions (KIP-98).
     #[error("the kafka brokers do not support transactions ({0}): exactly-once mode needs brokers that implement KIP-98 (Apache Kafka 0.11 or later); set kafka.exactly_once = false to relay at-least-once")]
     Unsupported(KafkaError),
@@ -58,7 +64,8 @@ pub enum TxnError {
 impl Classify for TxnError {
     fn failure(&self) -> Option<Failure> {
         match self {
-            TxnError::Retriable(_) | TxnError::Abortable(_) => None,
+            TxnError::Retriable(_) | TxnError::Abortable(_) | TxnError::Progress(_) => None,
+            TxnError::Config(_) => Some(Failure::Config),
             TxnError::Fenced { .. } => Some(Failure::Fenced),
             TxnError::Unsupported(_) => Some(Failure::Kafka),
             TxnError::Fatal(e) if is_auth(e) => Some(Failure::Auth),
@@ -186,5 +193,11 @@ mod tests {
             RDKafkaErrorCode::InvalidTransactionalState,
         ));
         assert_eq!(aborted.failure(), None);
+        let refused = TxnError::Config(KafkaError::ClientCreation("message.timeout.ms".into()));
+        assert_eq!(refused.failure(), Some(Failure::Config));
+        assert!(
+            refused.to_string().contains("transaction.timeout.ms"),
+            "{refused}"
+        );
     }
 }
