@@ -24,7 +24,9 @@
 //!   Every PostgreSQL transaction whose commit LSN is below it is already in Kafka: what
 //!   PostgreSQL sends again below it is skipped (counted, not produced). This closes the window
 //!   between a Kafka commit and the status update that confirms it. It relies on the broker
-//!   hiding the records of aborted transactions from `read_committed` readers, as Kafka does.
+//!   hiding the records of aborted transactions from `read_committed` readers, as Kafka does;
+//!   on a broker that does not, it still loses nothing, because a transaction's progress
+//!   record is sent only after every one of its events was acknowledged.
 //! - An aborted transaction confirms nothing; the session ends and the next one starts over from
 //!   the slot and the progress record. A fenced producer stops the process.
 //! - Intake is bounded by records not yet delivered (`relay.max_in_flight`), not by records not
@@ -213,6 +215,20 @@ impl Relay {
         };
         let id = txn.id.clone();
         let through_seq = txn.through_seq;
+        // Every event of the transaction is acknowledged before its progress record is sent:
+        // a progress record a broker shows always follows all of its events, even on a broker
+        // that shows aborted transactions to read_committed readers (see the module docs).
+        let sink = self.sink.clone();
+        let flushed = tokio::task::spawn_blocking(move || sink.flush(TXN_CALL_TIMEOUT))
+            .await
+            .unwrap_or(false);
+        if !flushed {
+            return Err(RelayError::Transaction(TxnError::Abortable(
+                rdkafka::error::KafkaError::Flush(
+                    rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+                ),
+            )));
+        }
         if let Some(key) = &self.progress_key {
             let record = ProgressRecord::new(key, end_lsn, commit_time);
             let value = serde_json::to_vec(&record).unwrap_or_default();
