@@ -218,16 +218,23 @@ impl Relay {
         // Every event of the transaction is acknowledged before its progress record is sent:
         // a progress record a broker shows always follows all of its events, even on a broker
         // that shows aborted transactions to read_committed readers (see the module docs).
-        let sink = self.sink.clone();
-        let flushed = tokio::task::spawn_blocking(move || sink.flush(TXN_CALL_TIMEOUT))
-            .await
-            .unwrap_or(false);
-        if !flushed {
-            return Err(RelayError::Transaction(TxnError::Abortable(
-                rdkafka::error::KafkaError::Flush(
-                    rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
-                ),
-            )));
+        let deadline = Instant::now() + TXN_CALL_TIMEOUT;
+        loop {
+            // A failed record ends the session here (the transaction is then aborted).
+            self.take_acks(s)?;
+            if s.outstanding == 0 {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RelayError::Transaction(TxnError::Abortable(
+                    rdkafka::error::KafkaError::Flush(
+                        rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+                    ),
+                )));
+            }
+            let acks = self.acks.clone();
+            let _ = tokio::time::timeout(left, acks.wait()).await;
         }
         if let Some(key) = &self.progress_key {
             let record = ProgressRecord::new(key, end_lsn, commit_time);
