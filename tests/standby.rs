@@ -181,6 +181,11 @@ fn walbox_on_a_standby_loses_nothing_through_sigkills_and_a_standby_restart() {
     );
 
     let mut walbox = Walbox::spawn(&env);
+    // Streaming before anything is checked: what arrived may all be from earlier processes,
+    // and a SIGTERM before walbox's handlers are installed would end it by the signal.
+    wait_until(WAIT, "walbox to stream from the standby", || {
+        replica.streaming(&slot)
+    });
     assert!(
         reader.poll_until(WAIT * 2, |r| distinct_ids(r).len() >= EVENTS),
         "after {kills} kills and a standby restart, {} of {EVENTS} events arrived; log:\n{}",
