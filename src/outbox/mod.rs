@@ -146,9 +146,6 @@ pub struct OutboxMapper {
     messages: Option<usize>,
     /// `None` for relations that are not outbox tables.
     relations: HashMap<u32, Option<MappedRelation>>,
-    /// The text of the last commit LSN mapped: every event of a transaction shares it, so it
-    /// is formatted once per transaction, not per event.
-    lsn_text: RefCell<(Lsn, Bytes)>,
     /// Where header texts and topic names come from without an allocation per event.
     scratch: RefCell<Scratch>,
 }
@@ -160,6 +157,9 @@ struct Scratch {
     topics: scratch::Topics,
     /// The topic being rendered.
     topic: String,
+    /// The text of the last commit LSN mapped: every event of a transaction shares it, so it
+    /// is formatted once per transaction, not per event.
+    lsn: Option<(Lsn, Bytes)>,
 }
 
 impl OutboxMapper {
@@ -184,7 +184,6 @@ impl OutboxMapper {
             templates,
             messages,
             relations: HashMap::new(),
-            lsn_text: RefCell::new((Lsn::ZERO, Bytes::from_static(b"0/0"))),
             scratch: RefCell::new(Scratch::default()),
         }
     }
@@ -437,11 +436,14 @@ impl OutboxMapper {
 
     /// `lsn` as text (`0/16B3748`), cached per transaction.
     fn lsn_text(&self, lsn: Lsn) -> Bytes {
-        let mut cached = self.lsn_text.borrow_mut();
-        if cached.0 != lsn {
-            *cached = (lsn, self.scratch.borrow_mut().texts.text(lsn));
+        let mut scratch = self.scratch.borrow_mut();
+        let Scratch {
+            texts, lsn: cached, ..
+        } = &mut *scratch;
+        match cached {
+            Some((at, text)) if *at == lsn => text.clone(),
+            _ => cached.insert((lsn, texts.text(lsn))).1.clone(),
         }
-        cached.1.clone()
     }
 
     fn invalid(

@@ -43,7 +43,7 @@ use crate::failure::Classify;
 use crate::fault::crash_point;
 use crate::lsn::Lsn;
 use crate::sink::kafka::{AckQueue, KafkaSink, SinkError};
-use crate::sink::progress::{self, ProgressKey, ProgressRecord};
+use crate::sink::progress::{self, ProgressKey};
 use crate::sink::transaction::{classify_txn, transactional_id, TxnError};
 
 /// How long one `init_transactions`, `commit_transaction` or `abort_transaction` call may take.
@@ -62,10 +62,8 @@ pub(super) struct KafkaTxn {
     started: Instant,
     /// Events produced in the open transaction.
     events: usize,
-    /// One past the sequence number of the last event of the last whole PostgreSQL
-    /// transaction in the open Kafka transaction.
-    through_seq: u64,
-    /// That PostgreSQL transaction's commit end LSN and commit time (PostgreSQL microseconds).
+    /// The commit end LSN and commit time (PostgreSQL microseconds) of the last whole
+    /// PostgreSQL transaction in the open Kafka transaction.
     last_commit: Option<(Lsn, Option<i64>)>,
     /// PostgreSQL transactions whose commit LSN is below this are in Kafka already.
     pub skip_below: Lsn,
@@ -79,19 +77,14 @@ impl KafkaTxn {
     /// Whether the open transaction should be committed now (right after a PostgreSQL commit,
     /// or while none is being received).
     pub fn due(&self) -> bool {
-        self.open
-            && self.last_commit.is_some()
+        self.committable()
             && (self.events >= self.bounds.max_events
                 || self.started.elapsed() >= self.bounds.interval)
     }
 
-    /// When the open transaction reaches its age bound (far away when none is open).
+    /// When the open transaction reaches its age bound.
     pub fn deadline(&self) -> Instant {
-        if self.open {
-            self.started + self.bounds.interval
-        } else {
-            Instant::now() + Duration::from_secs(3600)
-        }
+        self.started + self.bounds.interval
     }
 
     /// Whether a transaction is open and holds a whole PostgreSQL transaction.
@@ -111,16 +104,8 @@ impl Relay {
     ) -> Result<KafkaTxn, RelayError> {
         let id = transactional_id(key);
         let acks = Arc::new(AckQueue::default());
-        let sink =
-            KafkaSink::transactional(&self.settings.kafka, acks.clone(), &id).map_err(|e| {
-                RelayError::Transaction(match e {
-                    SinkError::Config(k) => TxnError::Config(k),
-                    SinkError::Send(k) => TxnError::Fatal(k),
-                    SinkError::QueueFull => {
-                        TxnError::Retriable(rdkafka::error::KafkaError::Canceled)
-                    }
-                })
-            })?;
+        let sink = KafkaSink::transactional(&self.settings.kafka, acks.clone(), &id)
+            .map_err(|e| RelayError::Transaction(TxnError::Config(e)))?;
         let init = sink.clone();
         let result = tokio::task::spawn_blocking(move || init.init_transactions(TXN_CALL_TIMEOUT))
             .await
@@ -151,7 +136,6 @@ impl Relay {
             open: false,
             started: Instant::now(),
             events: 0,
-            through_seq: 0,
             last_commit: None,
             skip_below,
             skipping: false,
@@ -165,17 +149,23 @@ impl Relay {
             return Ok(());
         };
         if !txn.open {
-            if let Err(e) = self.sink.begin_transaction() {
-                return Err(RelayError::Transaction(classify_txn(
-                    &self.sink, &txn.id, e,
-                )));
-            }
-            txn.open = true;
-            txn.started = Instant::now();
-            txn.events = 0;
-            txn.last_commit = None;
+            self.open_kafka_txn(txn)?;
         }
         txn.events += 1;
+        Ok(())
+    }
+
+    /// `begin_transaction`, and a fresh count for the new transaction.
+    fn open_kafka_txn(&self, txn: &mut KafkaTxn) -> Result<(), RelayError> {
+        if let Err(e) = self.sink.begin_transaction() {
+            return Err(RelayError::Transaction(classify_txn(
+                &self.sink, &txn.id, e,
+            )));
+        }
+        txn.open = true;
+        txn.started = Instant::now();
+        txn.events = 0;
+        txn.last_commit = None;
         Ok(())
     }
 
@@ -187,7 +177,6 @@ impl Relay {
         end_lsn: Lsn,
         commit_time: i64,
     ) -> Result<(), RelayError> {
-        let next_seq = s.checkpoint.next_seq();
         let Some(txn) = s.eos.as_mut() else {
             return Ok(());
         };
@@ -195,7 +184,6 @@ impl Relay {
         if !txn.open {
             return Ok(());
         }
-        txn.through_seq = next_seq;
         txn.last_commit = Some((end_lsn, Some(commit_time)));
         if txn.due() {
             self.commit_kafka_txn(s).await?;
@@ -205,7 +193,8 @@ impl Relay {
 
     /// Commits the open Kafka transaction with the progress record of its last PostgreSQL
     /// transaction, then counts its events in the checkpoint. Only called while no PostgreSQL
-    /// transaction is partly in it.
+    /// transaction is partly in it: every event produced so far is then in it whole, so it
+    /// holds every sequence number below the checkpoint's next one.
     pub(super) async fn commit_kafka_txn(&mut self, s: &mut Session) -> Result<(), RelayError> {
         let Some(txn) = s.eos.as_mut() else {
             return Ok(());
@@ -214,7 +203,7 @@ impl Relay {
             return Ok(());
         };
         let id = txn.id.clone();
-        let through_seq = txn.through_seq;
+        let through_seq = s.checkpoint.next_seq();
         // Every event of the transaction is acknowledged before its progress record is sent:
         // a progress record a broker shows always follows all of its events, even on a broker
         // that shows aborted transactions to read_committed readers (see the module docs).
@@ -236,15 +225,9 @@ impl Relay {
             let acks = self.acks.clone();
             let _ = tokio::time::timeout(left, acks.wait()).await;
         }
-        if let Some(key) = &self.progress_key {
-            let record = ProgressRecord::new(key, end_lsn, commit_time);
-            let value = serde_json::to_vec(&record).unwrap_or_default();
+        if let Some(key) = self.progress_key.clone() {
             loop {
-                match self.sink.send_progress(
-                    &self.settings.kafka.progress_topic,
-                    &key.record_key(),
-                    &value,
-                ) {
+                match self.send_progress(&key, end_lsn, commit_time) {
                     Ok(()) => break,
                     Err(SinkError::QueueFull) => {
                         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -294,8 +277,6 @@ impl Relay {
         if s.checkpoint.ack_through(through_seq) > 0 {
             self.observe_confirmed(s);
         }
-        self.progress_lsn = end_lsn;
-        self.progress_at = Some(Instant::now());
         Ok(())
     }
 
@@ -373,15 +354,7 @@ impl Relay {
         let Some(txn) = s.eos.as_mut() else {
             return Ok(());
         };
-        if let Err(e) = self.sink.begin_transaction() {
-            return Err(RelayError::Transaction(classify_txn(
-                &self.sink, &txn.id, e,
-            )));
-        }
-        txn.open = true;
-        txn.started = Instant::now();
-        txn.events = 0;
-        txn.through_seq = s.checkpoint.next_seq();
+        self.open_kafka_txn(txn)?;
         txn.last_commit = Some((start, self.confirmed_commit_time));
         self.commit_kafka_txn(s).await
     }

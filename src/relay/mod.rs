@@ -61,9 +61,10 @@ use crate::fault::crash_point;
 use crate::lsn::Lsn;
 use crate::metrics::{Health, Metrics};
 use crate::outbox::{EventPosition, OutboxMapper};
-use crate::sink::kafka::{Ack, AckQueue, KafkaSink};
+use crate::sink::kafka::{Ack, AckQueue, KafkaSink, SinkError};
 use crate::sink::progress::{self, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
 use crate::sink::topics::Topics;
+use crate::sink::transaction::{is_fencing, transactional_id, TxnError};
 use crate::source::catalog::CatalogError;
 use crate::source::pgoutput::{self, LogicalMessage};
 use crate::source::replication::{ReplicationError, ReplicationMessage, ReplicationStream};
@@ -273,17 +274,14 @@ impl Relay {
             && self
                 .sink
                 .fatal_error()
-                .is_some_and(|(code, _)| crate::sink::transaction::is_fencing(code))
+                .is_some_and(|(code, _)| is_fencing(code))
         {
             let id = self
                 .progress_key
                 .as_ref()
-                .map(crate::sink::transaction::transactional_id)
+                .map(transactional_id)
                 .unwrap_or_default();
-            return RelayError::Transaction(crate::sink::transaction::TxnError::Fenced {
-                id,
-                error: e,
-            });
+            return RelayError::Transaction(TxnError::Fenced { id, error: e });
         }
         RelayError::Producer(e)
     }
@@ -395,7 +393,6 @@ impl Relay {
         self.reached_streaming = true;
         crash_point!("relay::session-started");
         self.write_progress(start, true);
-        let exactly_once = eos.is_some();
         let mut session = Session {
             stream,
             checkpoint: Checkpoint::new(start, self.next_seq),
@@ -407,13 +404,10 @@ impl Relay {
             last_status_at: Instant::now(),
             eos,
         };
-        let result = if exactly_once {
-            match self.eos_start_record(&mut session, start).await {
-                Ok(()) => self.stream_loop(&mut session, shutdown).await,
-                Err(e) => Err(e),
-            }
-        } else {
-            self.stream_loop(&mut session, shutdown).await
+        // Exactly-once mode writes its first progress record in a transaction of its own.
+        let result = match self.eos_start_record(&mut session, start).await {
+            Ok(()) => self.stream_loop(&mut session, shutdown).await,
+            Err(e) => Err(e),
         };
         let result = match self.end_kafka_txn(&mut session, result.is_ok()).await {
             // Fenced (or worse): that is why nothing more can be relayed.
@@ -509,19 +503,7 @@ impl Relay {
         {
             return;
         }
-        let record = ProgressRecord::new(key, frontier, self.confirmed_commit_time);
-        let value = match serde_json::to_vec(&record) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot encode the progress record");
-                return;
-            }
-        };
-        match self.sink.send_progress(
-            &self.settings.kafka.progress_topic,
-            &key.record_key(),
-            &value,
-        ) {
+        match self.send_progress(key, frontier, self.confirmed_commit_time) {
             Ok(()) => {
                 self.progress_lsn = frontier;
                 self.progress_at = Some(Instant::now());
@@ -530,6 +512,24 @@ impl Relay {
                 tracing::warn!(error = %e, "cannot write the progress record; retrying with the next one")
             }
         }
+    }
+
+    /// Hands `key`'s progress record at `lsn` to the producer (inside the open Kafka
+    /// transaction in exactly-once mode); its ack arrives with route `PROGRESS_ROUTE`.
+    fn send_progress(
+        &self,
+        key: &ProgressKey,
+        lsn: Lsn,
+        commit_time: Option<i64>,
+    ) -> Result<(), SinkError> {
+        let record = ProgressRecord::new(key, lsn, commit_time);
+        // Strings and integers only: encoding cannot fail.
+        let value = serde_json::to_vec(&record).unwrap_or_default();
+        self.sink.send_progress(
+            &self.settings.kafka.progress_topic,
+            &key.record_key(),
+            &value,
+        )
     }
 
     /// Ends the relay: hands back the sink so the caller can flush it.

@@ -170,30 +170,14 @@ impl Relay {
             return Ok(()); // from an earlier session
         }
         s.outstanding = s.outstanding.saturating_sub(1);
-        if let Some(txn) = &s.eos {
-            // Exactly-once: the Kafka commit, not the delivery report, counts an event.
-            return match ack.result {
-                _ if ack.seq < txn.discard_below => Ok(()), // of an aborted transaction
-                Ok(()) => {
-                    self.metrics.events_published.inc();
-                    Ok(())
-                }
-                Err(error) => {
-                    self.metrics.delivery_errors.inc();
-                    let failed = ack.failed.unwrap_or_default();
-                    Err(RelayError::Delivery(Box::new(DeliveryFailure {
-                        id: failed.id,
-                        lsn: failed.lsn,
-                        topic: failed.topic,
-                        error,
-                    })))
-                }
-            };
+        if s.eos.as_ref().is_some_and(|t| ack.seq < t.discard_below) {
+            return Ok(()); // of an aborted Kafka transaction
         }
         match ack.result {
             Ok(()) => {
                 self.metrics.events_published.inc();
-                if s.checkpoint.ack(ack.seq) > 0 {
+                // Exactly-once: the Kafka commit, not the delivery report, counts an event.
+                if s.eos.is_none() && s.checkpoint.ack(ack.seq) > 0 {
                     self.observe_confirmed(s);
                     crash_point!("relay::acked");
                 }
@@ -438,7 +422,8 @@ fn in_flight(s: &Session) -> usize {
     }
 }
 
-/// When exactly-once mode's open Kafka transaction reaches its age bound.
+/// When exactly-once mode's open Kafka transaction reaches its age bound (far away outside
+/// that mode, where the branch waiting for it is off).
 fn eos_deadline(s: &Session) -> Instant {
     s.eos.as_ref().map_or_else(
         || Instant::now() + Duration::from_secs(3600),

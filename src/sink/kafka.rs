@@ -354,7 +354,7 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
 impl KafkaSink {
     /// Creates the producer. Delivery reports go to `acks`.
     pub fn new(config: &KafkaConfig, acks: Arc<AckQueue>) -> Result<Self, SinkError> {
-        Self::with_defaults(config, acks, &[])
+        Self::with_defaults(config, acks, &[]).map_err(SinkError::Config)
     }
 
     /// Creates the transactional producer of exactly-once mode (see the `transaction` module):
@@ -365,7 +365,7 @@ impl KafkaSink {
         config: &KafkaConfig,
         acks: Arc<AckQueue>,
         id: &str,
-    ) -> Result<Self, SinkError> {
+    ) -> Result<Self, KafkaError> {
         let timeout = config
             .properties
             .get("transaction.timeout.ms")
@@ -385,7 +385,7 @@ impl KafkaSink {
         config: &KafkaConfig,
         acks: Arc<AckQueue>,
         extra: &[(&str, &str)],
-    ) -> Result<Self, SinkError> {
+    ) -> Result<Self, KafkaError> {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &config.brokers);
         for (k, v) in DEFAULT_PROPERTIES.iter().chain(extra) {
@@ -394,12 +394,10 @@ impl KafkaSink {
         for (k, v) in &config.properties {
             cc.set(k, v);
         }
-        let producer = cc
-            .create_with_context(SinkContext {
-                acks,
-                last_error: Mutex::new(HashMap::new()),
-            })
-            .map_err(SinkError::Config)?;
+        let producer = cc.create_with_context(SinkContext {
+            acks,
+            last_error: Mutex::new(HashMap::new()),
+        })?;
         Ok(KafkaSink { producer })
     }
 
