@@ -10,7 +10,8 @@ use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
 
 use crate::support::events::{
-    assert_per_aggregate_commit_order, distinct_ids, id_of, write_txn, Written,
+    assert_per_aggregate_commit_order, await_distinct, distinct_ids, id_of, outbox_ids, write_txn,
+    Written,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
@@ -19,22 +20,40 @@ const TXNS: usize = 12;
 const ROWS: usize = 40;
 
 /// What a test sees once walbox crashed at its fault point and PostgreSQL let go of the slot.
-struct Crash {
+pub struct Crash {
     /// The slot's confirmed position before walbox started.
-    before: Lsn,
+    pub before: Lsn,
     /// The slot's confirmed position after the crash (final: nobody streams).
-    confirmed: Lsn,
+    pub confirmed: Lsn,
     /// The transactions written before the start, in commit order.
-    written: Vec<Written>,
+    pub written: Vec<Written>,
+    /// Their commit end LSNs, exactly (`written[i].after_commit` is only an upper bound).
+    pub ends: Vec<Lsn>,
     /// The ids in Kafka right after the crash, and how often each arrived.
-    in_kafka: Vec<i64>,
+    pub in_kafka: Vec<i64>,
+    /// The brokers and the slot (for reading the progress topic).
+    pub brokers: String,
+    pub slot: String,
 }
 
-/// Writes a backlog, runs walbox with fault point `point` firing after `skip` passes, waits
-/// for the crash, checks that every transaction the slot confirmed is in Kafka, hands the
-/// crash to `check`, then restarts walbox and checks that every committed event arrives, in
-/// per-aggregate commit order. Returns the ids of every record in Kafka at the end.
-fn crash_at(point: &str, skip: u32, check: impl FnOnce(&Crash)) -> Vec<i64> {
+/// What Kafka holds after the restart.
+pub struct Delivered {
+    /// The ids of every record, in the order read (duplicates included).
+    pub ids: Vec<i64>,
+    /// The restarted walbox's log.
+    pub log: String,
+}
+
+/// Writes a backlog, runs walbox (its environment plus `extra`) with fault point `point`
+/// firing after `skip` passes, waits for the crash, checks that every transaction the slot
+/// confirmed is in Kafka, hands the crash to `check`, then restarts walbox and checks that
+/// every committed event arrives, in per-aggregate commit order.
+pub fn crash_at(
+    extra: &[(&str, &str)],
+    point: &str,
+    skip: u32,
+    check: impl FnOnce(&Crash),
+) -> Delivered {
     let db = TestDb::new("fault");
     let slot = db.name.clone();
     let topic = format!("t_{}", db.name);
@@ -47,7 +66,12 @@ fn crash_at(point: &str, skip: u32, check: impl FnOnce(&Crash)) -> Vec<i64> {
         .map(|_| write_txn(&db, &topic, &aggregates, false))
         .collect();
 
-    let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    env.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
     let mut faulty = env.clone();
     faulty.push(("FAILPOINTS".into(), format!("{point}={skip}*off->return")));
     let mut walbox = Walbox::spawn(&faulty);
@@ -80,30 +104,29 @@ fn crash_at(point: &str, skip: u32, check: impl FnOnce(&Crash)) -> Vec<i64> {
             );
         }
     }
+    let ends: Vec<Lsn> = db.commits(&slot).into_iter().map(|(_, end)| end).collect();
+    assert_eq!(
+        ends.len(),
+        written.len(),
+        "one commit per written transaction"
+    );
     check(&Crash {
         before,
         confirmed,
+        ends,
         written,
         in_kafka,
+        brokers: broker.bootstrap_servers(),
+        slot: slot.clone(),
     });
 
     // After the restart: the backlog, and what is written while walbox runs.
     let mut walbox = Walbox::spawn(&env);
     let more = write_txn(&db, &topic, &aggregates, true);
-    let all: HashSet<i64> = db
-        .sql("SELECT id FROM outbox")
-        .lines()
-        .filter_map(|l| l.parse().ok())
-        .collect();
+    let all = outbox_ids(&db);
     assert_eq!(all.len(), (TXNS + 1) * ROWS);
     assert!(more.ids.iter().all(|id| all.contains(id)));
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
-        "after the crash at {point}, {} of {} events arrived; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        all.len(),
-        walbox.log()
-    );
+    await_distinct(&mut reader, all.len(), &walbox);
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
     reader.read_to_end(WAIT).unwrap();
@@ -113,7 +136,10 @@ fn crash_at(point: &str, skip: u32, check: impl FnOnce(&Crash)) -> Vec<i64> {
         "every committed event, nothing else"
     );
     assert_per_aggregate_commit_order(&reader.records);
-    reader.records.iter().map(id_of).collect()
+    Delivered {
+        ids: reader.records.iter().map(id_of).collect(),
+        log: walbox.log(),
+    }
 }
 
 /// SIGABRT, which `std::process::abort` raises.
@@ -124,14 +150,16 @@ fn libc_sigabrt() -> i32 {
 #[test]
 fn a_crash_after_the_broker_acked_but_before_the_status_update_loses_nothing() {
     let mut window = None;
-    let delivered = crash_at("relay::acked", 2, |c| {
+    let delivered = crash_at(&[], "relay::acked", 2, |c| {
         // The acks had moved the frontier past a transaction the slot never heard of: it is in
         // Kafka whole, above the confirmed position.
         let present: HashSet<i64> = c.in_kafka.iter().copied().collect();
         let acked_unconfirmed: Vec<&Written> = c
             .written
             .iter()
-            .filter(|w| w.after_commit > c.confirmed)
+            .zip(&c.ends)
+            .filter(|(_, end)| **end > c.confirmed)
+            .map(|(w, _)| w)
             .filter(|w| w.ids.iter().all(|id| present.contains(id)))
             .collect();
         assert!(
@@ -143,7 +171,11 @@ fn a_crash_after_the_broker_acked_but_before_the_status_update_loses_nothing() {
     });
     // That transaction is sent again after the restart: at least once, never lost.
     let window = window.unwrap();
-    let again = delivered.iter().filter(|id| window.contains(id)).count();
+    let again = delivered
+        .ids
+        .iter()
+        .filter(|id| window.contains(id))
+        .count();
     assert!(
         again >= 2 * window.len(),
         "the acknowledged but unconfirmed transaction is delivered again after the restart"
@@ -152,7 +184,7 @@ fn a_crash_after_the_broker_acked_but_before_the_status_update_loses_nothing() {
 
 #[test]
 fn a_crash_right_after_a_status_update_loses_nothing() {
-    crash_at("relay::status-sent", 1, |c| {
+    crash_at(&[], "relay::status-sent", 1, |c| {
         assert!(
             c.confirmed > c.before,
             "the status update sent before the crash reached PostgreSQL: confirmed {} stayed at {}",
@@ -165,7 +197,7 @@ fn a_crash_right_after_a_status_update_loses_nothing() {
 #[test]
 fn a_crash_in_the_middle_of_a_transactions_events_loses_nothing() {
     // The 61st event is the 21st of the second transaction.
-    crash_at("relay::produced", (ROWS + 20) as u32, |c| {
+    crash_at(&[], "relay::produced", (ROWS + 20) as u32, |c| {
         assert!(
             c.confirmed <= c.written[0].after_commit,
             "the second transaction was only half produced, yet the slot confirmed {} past the first one's end {}",
@@ -185,7 +217,7 @@ fn a_crash_in_the_middle_of_a_transactions_events_loses_nothing() {
 
 #[test]
 fn a_crash_as_a_session_starts_confirms_nothing_and_loses_nothing() {
-    crash_at("relay::session-started", 0, |c| {
+    crash_at(&[], "relay::session-started", 0, |c| {
         assert_eq!(
             c.confirmed, c.before,
             "a session that crashed before its first status update confirmed nothing"

@@ -9,14 +9,17 @@
 //! Where no Kafka transaction is left open (a crash after the commit), every event must be in
 //! Kafka exactly once on any broker.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
 
+use rand::{Rng, SeedableRng};
+
 use crate::support::events::{
-    assert_per_aggregate_commit_order, distinct_ids, id_of, write_txn, Written,
+    assert_per_aggregate_commit_order, await_distinct, distinct_ids, id_counts, id_of, outbox_ids,
+    write_txn,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
@@ -26,15 +29,6 @@ fn eos_env(db: &TestDb, slot: &str, brokers: &str, interval: &str) -> Vec<(Strin
     env.push(("WALBOX_KAFKA_EXACTLY_ONCE".into(), "true".into()));
     env.push(("WALBOX_KAFKA_TRANSACTION_INTERVAL".into(), interval.into()));
     env
-}
-
-/// How often each id is in `records`.
-fn counts(records: &[walbox::sandbox::broker::ConsumedRecord]) -> HashMap<i64, usize> {
-    let mut n = HashMap::new();
-    for r in records {
-        *n.entry(id_of(r)).or_insert(0) += 1;
-    }
-    n
 }
 
 /// The positions of the progress records in `topic` for `slot`, in the order written.
@@ -63,9 +57,11 @@ struct Setup {
 }
 
 /// Whether `broker` completes a Kafka transaction (tansu 0.6, for one, has no EndTxn).
-fn transactions_supported(broker: &walbox::sandbox::broker::Broker, topic: &str) -> bool {
+fn transactions_supported(broker: &walbox::sandbox::broker::Broker) -> bool {
     use rdkafka::config::ClientConfig;
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let topic = &support::unique("probe");
+    broker.create_topic(topic, 1).expect("topic");
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap_servers())
         .set("transactional.id", format!("probe-{topic}"))
@@ -95,9 +91,7 @@ fn setup(tag: &str) -> Option<Setup> {
     let topic = format!("t_{}", db.name);
     let broker = support::broker();
     broker.create_topic(&topic, 4).expect("topic");
-    let probe = format!("probe_{}", db.name);
-    broker.create_topic(&probe, 1).expect("topic");
-    if !transactions_supported(&broker, &probe) {
+    if !transactions_supported(&broker) {
         return None;
     }
     db.create_slot_and_publication(&slot);
@@ -111,72 +105,49 @@ fn setup(tag: &str) -> Option<Setup> {
     })
 }
 
-fn all_ids(db: &TestDb) -> HashSet<i64> {
-    db.sql("SELECT id FROM outbox")
-        .lines()
-        .filter_map(|l| l.parse().ok())
-        .collect()
+/// The exactly-once settings of the crash tests, when the test broker completes a Kafka
+/// transaction (else the test is skipped).
+#[cfg(feature = "failpoints")]
+fn eos_crash_env(
+    max_events: &'static str,
+    interval: &'static str,
+) -> Option<Vec<(&'static str, &'static str)>> {
+    transactions_supported(&support::broker()).then(|| {
+        vec![
+            ("WALBOX_KAFKA_EXACTLY_ONCE", "true"),
+            ("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS", max_events),
+            ("WALBOX_KAFKA_TRANSACTION_INTERVAL", interval),
+        ]
+    })
 }
 
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_crash_after_the_kafka_commit_before_the_status_update_sends_nothing_twice() {
-    use std::os::unix::process::ExitStatusExt;
-    let Some(t) = setup("eos_after") else {
+    // A small bound: several Kafka transactions over the backlog.
+    let Some(env) = eos_crash_env("80", "1ms") else {
         return;
     };
-    let written: Vec<Written> = (0..12)
-        .map(|_| write_txn(&t.db, &t.topic, &t.aggregates, false))
-        .collect();
-    // A small bound: several Kafka transactions over the backlog.
-    let mut env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "1ms");
-    env.push(("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS".into(), "80".into()));
-    let mut faulty = env.clone();
     // The session's first commit is its start record; the third is the second of events.
-    faulty.push((
-        "FAILPOINTS".into(),
-        "relay::eos-committed=2*off->return".into(),
-    ));
-    let mut walbox = Walbox::spawn(&faulty);
-    let status = walbox.wait_exit(WAIT);
-    assert_eq!(status.signal(), Some(6), "{status:?}: {}", walbox.log());
-    wait_until(WAIT, "PostgreSQL to release the slot", || {
-        !t.db.slot_active(&t.slot)
+    let delivered = crate::crash::crash_at(&env, "relay::eos-committed", 2, |c| {
+        let committed = *progress_positions(&c.brokers, &c.slot)
+            .iter()
+            .max()
+            .expect("progress records");
+        // The window: Kafka holds a committed transaction the slot never heard of.
+        assert!(
+            committed > c.confirmed,
+            "the crash missed the window: committed {committed}, confirmed {}",
+            c.confirmed
+        );
+        assert!(c.ends.iter().any(|end| *end > c.confirmed));
     });
-    let confirmed = t.db.confirmed(&t.slot);
-    let committed = *progress_positions(&t.broker.bootstrap_servers(), &t.slot)
-        .iter()
-        .max()
-        .expect("progress records");
-    // The window: Kafka holds a committed transaction the slot never heard of.
     assert!(
-        committed > confirmed,
-        "the crash missed the window: committed {committed}, confirmed {confirmed}"
-    );
-    assert!(written.iter().any(|w| w.after_commit > confirmed));
-
-    let mut walbox = Walbox::spawn(&env);
-    let more = write_txn(&t.db, &t.topic, &t.aggregates, true);
-    let all = all_ids(&t.db);
-    assert_eq!(all.len(), 13 * 40);
-    assert!(more.ids.iter().all(|id| all.contains(id)));
-    let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
-        "{} of {} events arrived; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        all.len(),
-        walbox.log()
-    );
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-    assert!(
-        walbox.log().contains("exactly-once mode"),
+        delivered.log.contains("exactly-once mode"),
         "{}",
-        walbox.log()
+        delivered.log
     );
-    reader.read_to_end(WAIT).unwrap();
-    let twice: Vec<i64> = counts(&reader.records)
+    let twice: Vec<i64> = id_counts(delivered.ids)
         .into_iter()
         .filter(|(_, n)| *n > 1)
         .map(|(id, _)| id)
@@ -187,67 +158,35 @@ fn a_crash_after_the_kafka_commit_before_the_status_update_sends_nothing_twice()
         twice.len(),
         &twice[..twice.len().min(5)]
     );
-    assert_eq!(distinct_ids(&reader.records), all);
-    assert_per_aggregate_commit_order(&reader.records);
 }
 
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_crash_inside_a_kafka_transaction_confirms_nothing_of_it() {
-    use std::os::unix::process::ExitStatusExt;
-    let Some(t) = setup("eos_inside") else {
+    // One Kafka transaction per PostgreSQL transaction: due by count at each commit.
+    let Some(env) = eos_crash_env("1", "60s") else {
         return;
     };
-    let written: Vec<Written> = (0..12)
-        .map(|_| write_txn(&t.db, &t.topic, &t.aggregates, false))
-        .collect();
-    // One Kafka transaction per PostgreSQL transaction: due by count at each commit.
-    let mut env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "60s");
-    env.push(("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS".into(), "1".into()));
-    let mut faulty = env.clone();
+    let mut uncommitted = HashSet::new();
     // Commit 1 is the session's start record, 2 the first transaction's: the crash comes
     // before the second transaction's Kafka commit.
-    faulty.push((
-        "FAILPOINTS".into(),
-        "relay::eos-before-commit=2*off->return".into(),
-    ));
-    let mut walbox = Walbox::spawn(&faulty);
-    let status = walbox.wait_exit(WAIT);
-    assert_eq!(status.signal(), Some(6), "{status:?}: {}", walbox.log());
-    wait_until(WAIT, "PostgreSQL to release the slot", || {
-        !t.db.slot_active(&t.slot)
+    let delivered = crate::crash::crash_at(&env, "relay::eos-before-commit", 2, |c| {
+        assert!(
+            c.confirmed < c.ends[1],
+            "the slot was confirmed to {}, into the uncommitted transaction ending at {}",
+            c.confirmed,
+            c.ends[1]
+        );
+        uncommitted.extend(c.written[1].ids.iter().copied());
     });
-    let confirmed = t.db.confirmed(&t.slot);
-    assert!(
-        confirmed < written[1].after_commit,
-        "the slot was confirmed to {confirmed}, into the uncommitted transaction (committed in PostgreSQL before {})",
-        written[1].after_commit
-    );
-    let uncommitted: HashSet<i64> = written[1].ids.iter().copied().collect();
-
-    let mut walbox = Walbox::spawn(&env);
-    let all = all_ids(&t.db);
-    let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
-        "{} of {} events arrived; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        all.len(),
-        walbox.log()
-    );
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-    reader.read_to_end(WAIT).unwrap();
-    assert_eq!(distinct_ids(&reader.records), all);
     // Seen twice: only events of the aborted transaction (a broker with transaction markers
     // hides that copy from read_committed consumers).
-    for (id, n) in counts(&reader.records) {
+    for (id, n) in id_counts(delivered.ids) {
         assert!(
             n == 1 || (n == 2 && uncommitted.contains(&id)),
             "event {id} in Kafka {n} times, and not of the aborted transaction"
         );
     }
-    assert_per_aggregate_commit_order(&reader.records);
 }
 
 #[test]
@@ -273,18 +212,12 @@ fn sigkills_while_a_writer_commits_lose_nothing_and_never_confirm_past_kafka() {
             n
         })
     };
-    let mut rng_state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = || {
-        rng_state ^= rng_state << 13;
-        rng_state ^= rng_state >> 7;
-        rng_state ^= rng_state << 17;
-        rng_state
-    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let created = t.db.confirmed(&t.slot);
     for round in 0..5 {
         let mut walbox = Walbox::spawn(&env);
         wait_until(WAIT, "walbox to stream", || t.db.streaming(&t.slot));
-        std::thread::sleep(Duration::from_millis(200 + next() % 600));
+        std::thread::sleep(Duration::from_millis(rng.random_range(200..800)));
         walbox.kill();
         wait_until(WAIT, "PostgreSQL to release the slot", || {
             !t.db.slot_active(&t.slot)
@@ -305,16 +238,9 @@ fn sigkills_while_a_writer_commits_lose_nothing_and_never_confirm_past_kafka() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let txns = writer.join().unwrap();
     let mut walbox = Walbox::spawn(&env);
-    let all = all_ids(&t.db);
-    assert_eq!(all.len(), txns * 10);
     let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
-        "{} of {} events arrived; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        all.len(),
-        walbox.log()
-    );
+    let all = wait_for_all(&mut reader, &t.db, &walbox);
+    assert_eq!(all.len(), txns * 10);
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
     reader.read_to_end(WAIT).unwrap();
@@ -334,14 +260,8 @@ fn transactional_id(db: &TestDb, slot: &str) -> String {
 
 /// Waits until every outbox row of `db` is in `reader`'s topic.
 fn wait_for_all(reader: &mut TopicReader, db: &TestDb, walbox: &Walbox) -> HashSet<i64> {
-    let all = all_ids(db);
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
-        "{} of {} events arrived; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        all.len(),
-        walbox.log()
-    );
+    let all = outbox_ids(db);
+    await_distinct(reader, all.len(), walbox);
     all
 }
 
@@ -406,7 +326,10 @@ fn retriable_commit_errors_a_coordinator_move_and_a_leader_change_lose_nothing_a
     );
     reader.read_to_end(WAIT).unwrap();
     assert_eq!(distinct_ids(&reader.records), all);
-    let twice = counts(&reader.records).values().filter(|n| **n > 1).count();
+    let twice = id_counts(reader.records.iter().map(id_of))
+        .values()
+        .filter(|n| **n > 1)
+        .count();
     assert_eq!(twice, 0, "events in Kafka twice");
     assert_per_aggregate_commit_order(&reader.records);
 }
@@ -447,7 +370,7 @@ fn an_abortable_commit_error_aborts_and_starts_over_from_the_slot() {
     reader.read_to_end(WAIT).unwrap();
     assert_eq!(distinct_ids(&reader.records), all);
     let second_ids: HashSet<i64> = second.ids.iter().copied().collect();
-    for (id, n) in counts(&reader.records) {
+    for (id, n) in id_counts(reader.records.iter().map(id_of)) {
         assert!(
             n == 1 || (n == 2 && second_ids.contains(&id)),
             "event {id} in Kafka {n} times, and not of the aborted transaction"
@@ -491,10 +414,12 @@ fn a_fatal_commit_error_stops_walbox_without_confirming_the_transaction() {
         !t.db.slot_active(&t.slot)
     });
     let confirmed = t.db.confirmed(&t.slot);
+    // The second transaction's exact end (its `after_commit` is only an upper bound).
+    let (_, second_end) = t.db.commits(&t.slot)[1];
+    assert!(second.after_commit >= second_end);
     assert!(
-        confirmed >= first.after_commit.min(confirmed) && confirmed < second.after_commit,
-        "confirmed {confirmed}: into the transaction whose Kafka commit failed (PostgreSQL commit before {})",
-        second.after_commit
+        confirmed < second_end,
+        "confirmed {confirmed}: into the transaction whose Kafka commit failed (it ends at {second_end})"
     );
     mock.clear_request_errors(RDKafkaApiKey::EndTxn);
     let mut walbox = Walbox::spawn(&env);
@@ -578,7 +503,7 @@ fn a_zombie_is_fenced_by_the_process_that_took_its_slot() {
     assert_eq!(distinct_ids(&reader.records), all);
     // Twice only: the zombie's aborted transaction (hidden by markers on a real broker).
     let open_ids: HashSet<i64> = open.ids.iter().copied().collect();
-    for (id, n) in counts(&reader.records) {
+    for (id, n) in id_counts(reader.records.iter().map(id_of)) {
         assert!(
             n == 1 || (n == 2 && open_ids.contains(&id)),
             "event {id} in Kafka {n} times"

@@ -4,9 +4,9 @@
 use std::collections::{HashMap, HashSet};
 
 use walbox::lsn::Lsn;
-use walbox::sandbox::broker::ConsumedRecord;
+use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
 
-use super::TestDb;
+use super::{TestDb, Walbox, WAIT};
 
 /// A committed transaction as the writer saw it.
 pub struct Written {
@@ -55,6 +55,33 @@ pub fn id_of(r: &ConsumedRecord) -> i64 {
 
 pub fn distinct_ids(records: &[ConsumedRecord]) -> HashSet<i64> {
     records.iter().map(id_of).collect()
+}
+
+/// Every id in `db`'s outbox table.
+pub fn outbox_ids(db: &TestDb) -> HashSet<i64> {
+    db.sql("SELECT id FROM outbox")
+        .lines()
+        .map(|l| l.trim().parse().expect("id"))
+        .collect()
+}
+
+/// Reads until `reader` holds `n` distinct ids; fails with the count and `walbox`'s log.
+pub fn await_distinct(reader: &mut TopicReader, n: usize, walbox: &Walbox) {
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= n),
+        "{} of {n} events arrived; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        walbox.log()
+    );
+}
+
+/// How often each id occurs in `ids`.
+pub fn id_counts(ids: impl IntoIterator<Item = i64>) -> HashMap<i64, usize> {
+    let mut n = HashMap::new();
+    for id in ids {
+        *n.entry(id).or_insert(0) += 1;
+    }
+    n
 }
 
 /// Per aggregate, the event ids in the order a consumer sees them, duplicates removed (first
