@@ -2,7 +2,6 @@
 //! asserting its line, its fix and the exit status; one run where everything passes; the JSON
 //! shape.
 
-use std::process::Command;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
@@ -77,14 +76,10 @@ impl Run {
 
 /// `walbox check` (with `args`) with exactly `env`.
 fn check(env: &[(String, String)], args: &[&str]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
-        .arg("check")
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("run walbox check");
+    let args: Vec<&str> = std::iter::once("check")
+        .chain(args.iter().copied())
+        .collect();
+    let out = support::walbox_output(&args, env);
     Run {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -7,7 +7,6 @@
 //! synchronized slot (every major before 17), the same promotion must stop walbox with exit 7
 //! rather than let it create a slot on the new primary, and the runbook then recovers the gap.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +14,7 @@ use walbox::sandbox::broker::{read_topics, TopicReader};
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 use walbox::sandbox::standby::StandbyOptions;
 
-use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids};
+use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, outbox_ids};
 use crate::support::{
     self, free_port, since_in, wait_until, walbox_cmd, walbox_env, TestDb, Walbox, WAIT,
 };
@@ -39,6 +38,29 @@ fn multi_host_url(db: &TestDb, own_port: u16, ports: &[u16], attrs: &str) -> Str
 
 /// One outbox row per transaction, on whichever server `db` names; `None` when the commit
 /// failed (the server is down or read-only).
+/// Waits until `walbox` streams from `db` (reached as `host`), inserts one event and waits for
+/// it in Kafka: the event's id, and the reader that saw it.
+fn relays_one_event(
+    db: &TestDb,
+    slot: &str,
+    topic: &str,
+    broker: &walbox::sandbox::broker::Broker,
+    walbox: &Walbox,
+    host: &str,
+) -> (i64, TopicReader) {
+    wait_until(WAIT, &format!("walbox to stream from {host}"), || {
+        db.streaming(slot)
+    });
+    let id = insert(db, topic, 1).expect("insert");
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).contains(&id)),
+        "the event arrived; log:\n{}",
+        walbox.log()
+    );
+    (id, reader)
+}
+
 fn insert(db: &TestDb, topic: &str, n: u32) -> Option<i64> {
     db.try_sql(&format!(
         "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
@@ -213,11 +235,7 @@ fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_pha
 
     // What the new primary holds is the truth: every commit acknowledged by the old primary
     // but never received by the standby is gone, and must not be in Kafka either.
-    let truth: HashSet<i64> = replica
-        .sql("SELECT id FROM outbox")
-        .lines()
-        .map(|l| l.parse().expect("id"))
-        .collect();
+    let truth = outbox_ids(&replica);
     assert!(
         reader.poll_until(WAIT, |r| distinct_ids(r).len() >= truth.len()),
         "{} of {} events arrived; log:\n{}",
@@ -258,16 +276,7 @@ fn a_dead_first_host_is_passed_over() {
         multi_host_url(&db, own, &[free_port(), own], "any"),
     );
     let mut walbox = Walbox::spawn(&env);
-    wait_until(WAIT, "walbox to stream from the second host", || {
-        db.streaming(&slot)
-    });
-    let id = insert(&db, &topic, 1).expect("insert");
-    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).contains(&id)),
-        "the event arrived; log:\n{}",
-        walbox.log()
-    );
+    relays_one_event(&db, &slot, &topic, &broker, &walbox, "the second host");
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }
@@ -340,16 +349,7 @@ fn a_promotion_without_a_synchronized_slot_stops_walbox_with_exit_7_and_the_runb
     );
     // The standby, listed first, is passed over while it is in recovery.
     let mut walbox = Walbox::spawn(&env);
-    wait_until(WAIT, "walbox to stream from the primary", || {
-        db.streaming(&slot)
-    });
-    let id = insert(&db, &topic, 1).expect("insert");
-    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).contains(&id)),
-        "the event arrived; log:\n{}",
-        walbox.log()
-    );
+    let (id, mut reader) = relays_one_event(&db, &slot, &topic, &broker, &walbox, "the primary");
     // The progress topic holds the slot's record: the evidence that it existed.
     let key = format!("/{}/{slot}", db.name);
     let progress = read_topics(
@@ -431,11 +431,7 @@ fn a_promotion_without_a_synchronized_slot_stops_walbox_with_exit_7_and_the_runb
         replica.streaming(&slot)
     });
     let later = insert(&replica, &topic, 3).expect("insert on the new primary");
-    let truth: HashSet<i64> = replica
-        .sql("SELECT id FROM outbox")
-        .lines()
-        .map(|l| l.parse().expect("id"))
-        .collect();
+    let truth = outbox_ids(&replica);
     assert!(truth.contains(&id) && truth.contains(&gap) && truth.contains(&later));
     assert!(
         reader.poll_until(WAIT, |r| distinct_ids(r) == truth),

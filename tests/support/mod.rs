@@ -268,15 +268,20 @@ pub fn walbox_env(db: &TestDb, slot: &str, brokers: &str) -> Vec<(String, String
     .collect()
 }
 
-/// Runs `walbox <args…>` with `env` to completion: (exit code, stdout + stderr).
-pub fn walbox_cmd(args: &[&str], env: &[(String, String)]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
+/// Runs `walbox <args…>` with exactly `env` (plus PATH) to completion.
+pub fn walbox_output(args: &[&str], env: &[(String, String)]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_walbox"))
         .args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
-        .expect("run walbox");
+        .expect("run walbox")
+}
+
+/// Runs `walbox <args…>` with `env` to completion: (exit code, stdout + stderr).
+pub fn walbox_cmd(args: &[&str], env: &[(String, String)]) -> (i32, String) {
+    let out = walbox_output(args, env);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
