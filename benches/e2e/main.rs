@@ -280,83 +280,41 @@ async fn run() -> anyhow::Result<()> {
     bench.drop_slots().await?;
 
     // 4. Live latency.
-    bench.admin.batch_execute("TRUNCATE outbox").await?;
     let rates = bench.settings.rates.clone();
-    {
-        let brokers = bench.broker.bootstrap();
-        let mut walbox =
-            WalboxChild::start(&bench.url, "walbox_live", PUBLICATION, &brokers, true)?;
-        bench.wait_slot("walbox_live", &mut walbox).await?;
-        for &rate in &rates {
-            let before = walbox.metrics().unwrap_or_default();
-            let lat = bench
-                .live(&format!("live-walbox-{rate}"), rate, None)
-                .await?;
-            let after = walbox.metrics().unwrap_or_default();
-            report.live("walbox", rate, &lat, Some(histogram_p99(&before, &after)));
-        }
-        walbox.stop()?;
-        bench.drop_slots().await?;
-        // The same runs with another linger.ms (`WALBOX_BENCH_LINGER_MS`, default 1; "off"
-        // skips them): how much of the latency is the producer's wait for a fuller batch.
-        let linger = std::env::var("WALBOX_BENCH_LINGER_MS").unwrap_or_else(|_| "1".into());
-        if linger != "off" {
-            bench.admin.batch_execute("TRUNCATE outbox").await?;
-            let mut walbox = WalboxChild::start_with(
-                &bench.url,
-                "walbox_live_linger",
-                PUBLICATION,
-                &brokers,
-                true,
-                &[("WALBOX_KAFKA_PROPERTY_LINGER_MS", linger.clone())],
-            )?;
-            bench.wait_slot("walbox_live_linger", &mut walbox).await?;
-            for &rate in &rates {
-                let before = walbox.metrics().unwrap_or_default();
-                let lat = bench
-                    .live(&format!("live-linger-{rate}"), rate, None)
-                    .await?;
-                let after = walbox.metrics().unwrap_or_default();
-                let name = match histogram_p99(&before, &after) {
-                    Some(h) => format!(
-                        "walbox, linger.ms = {linger} (walbox_commit_to_ack_seconds p99 ≤ {} ms)",
-                        h * 1000.0
-                    ),
-                    None => format!("walbox, linger.ms = {linger}"),
-                };
-                report.live(&name, rate, &lat, None);
-            }
-            walbox.stop()?;
-            bench.drop_slots().await?;
-        }
-        bench.admin.batch_execute("TRUNCATE outbox").await?;
-        // Exactly-once: a consumer sees a record once its Kafka transaction commits (on the
-        // mock cluster, which has no transaction markers, as soon as it is written; walbox's
-        // commit → confirmed histogram then gives the commit → Kafka commit time).
-        let mut walbox = WalboxChild::start_with(
-            &bench.url,
-            "walbox_live_eos",
-            PUBLICATION,
-            &brokers,
-            true,
-            &exactly_once(),
-        )?;
-        bench.wait_slot("walbox_live_eos", &mut walbox).await?;
-        for &rate in &rates {
-            let before = walbox.metrics().unwrap_or_default();
-            let lat = bench.live(&format!("live-eos-{rate}"), rate, None).await?;
-            let after = walbox.metrics().unwrap_or_default();
-            let name = match histogram_p99(&before, &after) {
+    for (rate, lat, p99) in bench.live_walbox("walbox_live", &[]).await? {
+        report.live("walbox", rate, &lat, Some(p99));
+    }
+    // The same runs with another linger.ms (`WALBOX_BENCH_LINGER_MS`, default 1; "off" skips
+    // them): how much of the latency is the producer's wait for a fuller batch.
+    let linger = std::env::var("WALBOX_BENCH_LINGER_MS").unwrap_or_else(|_| "1".into());
+    if linger != "off" {
+        let extra = [("WALBOX_KAFKA_PROPERTY_LINGER_MS", linger.clone())];
+        for (rate, lat, p99) in bench.live_walbox("walbox_live_linger", &extra).await? {
+            let name = match p99 {
                 Some(h) => format!(
-                    "walbox, exactly-once (commit → Kafka commit p99 ≤ {} ms)",
+                    "walbox, linger.ms = {linger} (walbox_commit_to_ack_seconds p99 ≤ {} ms)",
                     h * 1000.0
                 ),
-                None => "walbox, exactly-once".to_owned(),
+                None => format!("walbox, linger.ms = {linger}"),
             };
             report.live(&name, rate, &lat, None);
         }
-        walbox.stop()?;
-        bench.drop_slots().await?;
+    }
+    // Exactly-once: a consumer sees a record once its Kafka transaction commits (on the mock
+    // cluster, which has no transaction markers, as soon as it is written; walbox's commit →
+    // confirmed histogram then gives the commit → Kafka commit time).
+    for (rate, lat, p99) in bench
+        .live_walbox("walbox_live_eos", &exactly_once())
+        .await?
+    {
+        let name = match p99 {
+            Some(h) => format!(
+                "walbox, exactly-once (commit → Kafka commit p99 ≤ {} ms)",
+                h * 1000.0
+            ),
+            None => "walbox, exactly-once".to_owned(),
+        };
+        report.live(&name, rate, &lat, None);
     }
     for interval in [Duration::from_millis(100), Duration::from_secs(1)] {
         for &rate in &rates {
@@ -610,8 +568,7 @@ impl Bench {
         let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
         let t0 = Instant::now();
         let brokers = self.broker.bootstrap();
-        let mut walbox =
-            WalboxChild::start_with(&self.url, slot, PUBLICATION, &brokers, false, extra)?;
+        let mut walbox = WalboxChild::start(&self.url, slot, PUBLICATION, &brokers, false, extra)?;
         let pid = walbox.pid();
         let deadline = t0 + Self::timeout(rows);
         let mut acked = None;
@@ -706,6 +663,31 @@ impl Bench {
 
     /// One live run: inserts into `topic` at `rate` for the configured time while walbox (already
     /// running) or, with `poll`, the polling relay at that interval relays them.
+    /// Live runs at every rate through one walbox on a fresh slot `slot` (with the `extra`
+    /// variables): per rate, the latency and walbox's commit → confirmed p99 over that run.
+    async fn live_walbox(
+        &mut self,
+        slot: &str,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Vec<(u64, live::Latency, Option<f64>)>> {
+        self.admin.batch_execute("TRUNCATE outbox").await?;
+        let brokers = self.broker.bootstrap();
+        let mut walbox = WalboxChild::start(&self.url, slot, PUBLICATION, &brokers, true, extra)?;
+        self.wait_slot(slot, &mut walbox).await?;
+        let mut runs = Vec::new();
+        for rate in self.settings.rates.clone() {
+            let before = walbox.metrics().unwrap_or_default();
+            let lat = self
+                .live(&format!("live-{slot}-{rate}"), rate, None)
+                .await?;
+            let after = walbox.metrics().unwrap_or_default();
+            runs.push((rate, lat, histogram_p99(&before, &after)));
+        }
+        walbox.stop()?;
+        self.drop_slots().await?;
+        Ok(runs)
+    }
+
     async fn live(
         &mut self,
         topic: &str,

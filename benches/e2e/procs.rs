@@ -97,19 +97,8 @@ pub struct WalboxMetrics {
 }
 
 impl WalboxChild {
-    /// Starts `walbox run` with its configuration in `WALBOX_*` variables.
+    /// Starts `walbox run` with its configuration in `WALBOX_*` variables, `extra` last.
     pub fn start(
-        pg_url: &str,
-        slot: &str,
-        publication: &str,
-        brokers: &str,
-        create_slot: bool,
-    ) -> anyhow::Result<Self> {
-        Self::start_with(pg_url, slot, publication, brokers, create_slot, &[])
-    }
-
-    /// [`WalboxChild::start`] with more `WALBOX_*` variables.
-    pub fn start_with(
         pg_url: &str,
         slot: &str,
         publication: &str,

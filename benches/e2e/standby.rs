@@ -219,7 +219,7 @@ impl Pair {
         };
         let cpu0 = cpu();
         let t0 = Instant::now();
-        let mut walbox = WalboxChild::start_with(
+        let mut walbox = WalboxChild::start(
             &server.socket_url("bench"),
             slot,
             PUBLICATION,
