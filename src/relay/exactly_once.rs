@@ -269,9 +269,8 @@ impl Relay {
             .with_label_values(&["committed"])
             .inc();
         if let Some(txn) = s.eos.as_mut() {
+            // Its count and last commit are reset when the next one opens.
             txn.open = false;
-            txn.events = 0;
-            txn.last_commit = None;
         }
         crash_point!("relay::eos-committed");
         if s.checkpoint.ack_through(through_seq) > 0 {
@@ -293,7 +292,6 @@ impl Relay {
             return Ok(());
         }
         txn.open = false;
-        txn.last_commit = None;
         let id = txn.id.clone();
         let sink = self.sink.clone();
         let result = tokio::task::spawn_blocking(move || sink.abort_transaction(TXN_CALL_TIMEOUT))
