@@ -7,8 +7,9 @@
 //! `message.timeout.ms=0` — retry until delivered, the same choice Kafka Connect makes for its
 //! source connectors. A broker outage therefore never fails a record: it stalls the relay, which
 //! stops reading WAL once `relay.max_in_flight` records are waiting (backpressure), and resumes
-//! when the broker is back. User properties from `[kafka.properties]` override these defaults,
-//! except those that would weaken delivery (refused by the config).
+//! when the broker is back (exactly-once mode bounds a record's wait by its transaction's
+//! timeout instead, as librdkafka requires). User properties from `[kafka.properties]`
+//! override these defaults, except those that would weaken delivery (refused by the config).
 //!
 //! Each record carries its sequence number (and route) as the delivery opaque (a plain `usize`,
 //! no allocation); the delivery callback, on librdkafka's polling thread, pushes an [`Ack`] into

@@ -14,9 +14,14 @@
 //!   on record), whenever the frontier moved and the last record is older than
 //!   [`PROGRESS_INTERVAL`], and when a session ends. It never claims more than was confirmed
 //!   to PostgreSQL: it is written after the status update that confirmed its position.
+//! - Exactly-once mode (`relay::exactly_once`) writes one inside each Kafka transaction
+//!   instead: the position committed to Kafka, which runs ahead of the slot's until the next
+//!   status update. Read back `read_committed` at start, it says below which position
+//!   PostgreSQL's transactions are in Kafka already.
 //! - Records go through the relay's producer with their own delivery tag
 //!   ([`crate::sink::kafka::PROGRESS_ROUTE`]); they never enter the checkpoint, and a failed one
-//!   only costs a warning (the next one replaces it).
+//!   only costs a warning (the next one replaces it; in exactly-once mode it fails its Kafka
+//!   transaction).
 //! - At start-up, a missing slot is created only when the topic was read to its end and holds
 //!   no record for it. A record found means the slot existed and is gone: walbox stops as for a
 //!   lost slot. A topic that cannot be read is a transient error: walbox never creates a slot
@@ -51,7 +56,8 @@ pub struct ProgressRecord {
     pub database: String,
     /// `IDENTIFY_SYSTEM`'s system identifier of the cluster.
     pub system_identifier: String,
-    /// The position confirmed to PostgreSQL (`confirmed_flush_lsn` as walbox set it).
+    /// The position confirmed to PostgreSQL (`confirmed_flush_lsn` as walbox set it); in
+    /// exactly-once mode, the position committed to Kafka.
     pub confirmed_lsn: Lsn,
     /// Commit time (Unix microseconds) of the newest transaction confirmed, when known.
     pub confirmed_commit_time_us: Option<i64>,
