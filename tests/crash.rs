@@ -10,8 +10,8 @@ use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
 
 use crate::support::events::{
-    assert_per_aggregate_commit_order, await_distinct, distinct_ids, id_of, outbox_ids, write_txn,
-    Written,
+    assert_per_aggregate_commit_order, await_distinct, id_of, outbox_ids, stop_and_read_exactly,
+    write_txn, Written,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
@@ -127,14 +127,7 @@ pub fn crash_at(
     assert_eq!(all.len(), (TXNS + 1) * ROWS);
     assert!(more.ids.iter().all(|id| all.contains(id)));
     await_distinct(&mut reader, all.len(), &walbox);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-    reader.read_to_end(WAIT).unwrap();
-    assert_eq!(
-        distinct_ids(&reader.records),
-        all,
-        "every committed event, nothing else"
-    );
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
     assert_per_aggregate_commit_order(&reader.records);
     Delivered {
         ids: reader.records.iter().map(id_of).collect(),

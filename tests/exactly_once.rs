@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::support::events::{
     assert_per_aggregate_commit_order, await_distinct, distinct_ids, id_counts, id_of, outbox_ids,
-    write_txn,
+    stop_and_read_exactly, write_txn,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
@@ -241,14 +241,7 @@ fn sigkills_while_a_writer_commits_lose_nothing_and_never_confirm_past_kafka() {
     let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
     let all = wait_for_all(&mut reader, &t.db, &walbox);
     assert_eq!(all.len(), txns * 10);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-    reader.read_to_end(WAIT).unwrap();
-    assert_eq!(
-        distinct_ids(&reader.records),
-        all,
-        "nothing lost, nothing else"
-    );
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
     assert_per_aggregate_commit_order(&reader.records);
 }
 
@@ -317,15 +310,12 @@ fn retriable_commit_errors_a_coordinator_move_and_a_leader_change_lose_nothing_a
         write_txn(&t.db, &t.topic, &t.aggregates, false);
     }
     let all = wait_for_all(&mut reader, &t.db, &walbox);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
     let log = walbox.log();
     assert!(
         !log.contains("reconnecting") && !log.contains("aborted"),
         "a retriable fault ended a session or aborted a transaction:\n{log}"
     );
-    reader.read_to_end(WAIT).unwrap();
-    assert_eq!(distinct_ids(&reader.records), all);
     let twice = id_counts(reader.records.iter().map(id_of))
         .values()
         .filter(|n| **n > 1)
@@ -334,24 +324,50 @@ fn retriable_commit_errors_a_coordinator_move_and_a_leader_change_lose_nothing_a
     assert_per_aggregate_commit_order(&reader.records);
 }
 
-#[test]
-fn an_abortable_commit_error_aborts_and_starts_over_from_the_slot() {
-    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr as E};
-    let Some(t) = setup("eos_abort") else {
-        return;
-    };
-    let Some(mock) = t.broker.mock_cluster() else {
+/// A walbox in exactly-once mode on the mock cluster (`None`, and the test skipped, on another
+/// broker), with one transaction relayed and confirmed.
+struct Streaming {
+    t: Setup,
+    env: Vec<(String, String)>,
+    walbox: Walbox,
+    reader: TopicReader,
+}
+
+fn streaming_on_the_mock(tag: &str) -> Option<Streaming> {
+    let t = setup(tag)?;
+    if t.broker.mock_cluster().is_none() {
         eprintln!("external broker: broker faults need the mock cluster; skipped");
-        return;
-    };
+        return None;
+    }
     let env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "20ms");
-    let mut walbox = Walbox::spawn(&env);
+    let walbox = Walbox::spawn(&env);
     let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
     let first = write_txn(&t.db, &t.topic, &t.aggregates, false);
     wait_for_all(&mut reader, &t.db, &walbox);
     wait_until(WAIT, "the first transaction to be confirmed", || {
         t.db.confirmed(&t.slot) >= first.after_commit
     });
+    Some(Streaming {
+        t,
+        env,
+        walbox,
+        reader,
+    })
+}
+
+#[test]
+fn an_abortable_commit_error_aborts_and_starts_over_from_the_slot() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr as E};
+    let Some(Streaming {
+        t,
+        env: _,
+        mut walbox,
+        mut reader,
+    }) = streaming_on_the_mock("eos_abort")
+    else {
+        return;
+    };
+    let mock = t.broker.mock_cluster().expect("the mock cluster");
     // The coordinator no longer knows the producer: the transaction must be aborted.
     mock.request_errors(
         RDKafkaApiKey::EndTxn,
@@ -365,10 +381,7 @@ fn an_abortable_commit_error_aborts_and_starts_over_from_the_slot() {
     wait_until(WAIT, "the second transaction to be confirmed", || {
         t.db.confirmed(&t.slot) >= second.after_commit
     });
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-    reader.read_to_end(WAIT).unwrap();
-    assert_eq!(distinct_ids(&reader.records), all);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
     let second_ids: HashSet<i64> = second.ids.iter().copied().collect();
     for (id, n) in id_counts(reader.records.iter().map(id_of)) {
         assert!(
@@ -382,21 +395,16 @@ fn an_abortable_commit_error_aborts_and_starts_over_from_the_slot() {
 #[test]
 fn a_fatal_commit_error_stops_walbox_without_confirming_the_transaction() {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr as E};
-    let Some(t) = setup("eos_fatal") else {
+    let Some(Streaming {
+        t,
+        env,
+        mut walbox,
+        mut reader,
+    }) = streaming_on_the_mock("eos_fatal")
+    else {
         return;
     };
-    let Some(mock) = t.broker.mock_cluster() else {
-        eprintln!("external broker: broker faults need the mock cluster; skipped");
-        return;
-    };
-    let env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "20ms");
-    let mut walbox = Walbox::spawn(&env);
-    let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
-    let first = write_txn(&t.db, &t.topic, &t.aggregates, false);
-    wait_for_all(&mut reader, &t.db, &walbox);
-    wait_until(WAIT, "the first transaction to be confirmed", || {
-        t.db.confirmed(&t.slot) >= first.after_commit
-    });
+    let mock = t.broker.mock_cluster().expect("the mock cluster");
     mock.request_errors(
         RDKafkaApiKey::EndTxn,
         &[E::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED; 10],
@@ -424,10 +432,7 @@ fn a_fatal_commit_error_stops_walbox_without_confirming_the_transaction() {
     mock.clear_request_errors(RDKafkaApiKey::EndTxn);
     let mut walbox = Walbox::spawn(&env);
     let all = wait_for_all(&mut reader, &t.db, &walbox);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-    reader.read_to_end(WAIT).unwrap();
-    assert_eq!(distinct_ids(&reader.records), all);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
 }
 
 /// librdkafka's mock cluster hands every `InitProducerId` a fresh producer id, so it fences
@@ -497,10 +502,7 @@ fn a_zombie_is_fenced_by_the_process_that_took_its_slot() {
     );
     let more = write_txn(&t.db, &t.topic, &t.aggregates, false);
     let all = wait_for_all(&mut reader, &t.db, &successor);
-    successor.terminate();
-    assert!(successor.wait_exit(WAIT).success(), "{}", successor.log());
-    reader.read_to_end(WAIT).unwrap();
-    assert_eq!(distinct_ids(&reader.records), all);
+    stop_and_read_exactly(&mut successor, &mut reader, &all);
     // Twice only: the zombie's aborted transaction (hidden by markers on a real broker).
     let open_ids: HashSet<i64> = open.ids.iter().copied().collect();
     for (id, n) in id_counts(reader.records.iter().map(id_of)) {

@@ -75,6 +75,19 @@ pub fn await_distinct(reader: &mut TopicReader, n: usize, walbox: &Walbox) {
     );
 }
 
+/// Stops `walbox` (SIGTERM, which must end it with status 0) and reads the topics to their
+/// end: they must then hold exactly the ids `all`.
+pub fn stop_and_read_exactly(walbox: &mut Walbox, reader: &mut TopicReader, all: &HashSet<i64>) {
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    reader.read_to_end(WAIT).unwrap();
+    assert_eq!(
+        &distinct_ids(&reader.records),
+        all,
+        "every committed event, nothing else"
+    );
+}
+
 /// How often each id occurs in `ids`.
 pub fn id_counts(ids: impl IntoIterator<Item = i64>) -> HashMap<i64, usize> {
     let mut n = HashMap::new();
