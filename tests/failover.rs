@@ -25,6 +25,24 @@ fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
 }
 
 /// `db`'s URL naming the hosts on `ports`, in that order, with `attrs`.
+/// walbox's environment with `postgres.url` listing the standby first, then the primary,
+/// under `target_session_attrs=read-write`.
+fn standby_first_env(
+    db: &TestDb,
+    slot: &str,
+    broker: &walbox::sandbox::broker::Broker,
+    primary: u16,
+    standby: u16,
+) -> Vec<(String, String)> {
+    let mut env = walbox_env(db, slot, &broker.bootstrap_servers());
+    set(
+        &mut env,
+        "WALBOX_POSTGRES_URL",
+        multi_host_url(db, primary, &[standby, primary], "read-write"),
+    );
+    env
+}
+
 fn multi_host_url(db: &TestDb, own_port: u16, ports: &[u16], attrs: &str) -> String {
     let direct = format!("127.0.0.1:{own_port}/");
     let url = db.url();
@@ -139,17 +157,7 @@ fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_pha
     );
 
     // The standby is listed first: read-write passes it over while it is in recovery.
-    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(
-        &mut env,
-        "WALBOX_POSTGRES_URL",
-        multi_host_url(
-            &db,
-            primary.port(),
-            &[standby.port(), primary.port()],
-            "read-write",
-        ),
-    );
+    let mut env = standby_first_env(&db, &slot, &broker, primary.port(), standby.port());
     set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
     set(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "5s".into());
     let port = free_port();
@@ -336,17 +344,7 @@ fn a_promotion_without_a_synchronized_slot_stops_walbox_with_exit_7_and_the_runb
     let broker = support::broker();
     broker.create_topic(&topic, 1).expect("topic");
 
-    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(
-        &mut env,
-        "WALBOX_POSTGRES_URL",
-        multi_host_url(
-            &db,
-            primary.port(),
-            &[standby.port(), primary.port()],
-            "read-write",
-        ),
-    );
+    let env = standby_first_env(&db, &slot, &broker, primary.port(), standby.port());
     // The standby, listed first, is passed over while it is in recovery.
     let mut walbox = Walbox::spawn(&env);
     let (id, mut reader) = relays_one_event(&db, &slot, &topic, &broker, &walbox, "the primary");

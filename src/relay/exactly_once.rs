@@ -52,6 +52,18 @@ const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long retriable commit errors are retried before the transaction is aborted.
 const COMMIT_RETRY_FOR: Duration = Duration::from_secs(60);
 
+/// Runs one of the producer's blocking transactional calls off the runtime, bounded by
+/// [`TXN_CALL_TIMEOUT`].
+async fn blocking(
+    sink: &KafkaSink,
+    call: fn(&KafkaSink, Duration) -> Result<(), rdkafka::error::KafkaError>,
+) -> Result<(), rdkafka::error::KafkaError> {
+    let sink = sink.clone();
+    tokio::task::spawn_blocking(move || call(&sink, TXN_CALL_TIMEOUT))
+        .await
+        .unwrap_or(Err(rdkafka::error::KafkaError::Canceled))
+}
+
 /// The Kafka transaction of one session.
 pub(super) struct KafkaTxn {
     /// `transactional.id`.
@@ -106,11 +118,7 @@ impl Relay {
         let acks = Arc::new(AckQueue::default());
         let sink = KafkaSink::transactional(&self.settings.kafka, acks.clone(), &id)
             .map_err(|e| RelayError::Transaction(TxnError::Config(e)))?;
-        let init = sink.clone();
-        let result = tokio::task::spawn_blocking(move || init.init_transactions(TXN_CALL_TIMEOUT))
-            .await
-            .unwrap_or(Err(rdkafka::error::KafkaError::Canceled));
-        if let Err(e) = result {
+        if let Err(e) = blocking(&sink, KafkaSink::init_transactions).await {
             return Err(RelayError::Transaction(classify_txn(&sink, &id, e)));
         }
         // From here on the old producer's reports are of no interest.
@@ -243,11 +251,7 @@ impl Relay {
         let retry_until = started + COMMIT_RETRY_FOR;
         let mut backoff = Duration::from_millis(50);
         loop {
-            let sink = self.sink.clone();
-            let result =
-                tokio::task::spawn_blocking(move || sink.commit_transaction(TXN_CALL_TIMEOUT))
-                    .await
-                    .unwrap_or(Err(rdkafka::error::KafkaError::Canceled));
+            let result = blocking(&self.sink, KafkaSink::commit_transaction).await;
             match result.map_err(|e| classify_txn(&self.sink, &id, e)) {
                 Ok(()) => break,
                 Err(TxnError::Retriable(e)) if Instant::now() < retry_until => {
@@ -293,10 +297,7 @@ impl Relay {
         }
         txn.open = false;
         let id = txn.id.clone();
-        let sink = self.sink.clone();
-        let result = tokio::task::spawn_blocking(move || sink.abort_transaction(TXN_CALL_TIMEOUT))
-            .await
-            .unwrap_or(Err(rdkafka::error::KafkaError::Canceled));
+        let result = blocking(&self.sink, KafkaSink::abort_transaction).await;
         self.metrics
             .kafka_transactions
             .with_label_values(&["aborted"])
