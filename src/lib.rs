@@ -60,6 +60,7 @@ pub mod republish;
 pub mod retention;
 #[cfg(feature = "sandbox")]
 pub mod sandbox;
+pub mod shard;
 pub mod sink;
 pub mod source;
 pub mod timestamp;

@@ -158,7 +158,19 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T
 impl Metrics {
     /// A fresh registry with every metric registered.
     pub fn new() -> Self {
-        let r = Registry::new();
+        Self::in_registry(Registry::new())
+    }
+
+    /// The metrics of one shard: every series carries the label `slot` (the shard's slot),
+    /// so the shards of one process are told apart on `/metrics` ([`ShardMetrics`]).
+    pub fn for_slot(slot: &str) -> Self {
+        let labels = std::collections::HashMap::from([("slot".to_owned(), slot.to_owned())]);
+        Self::in_registry(
+            Registry::new_custom(None, Some(labels)).expect("a valid constant label"),
+        )
+    }
+
+    fn in_registry(r: Registry) -> Self {
         let counter = |name: &str, help: &str| {
             register(&r, IntCounter::new(name, help).expect("valid metric"))
         };
@@ -414,6 +426,29 @@ pub fn render_registry(registry: &Registry) -> String {
     String::from_utf8(buf).unwrap_or_default()
 }
 
+/// The metrics of every shard of a process, exposed together: the samples of one metric from
+/// every shard under one `# HELP`/`# TYPE` header, told apart by their `slot` label.
+pub struct ShardMetrics(pub Vec<Arc<Metrics>>);
+
+impl Exposition for ShardMetrics {
+    fn render(&self) -> String {
+        let mut families: Vec<prometheus::proto::MetricFamily> = Vec::new();
+        for m in &self.0 {
+            for family in m.registry.gather() {
+                match families.iter_mut().find(|f| f.name() == family.name()) {
+                    Some(f) => f.mut_metric().extend(family.get_metric().iter().cloned()),
+                    None => families.push(family),
+                }
+            }
+        }
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&families, &mut buf)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
 /// Something `/metrics` can expose: the relay's metrics, or `walbox inbox`'s.
 pub trait Exposition: Send + Sync + 'static {
     /// The Prometheus text format.
@@ -475,10 +510,20 @@ impl Health {
     }
 }
 
+/// What the endpoints answer from: one [`Health`] per shard (one for an unsharded relay and for
+/// `walbox inbox`). `/healthz` fails when any shard hit a fatal error, `/readyz` succeeds when
+/// every shard streams, `/active` when any shard is active.
 #[derive(Clone)]
 struct HttpState {
     metrics: Arc<dyn Exposition>,
-    health: Arc<Health>,
+    health: Arc<[Arc<Health>]>,
+}
+
+impl HttpState {
+    fn fatal(&self) -> Option<String> {
+        let all: Vec<String> = self.health.iter().filter_map(|h| h.fatal()).collect();
+        (!all.is_empty()).then(|| all.join("; "))
+    }
 }
 
 async fn metrics_handler(State(s): State<HttpState>) -> impl IntoResponse {
@@ -489,14 +534,14 @@ async fn metrics_handler(State(s): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
-    match s.health.fatal() {
+    match s.fatal() {
         None => (StatusCode::OK, "ok\n".to_owned()),
         Some(m) => (StatusCode::SERVICE_UNAVAILABLE, format!("{m}\n")),
     }
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    if s.health.is_ready() {
+    if s.health.iter().all(|h| h.is_ready()) {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
@@ -504,7 +549,7 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn active(State(s): State<HttpState>) -> impl IntoResponse {
-    if s.health.is_active() {
+    if s.health.iter().any(|h| h.is_active()) {
         (StatusCode::OK, "active\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "standby\n")
@@ -521,6 +566,18 @@ pub async fn bind(
     SocketAddr,
     impl std::future::Future<Output = std::io::Result<()>>,
 )> {
+    bind_shards(addr, metrics, vec![health]).await
+}
+
+/// [`bind`] for a relay of several shards, each with its own [`Health`].
+pub async fn bind_shards(
+    addr: SocketAddr,
+    metrics: Arc<dyn Exposition>,
+    health: Vec<Arc<Health>>,
+) -> std::io::Result<(
+    SocketAddr,
+    impl std::future::Future<Output = std::io::Result<()>>,
+)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let app = Router::new()
@@ -528,7 +585,10 @@ pub async fn bind(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/active", get(active))
-        .with_state(HttpState { metrics, health });
+        .with_state(HttpState {
+            metrics,
+            health: health.into(),
+        });
     Ok((local, async move { axum::serve(listener, app).await }))
 }
 

@@ -308,6 +308,9 @@ impl RawConfig {
             _ => None,
         };
 
+        let shards = self.postgres.shards.unwrap_or(1);
+        super::postgres::validate_shards(shards, &slot, &publication, outbox.messages.is_some())?;
+
         let http_listen = self.http.validate("0.0.0.0:9187")?;
         let log = self.log.validate()?;
 
@@ -339,6 +342,9 @@ impl RawConfig {
                     }
                 },
                 failover_slot: self.postgres.failover_slot.unwrap_or(false),
+                shards,
+                shard: None,
+                drain_to: None,
             },
             outbox,
             kafka: KafkaConfig {

@@ -170,6 +170,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["postgres"], "on_slot_busy", Kind::Str),
     (&["postgres"], "receive_timeout", Kind::Str),
     (&["postgres"], "failover_slot", Kind::Bool),
+    (&["postgres"], "shards", Kind::Int),
     (&["outbox"], "table", Kind::Str),
     (&["outbox"], "topic_prefix", Kind::Str),
     (&["outbox"], "topic", Kind::Str),

@@ -64,7 +64,7 @@ pub use kafka::{valid_topic, ExactlyOnce, KafkaConfig, RawKafka, DEFAULT_PROGRES
 pub(crate) use layers::{deserialize, read_layers};
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
 pub use outbox::{ColumnNames, OnChange, OnInvalid, OutboxConfig, Route, RouteSource, ValueFormat};
-pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres};
+pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};
 pub use relay::{RawRelay, RelayConfig};
 // `self::`: the `http` crate has the same name.
 pub use self::http::RawHttp;

@@ -46,6 +46,9 @@ pub struct RawPostgres {
     pub receive_timeout: Option<String>,
     /// Make the slot a failover slot (PostgreSQL 17+), synchronized to standbys.
     pub failover_slot: Option<bool>,
+    /// Relay the outbox through this many slots, each carrying one hash bucket of the
+    /// aggregate id (PostgreSQL 15+, publication row filters). Default 1.
+    pub shards: Option<u32>,
 }
 
 impl fmt::Debug for RawPostgres {
@@ -89,6 +92,114 @@ pub struct PostgresConfig {
     /// Create the slot with `FAILOVER`, or turn it on for an existing slot (PostgreSQL 17+), so
     /// that standbys with `sync_replication_slots` keep it through a promotion.
     pub failover_slot: bool,
+    /// `postgres.shards`: how many slots the outbox is relayed through (1: `slot` and
+    /// `publication` themselves, unfiltered; see [`crate::shard`]).
+    pub shards: u32,
+    /// The shard this configuration relays, in the per-shard copies [`PostgresConfig::for_shard`]
+    /// makes (`slot`/`publication` are then the shard's own); `None` in an unsharded layout.
+    pub shard: Option<ShardOf>,
+    /// Set only by `walbox reshard` on the sessions that drain the old layout's shards: the
+    /// cut position, before which they relay every transaction and at which they stop.
+    pub drain_to: Option<crate::lsn::Lsn>,
+}
+
+/// The most shards `postgres.shards` may ask for.
+pub const MAX_SHARDS: u32 = 64;
+
+/// One shard of a layout of `count` shards: the rows whose aggregate id hashes to bucket
+/// `index` (`crate::shard::row_filter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShardOf {
+    /// The bucket, `0..count`.
+    pub index: u32,
+    /// How many shards the layout has (at least 2).
+    pub count: u32,
+}
+
+impl ShardOf {
+    /// What the shard's slot and publication names end with: `_<index>of<count>`. The count
+    /// is part of the name so that two layouts can exist side by side while walbox reshards.
+    pub fn suffix(&self) -> String {
+        format!("_{}of{}", self.index, self.count)
+    }
+}
+
+impl PostgresConfig {
+    /// The shards of `postgres.shards`, each as the configuration of its own session (slot
+    /// `<slot>_<k>of<N>`, publication `<publication>_<k>of<N>`); one shard is `self` unchanged.
+    pub fn shards(&self) -> Vec<PostgresConfig> {
+        self.layout(self.shards)
+    }
+
+    /// The shards of a layout of `count` shards (`count` = 1: the unsharded slot and
+    /// publication).
+    pub fn layout(&self, count: u32) -> Vec<PostgresConfig> {
+        if count <= 1 {
+            let mut one = self.clone();
+            one.shard = None;
+            return vec![one];
+        }
+        (0..count)
+            .map(|index| self.for_shard(ShardOf { index, count }))
+            .collect()
+    }
+
+    /// The configuration of one shard's session.
+    pub fn for_shard(&self, shard: ShardOf) -> PostgresConfig {
+        let mut c = self.clone();
+        c.slot = format!("{}{}", self.slot, shard.suffix());
+        c.publication = format!("{}{}", self.publication, shard.suffix());
+        c.shard = Some(shard);
+        c
+    }
+
+    /// The slot of the layout's first shard (the unsharded slot when `count` is 1), and the
+    /// base slot name every layout's names start with.
+    pub fn base_slot(&self) -> &str {
+        match self.shard {
+            Some(s) => self
+                .slot
+                .strip_suffix(&s.suffix())
+                .unwrap_or(self.slot.as_str()),
+            None => &self.slot,
+        }
+    }
+}
+
+/// Checks `postgres.shards`: 1 to [`MAX_SHARDS`], names that stay within PostgreSQL's 63
+/// characters with the longest suffix, and no table-less outbox (logical messages cannot be
+/// filtered by shard).
+pub(super) fn validate_shards(
+    shards: u32,
+    slot: &str,
+    publication: &str,
+    messages: bool,
+) -> Result<(), ConfigError> {
+    if !(1..=MAX_SHARDS).contains(&shards) {
+        return Err(ConfigError::Invalid(format!(
+            "postgres.shards must be between 1 and {MAX_SHARDS}"
+        )));
+    }
+    if shards > 1 {
+        let suffix = ShardOf {
+            index: shards - 1,
+            count: shards,
+        }
+        .suffix();
+        for (what, name) in [("postgres.slot", slot), ("postgres.publication", publication)] {
+            if name.len() + suffix.len() > 63 {
+                return Err(ConfigError::Invalid(format!(
+                    "{what} {name:?} is too long for {shards} shards: with the suffix {suffix:?} it must stay within 63 characters"
+                )));
+            }
+        }
+        if messages {
+            return Err(ConfigError::Invalid(
+                "postgres.shards > 1 cannot relay [outbox.messages]: logical messages reach every shard's slot, so each would publish them; use an outbox table, or postgres.shards = 1".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `postgres.on_slot_busy`: what a process does when another one relays the slot.

@@ -110,6 +110,32 @@ pub enum CatalogError {
     /// `postgres.failover_slot` while `postgres.url` names a standby.
     #[error("postgres.failover_slot applies to a slot on the primary, but postgres.url names a standby: set postgres.failover_slot = false (a standby receives the primary's failover slots through sync_replication_slots)")]
     FailoverOnStandby,
+    /// `postgres.shards > 1` on a server without publication row filters.
+    #[error("postgres.shards > 1 needs PostgreSQL 15 or newer (publication row filters); this server is {0}: set postgres.shards = 1")]
+    ShardsNeed15(String),
+    /// The aggregate id column has a type shards cannot hash.
+    #[error("outbox table {table}: column {column:?} is {type_name}, which shards cannot hash (text, varchar, char, uuid, bigint, integer, smallint): set postgres.shards = 1, or shard by a column of one of those types (outbox.columns.aggregate_id)")]
+    ShardKeyType {
+        /// `schema.table`.
+        table: String,
+        /// The aggregate id column.
+        column: String,
+        /// Its type.
+        type_name: String,
+    },
+    /// A publication with a shard's name that walbox did not make for this split.
+    #[error("publication {publication:?} exists but is not walbox's {expected:?} (its comment is {found:?}): drop it, or choose another postgres.publication")]
+    NotAShard {
+        /// The publication.
+        publication: String,
+        /// The comment walbox would have put on it.
+        expected: String,
+        /// Its comment.
+        found: String,
+    },
+    /// The slots found belong to another number of shards.
+    #[error(transparent)]
+    Layout(#[from] crate::shard::LayoutError),
     /// The slot was invalidated.
     #[error("replication slot {slot:?} is lost (wal_status = lost, confirmed up to {confirmed}): {cause}, so events after {confirmed} may never be relayed; see the runbook \"Slot lost\" before recreating it")]
     SlotLost {
@@ -130,6 +156,10 @@ impl Classify for CatalogError {
                 .and_then(|c| Failure::from_sqlstate(c.code(), &e.to_string())),
             CatalogError::SlotLost { .. } => Some(Failure::SlotLost),
             CatalogError::Standby(e) => e.failure(),
+            CatalogError::Layout(crate::shard::LayoutError::Query(e)) => e
+                .code()
+                .and_then(|c| Failure::from_sqlstate(c.code(), &e.to_string())),
+            CatalogError::Layout(_) => Some(Failure::Config),
             _ => Some(Failure::Schema),
         }
     }
@@ -177,21 +207,41 @@ pub async fn prepare(
     if outbox.messages.is_some() && num < 140_000 {
         return Err(CatalogError::MessagesNeed14(version));
     }
+    if pg.shard.is_some() && num < crate::shard::MIN_SERVER_VERSION {
+        return Err(CatalogError::ShardsNeed15(version));
+    }
+    crate::shard::check_layout(client, pg).await?;
 
     let mut tables = Vec::new();
+    let mut shard_keys = Vec::new();
     for route in &outbox.tables {
         let RouteSource::Table { schema, table } = &route.source else {
             continue;
         };
-        let partitioned = table_shape(client, route, schema, table).await?.partitioned;
+        let shape = table_shape(client, route, schema, table).await?;
+        let mut qualified = format!("{}.{}", quote_ident(schema), quote_ident(table));
+        if let Some(shard) = pg.shard {
+            let column = &route.columns.aggregate_id;
+            let type_name = shape.column_type(column).unwrap_or_default();
+            let filter = crate::shard::row_filter(column, type_name, shard).ok_or_else(|| {
+                CatalogError::ShardKeyType {
+                    table: route.name.to_string(),
+                    column: column.clone(),
+                    type_name: type_name.to_owned(),
+                }
+            })?;
+            shard_keys.push((route.name.to_string(), column.clone()));
+            qualified = format!("{qualified} WHERE {filter}");
+        }
         tables.push((
             route.name.to_string(),
-            format!("{}.{}", quote_ident(schema), quote_ident(table)),
+            qualified,
             schema,
             table,
-            partitioned,
+            shape.partitioned,
         ));
     }
+    let shard_comment = pg.shard.map(|s| crate::shard::comment(s, &shard_keys));
 
     match publication(client, &pg.publication).await? {
         None if role == Role::Standby => {
@@ -216,11 +266,35 @@ pub async fn prepare(
                     list.join(", ")
                 )
             };
-            client.batch_execute(&sql).await?;
+            match &shard_comment {
+                // One transaction: a shard's publication never exists without its comment.
+                Some(comment) => {
+                    client
+                        .batch_execute(&format!(
+                            "BEGIN; {sql}; COMMENT ON PUBLICATION {} IS {}; COMMIT",
+                            quote_ident(&pg.publication),
+                            postgres_protocol::escape::escape_literal(comment)
+                        ))
+                        .await?
+                }
+                None => client.batch_execute(&sql).await?,
+            }
             tracing::info!(publication = %pg.publication, tables = ?tables.iter().map(|t| &t.0).collect::<Vec<_>>(), "created publication");
         }
         None => return Err(CatalogError::MissingPublication(pg.publication.clone())),
         Some(publication) => {
+            if let Some(expected) = shard_comment {
+                let found = crate::shard::publication_comment(client, &pg.publication)
+                    .await?
+                    .unwrap_or_default();
+                if found != expected {
+                    return Err(CatalogError::NotAShard {
+                        publication: pg.publication.clone(),
+                        expected,
+                        found,
+                    });
+                }
+            }
             if !publication.insert {
                 return Err(CatalogError::InsertsNotPublished(pg.publication.clone()));
             }
