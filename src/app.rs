@@ -14,6 +14,12 @@
 //! the next one starts after a capped exponential backoff with jitter; the backoff resets once a
 //! session reaches streaming.
 //!
+//! Shards (`postgres.shards` > 1, [`crate::shard`]): each shard is one such relay, with its own
+//! slot, producer, checkpoint, slot monitor, leader lock and reconnect loop, all in this process.
+//! A transient error reconnects its shard only; a fatal error stops its shard only (`/healthz`
+//! then fails) and is the process's exit status once shutdown has stopped the others. Metrics
+//! carry the label `slot`; outbox retention runs in the first shard's term.
+//!
 //! Shutdown order (SIGTERM/SIGINT, or the `shutdown` future in tests): read to the end of the open
 //! transaction, stop intake → wait up to `relay.shutdown_timeout` for in-flight acks → final
 //! standby status and a clean end of the replication stream → stop the slot monitor
@@ -27,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::config::{Config, OnSlotBusy};
@@ -35,7 +42,7 @@ use crate::failure::{Failure, FatalError};
 use crate::health::monitor::{self, FatalSignal};
 use crate::health::webhook::Webhook;
 use crate::leader::{self, Leadership};
-use crate::metrics::{self, Health, Metrics};
+use crate::metrics::{self, Health, Metrics, ShardMetrics};
 use crate::relay::{Relay, SessionEnd, Settings};
 use crate::retention;
 use crate::sink::kafka::{AckQueue, KafkaSink};
@@ -58,45 +65,134 @@ pub async fn run(
     run_with(config, shutdown, Handles::default()).await
 }
 
-/// [`run`] with caller-provided metrics and health (the demo and tests read them).
+/// [`run`] with caller-provided metrics and health (the demo and tests read them). With
+/// `postgres.shards` > 1 every shard has its own metrics (labelled with its slot) and health,
+/// served together, and `handles` is not used.
 pub async fn run_with(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
     handles: Handles,
 ) -> Result<(), FatalError> {
-    let config = Arc::new(config);
-    let Handles { metrics, health } = handles;
-
-    if let Some(addr) = config.http_listen {
-        let (local, server) = metrics::bind(addr, metrics.clone(), health.clone())
-            .await
-            .map_err(|e| FatalError {
-                failure: Failure::Config,
-                message: format!("cannot listen on http.listen {addr}: {e}"),
-            })?;
-        tracing::info!(addr = %local, "serving /metrics, /healthz, /readyz");
-        tokio::spawn(async move {
-            if let Err(e) = server.await {
-                tracing::error!(error = %e, "http server stopped");
-            }
-        });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutdown requested: stopping intake, waiting for in-flight events");
+        let _ = stop_tx.send(true);
+    });
+    if config.postgres.shards > 1 {
+        return run_shards(config, stop_rx).await;
     }
+    let Handles { metrics, health } = handles;
+    serve_http(config.http_listen, metrics.clone(), vec![health.clone()]).await?;
+    run_slot(Arc::new(config), stop_rx, metrics, health).await
+}
 
+/// Runs every shard of `postgres.shards` as its own relay (own slot, producer, checkpoint,
+/// monitor and leader lock) until each has stopped. A fatal error stops its shard only: the
+/// others go on, `/healthz` fails, and the process exits with the first fatal error once
+/// shutdown has stopped the rest.
+async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), FatalError> {
+    let shards: Vec<(Config, Arc<Metrics>, Arc<Health>)> = config
+        .postgres
+        .shards()
+        .into_iter()
+        .enumerate()
+        .map(|(k, postgres)| {
+            let metrics = Arc::new(Metrics::for_slot(&postgres.slot));
+            let mut shard = config.clone();
+            shard.postgres = postgres;
+            // Retention deletes from the one outbox: one shard's term does it.
+            if k > 0 {
+                shard.outbox.retention = None;
+            }
+            (shard, metrics, Arc::new(Health::default()))
+        })
+        .collect();
+    let exposition = ShardMetrics(shards.iter().map(|(_, m, _)| m.clone()).collect());
+    let healths = shards.iter().map(|(_, _, h)| h.clone()).collect();
+    serve_http(config.http_listen, Arc::new(exposition), healths).await?;
+    tracing::info!(shards = shards.len(), "relaying through shards");
+    let tasks: Vec<_> = shards
+        .into_iter()
+        .map(|(shard, metrics, health)| {
+            let slot = shard.postgres.slot.clone();
+            let span = tracing::info_span!("shard", slot = %slot);
+            let task = tokio::spawn(
+                run_slot(Arc::new(shard), stop.clone(), metrics, health).instrument(span),
+            );
+            (slot, task)
+        })
+        .collect();
+    let mut outcome = Ok(());
+    for (slot, task) in tasks {
+        let ended = task.await.unwrap_or_else(|e| {
+            Err(FatalError {
+                failure: Failure::Internal,
+                message: format!("shard {slot} panicked: {e}"),
+            })
+        });
+        if let Err(e) = ended {
+            tracing::error!(slot = %slot, error = %e.message, "shard stopped");
+            if outcome.is_ok() {
+                outcome = Err(e);
+            }
+        }
+    }
+    outcome
+}
+
+/// Binds `http.listen` (when set) and serves the endpoints in the background.
+async fn serve_http(
+    listen: Option<std::net::SocketAddr>,
+    metrics: Arc<dyn metrics::Exposition>,
+    health: Vec<Arc<Health>>,
+) -> Result<(), FatalError> {
+    let Some(addr) = listen else {
+        return Ok(());
+    };
+    let (local, server) = metrics::bind_shards(addr, metrics, health)
+        .await
+        .map_err(|e| FatalError {
+            failure: Failure::Config,
+            message: format!("cannot listen on http.listen {addr}: {e}"),
+        })?;
+    tracing::info!(addr = %local, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "http server stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Relays one slot until `shutdown` is raised, a fatal error, or (with `postgres.drain_to`,
+/// `walbox reshard`) the slot is drained; the fatal error (also one the slot monitor found) is
+/// returned after the producer is flushed.
+pub async fn run_slot(
+    config: Arc<Config>,
+    mut shutdown: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> Result<(), FatalError> {
     let acks = Arc::new(AckQueue::default());
     let sink = KafkaSink::new(&config.kafka, acks.clone()).map_err(|e| FatalError {
         failure: Failure::Kafka,
         message: e.to_string(),
     })?;
 
-    let (stop_tx, mut stop_rx) = watch::channel(false);
+    // This slot's stop: raised by shutdown, or by the slot monitor's fatal signal.
+    let (stop_tx, mut stop_rx) = watch::channel(*shutdown.borrow());
     let fatal = FatalSignal {
         error: Arc::new(Mutex::new(None)),
         stop: stop_tx.clone(),
     };
     tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!("shutdown requested: stopping intake, waiting for in-flight events");
-        let _ = stop_tx.send(true);
+        tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => {
+                let _ = stop_tx.send(true);
+            }
+            _ = stop_tx.closed() => {}
+        }
     });
     let webhook = Webhook::start(&config.alerts).map_err(|e| FatalError {
         failure: Failure::Config,
@@ -164,7 +260,7 @@ pub async fn run_with(
         let mut slot_busy_logged = false;
         let ended = loop {
             match relay.run_session(&mut term_stop).await {
-                Ok(SessionEnd::Shutdown) => break Ok(()),
+                Ok(SessionEnd::Shutdown | SessionEnd::Drained) => break Ok(()),
                 Err(e) => {
                     if relay.reached_streaming {
                         backoff.reset();

@@ -60,6 +60,18 @@ pub enum Command {
         #[arg(long)]
         confirm_data_loss: bool,
     },
+    /// Change the number of shards the outbox is relayed through (postgres.shards) without
+    /// reordering or losing an aggregate's events: make the new slots at one point, drain the
+    /// old ones exactly up to it, drop them. Run it with walbox stopped; run it again if it was
+    /// interrupted.
+    Reshard {
+        /// TOML configuration file (the same as for `run`).
+        #[arg(long, short, env = "WALBOX_CONFIG")]
+        config: Option<PathBuf>,
+        /// The number of shards to relay through afterwards (1 to 64).
+        #[arg(long, value_name = "M")]
+        to: u32,
+    },
     /// Produce rows still in the outbox table(s) again, with the relay's mapping and headers:
     /// the way to fill a window no slot can replay (slot lost or dropped, publication dropped).
     /// Consumers deduplicate by the `id` header.

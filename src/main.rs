@@ -116,6 +116,22 @@ fn main() -> ExitCode {
                 finish("recreate-slot", runtime.block_on(walbox::health::status::recreate_slot(&config)))
             }
         },
+        Command::Reshard { config, to } => match load(config) {
+            Err(e) => fail(Failure::Config, e),
+            Ok(config) => {
+                init_logging(config.log.format, &config.log.level);
+                let reshard = runtime.spawn(async move {
+                    walbox::shard::reshard::reshard(&config, to, shutdown_signal()).await
+                });
+                let result = runtime.block_on(reshard).unwrap_or_else(|e| {
+                    Err(FatalError {
+                        failure: Failure::Internal,
+                        message: format!("reshard task failed: {e}"),
+                    })
+                });
+                finish("reshard", result)
+            }
+        },
         Command::Republish {
             config,
             since_id,

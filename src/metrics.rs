@@ -165,9 +165,7 @@ impl Metrics {
     /// so the shards of one process are told apart on `/metrics` ([`ShardMetrics`]).
     pub fn for_slot(slot: &str) -> Self {
         let labels = std::collections::HashMap::from([("slot".to_owned(), slot.to_owned())]);
-        Self::in_registry(
-            Registry::new_custom(None, Some(labels)).expect("a valid constant label"),
-        )
+        Self::in_registry(Registry::new_custom(None, Some(labels)).expect("a valid constant label"))
     }
 
     fn in_registry(r: Registry) -> Self {

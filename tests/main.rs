@@ -26,6 +26,7 @@ mod relay;
 mod retention;
 mod routing;
 mod secrets;
+mod shards;
 mod slot;
 mod standby;
 mod versions;

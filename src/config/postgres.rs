@@ -186,7 +186,10 @@ pub(super) fn validate_shards(
             count: shards,
         }
         .suffix();
-        for (what, name) in [("postgres.slot", slot), ("postgres.publication", publication)] {
+        for (what, name) in [
+            ("postgres.slot", slot),
+            ("postgres.publication", publication),
+        ] {
             if name.len() + suffix.len() > 63 {
                 return Err(ConfigError::Invalid(format!(
                     "{what} {name:?} is too long for {shards} shards: with the suffix {suffix:?} it must stay within 63 characters"

@@ -121,8 +121,35 @@ pub fn render(h: &SlotHealth, a: &Assessment) -> String {
     out
 }
 
-/// `walbox status [--json]`.
+/// `walbox status [--json]`: with `postgres.shards` > 1, every shard's slot (text: one block per
+/// shard; JSON: `{"shards": [...]}`).
 pub async fn status(config: &Config, json: bool) -> Result<(), FatalError> {
+    if config.postgres.shards == 1 {
+        let (text, value) = report(config).await?;
+        match json {
+            true => println!("{value:#}"),
+            false => print!("{text}"),
+        }
+        return Ok(());
+    }
+    let mut texts = Vec::new();
+    let mut values = Vec::new();
+    for shard in config.postgres.shards() {
+        let mut c = config.clone();
+        c.postgres = shard;
+        let (text, value) = report(&c).await?;
+        texts.push(text);
+        values.push(value);
+    }
+    match json {
+        true => println!("{:#}", serde_json::json!({ "shards": values })),
+        false => print!("{}", texts.join("\n")),
+    }
+    Ok(())
+}
+
+/// One slot's reading: as text and as JSON.
+async fn report(config: &Config) -> Result<(String, serde_json::Value), FatalError> {
     let (client, health) = read(config).await?;
     let Some(h) = health else {
         return Err(fatal(
@@ -132,25 +159,20 @@ pub async fn status(config: &Config, json: bool) -> Result<(), FatalError> {
     };
     let a = alert::assess(Some(&h), &config.slot);
     let catchup = catchup(config, &client, &h).await;
-    if json {
-        let mut v = serde_json::to_value(&h).map_err(|e| fatal(Failure::Internal, e))?;
-        if let Some(obj) = v.as_object_mut() {
-            obj.insert("retained_wal_bytes".into(), h.retained_bytes().into());
-            obj.insert("confirmed_lag_bytes".into(), h.confirmed_lag_bytes().into());
-            obj.insert("wal_keep_used_ratio".into(), h.keep_used_ratio().into());
-            obj.insert("alert_level".into(), a.level.name().into());
-            obj.insert("alert_level_value".into(), a.level.value().into());
-            obj.insert("reason".into(), a.reason.clone().into());
-            obj.insert("action".into(), a.action.into());
-            obj.insert("headroom_bytes".into(), a.headroom_bytes.into());
-            obj.insert("progress".into(), catchup.json());
-        }
-        println!("{v:#}");
-    } else {
-        print!("{}", render(&h, &a));
-        println!("{:<26} {}", "progress", catchup.line());
+    let mut v = serde_json::to_value(&h).map_err(|e| fatal(Failure::Internal, e))?;
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("retained_wal_bytes".into(), h.retained_bytes().into());
+        obj.insert("confirmed_lag_bytes".into(), h.confirmed_lag_bytes().into());
+        obj.insert("wal_keep_used_ratio".into(), h.keep_used_ratio().into());
+        obj.insert("alert_level".into(), a.level.name().into());
+        obj.insert("alert_level_value".into(), a.level.value().into());
+        obj.insert("reason".into(), a.reason.clone().into());
+        obj.insert("action".into(), a.action.into());
+        obj.insert("headroom_bytes".into(), a.headroom_bytes.into());
+        obj.insert("progress".into(), catchup.json());
     }
-    Ok(())
+    let text = format!("{}{:<26} {}\n", render(&h, &a), "progress", catchup.line());
+    Ok((text, v))
 }
 
 /// Where `walbox status`'s progress estimate came from.

@@ -70,6 +70,15 @@ pub enum RelayError {
         /// Its LSN.
         lsn: Lsn,
     },
+    /// A drain for `walbox reshard` reached the reshard point, but not every event before it
+    /// was acknowledged in time; the drain is run again.
+    #[error("reached the reshard point {to} but confirmed only up to {confirmed}: events before it are still unacknowledged")]
+    Undrained {
+        /// The reshard point.
+        to: Lsn,
+        /// What the slot was confirmed up to.
+        confirmed: Lsn,
+    },
     /// The stream broke the protocol's rules.
     #[error("replication protocol violation: {0}")]
     Protocol(String),
@@ -112,7 +121,7 @@ impl Classify for RelayError {
             RelayError::Topic { error, .. } => error.failure(),
             RelayError::ProgressTopic(_) => Some(Failure::Schema),
             RelayError::Progress(e) => e.failure(),
-            RelayError::StreamEnded => None,
+            RelayError::StreamEnded | RelayError::Undrained { .. } => None,
             RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
             RelayError::Protocol(_) => Some(Failure::Internal),

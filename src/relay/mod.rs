@@ -109,6 +109,8 @@ struct Session {
     last_status_at: Instant,
     /// Exactly-once mode's Kafka transaction; `None` in at-least-once mode.
     eos: Option<exactly_once::KafkaTxn>,
+    /// The reshard marker at `postgres.drain_to` arrived: nothing after it is read.
+    drained: bool,
 }
 
 /// Shortest gap between status updates sent because the frontier moved (the periodic ones
@@ -130,6 +132,9 @@ const MAX_BURST: usize = 1024;
 pub enum SessionEnd {
     /// Shutdown was requested.
     Shutdown,
+    /// `postgres.drain_to` was reached: every event committed before it is acknowledged and
+    /// the slot confirmed up to it (`walbox reshard`, [`crate::shard::reshard`]).
+    Drained,
 }
 
 /// What the relay reads of the configuration: the sections of the stages it drives.
@@ -374,8 +379,10 @@ impl Relay {
             .resolve(&self.sink, &mapper.known_topics())
             .await;
         let start = slot.confirmed_flush_lsn.max(self.acked_frontier);
-        // Logical messages carry heartbeats and the table-less outbox.
-        let messages = self.settings.heartbeats || self.settings.outbox.messages.is_some();
+        // Logical messages carry heartbeats, the table-less outbox and the reshard marker.
+        let messages = self.settings.heartbeats
+            || self.settings.outbox.messages.is_some()
+            || pg.drain_to.is_some();
         let stream = open.start(pg, start, messages).await?;
         // Exactly-once: only once this process holds the slot does it fence the previous
         // producer and read what that one committed (a second process that cannot get the
@@ -403,6 +410,7 @@ impl Relay {
             last_status: start,
             last_status_at: Instant::now(),
             eos,
+            drained: false,
         };
         // Exactly-once mode writes its first progress record in a transaction of its own.
         let result = match self.eos_start_record(&mut session, start).await {
@@ -421,6 +429,16 @@ impl Relay {
             Err(RelayError::Replication(_)) | Err(RelayError::StreamEnded)
         );
         self.wind_down(&mut session, connection_alive).await;
+        // A drain ends only once the slot is confirmed up to the reshard point.
+        let result = match (result, pg.drain_to) {
+            (Ok(SessionEnd::Drained), Some(to)) if session.checkpoint.frontier() < to => {
+                Err(RelayError::Undrained {
+                    to,
+                    confirmed: session.checkpoint.frontier(),
+                })
+            }
+            (result, _) => result,
+        };
         self.rejected = None;
         if let Some(commit_lsn) = result
             .as_ref()

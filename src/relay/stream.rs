@@ -13,6 +13,7 @@ use crate::fault::crash_point;
 use crate::health::monitor::HEARTBEAT_PREFIX;
 use crate::lsn::Lsn;
 use crate::outbox::EventPosition;
+use crate::shard::RESHARD_PREFIX;
 use crate::sink::kafka::{classify, Ack, Severity, PROGRESS_ROUTE};
 use crate::source::pgoutput::{self, LogicalMessage};
 use crate::source::replication::{ReplicationError, ReplicationMessage, StandbyStatus};
@@ -41,6 +42,9 @@ impl Relay {
             }
             if draining.is_none() && *shutdown.borrow() {
                 draining = Some(Instant::now() + self.settings.relay.shutdown_timeout);
+            }
+            if s.drained && s.txn.is_none() {
+                return Ok(SessionEnd::Drained);
             }
             if let Some(deadline) = draining {
                 if s.txn.is_none() {
@@ -102,6 +106,7 @@ impl Relay {
                     // The burst yields to shutdown and to a due status update.
                     let mut burst = 0;
                     while burst < MAX_BURST
+                        && !s.drained
                         && in_flight(s) < max_in_flight
                         && !(draining.is_some() && s.txn.is_none())
                         && !(draining.is_none() && *shutdown.borrow())
@@ -219,6 +224,15 @@ impl Relay {
         tracing::trace!(?message, "pgoutput");
         match message {
             LogicalMessage::Begin(b) => {
+                if let Some(to) = self.settings.postgres.drain_to {
+                    // The marker is decoded before any transaction committing after it.
+                    if b.final_lsn >= to {
+                        return Err(RelayError::Protocol(format!(
+                            "a transaction committing at {} arrived before the reshard marker at {to}",
+                            b.final_lsn
+                        )));
+                    }
+                }
                 if let Some(txn) = s.eos.as_mut() {
                     // Already in a committed Kafka transaction (see `exactly_once`).
                     txn.skipping = b.final_lsn < txn.skip_below;
@@ -266,6 +280,14 @@ impl Relay {
             }
             LogicalMessage::Message(m) if m.prefix == HEARTBEAT_PREFIX => {
                 self.on_heartbeat(&m.content)
+            }
+            // A reshard marker: the end of a drain when it is this drain's (its LSN, the end
+            // of its record, is the reshard point); any other is not an event.
+            LogicalMessage::Message(m) if m.prefix == RESHARD_PREFIX => {
+                if !m.transactional && self.settings.postgres.drain_to == Some(m.lsn) {
+                    tracing::info!(lsn = %m.lsn, "reached the reshard point");
+                    s.drained = true;
+                }
             }
             LogicalMessage::Message(m) => {
                 let Some(route) = s.mapper.message_route(&m.prefix) else {
@@ -399,6 +421,12 @@ impl Relay {
                     );
                     break;
                 }
+            }
+        }
+        if s.drained {
+            // Every event before the reshard point is acknowledged: confirm up to it.
+            if let Some(to) = self.settings.postgres.drain_to {
+                s.checkpoint.keepalive(to);
             }
         }
         self.update_gauges(s);

@@ -30,6 +30,11 @@ use tokio_postgres::Client;
 use crate::config::ShardOf;
 use crate::lsn::Lsn;
 
+/// The prefix of the non-transactional logical message `walbox reshard` writes at the reshard
+/// point: the old layout's shards relay what commits before it, the new one's what commits
+/// after it.
+pub const RESHARD_PREFIX: &str = "walbox.reshard";
+
 /// Oldest server with publication row filters.
 pub const MIN_SERVER_VERSION: i32 = 150_000;
 
@@ -264,8 +269,12 @@ mod tests {
             row_filter("k", "character varying(64)", shard).unwrap(),
             "((hashtext(\"k\") & 2147483647) % 4 = 1)"
         );
-        assert!(row_filter("k", "uuid", shard).unwrap().contains("uuid_hash"));
-        assert!(row_filter("k", "bigint", shard).unwrap().contains("hashint8"));
+        assert!(row_filter("k", "uuid", shard)
+            .unwrap()
+            .contains("uuid_hash"));
+        assert!(row_filter("k", "bigint", shard)
+            .unwrap()
+            .contains("hashint8"));
         assert_eq!(row_filter("k", "jsonb", shard), None);
     }
 }

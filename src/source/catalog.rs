@@ -174,12 +174,24 @@ pub struct SlotState {
     pub failover: Option<bool>,
 }
 
-/// Checks server (and, on a standby, what decoding there needs), tables and publication;
-/// creates the publication when asked. Returns where `postgres.url` points.
+/// Checks server (and, on a standby, what decoding there needs), the shard layout, tables and
+/// publication; creates the publication when asked. Returns where `postgres.url` points.
 pub async fn prepare(
     client: &Client,
     pg: &PostgresConfig,
     outbox: &OutboxConfig,
+) -> Result<Role, CatalogError> {
+    prepare_objects(client, pg, outbox, true).await
+}
+
+/// [`prepare`]; `layout` says whether the slots found must belong to `postgres.shards`' layout
+/// alone (`walbox reshard` prepares the new layout's publications while the old one's slots
+/// still exist).
+pub async fn prepare_objects(
+    client: &Client,
+    pg: &PostgresConfig,
+    outbox: &OutboxConfig,
+    layout: bool,
 ) -> Result<Role, CatalogError> {
     let Server {
         version_num: num,
@@ -210,7 +222,9 @@ pub async fn prepare(
     if pg.shard.is_some() && num < crate::shard::MIN_SERVER_VERSION {
         return Err(CatalogError::ShardsNeed15(version));
     }
-    crate::shard::check_layout(client, pg).await?;
+    if layout {
+        crate::shard::check_layout(client, pg).await?;
+    }
 
     let mut tables = Vec::new();
     let mut shard_keys = Vec::new();

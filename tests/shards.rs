@@ -1,0 +1,440 @@
+//! Shards (`postgres.shards`): one outbox through several slots, each a hash bucket of the
+//! aggregate id, and `walbox reshard` between layouts — per-aggregate order and completeness
+//! checked by an independent consumer, with SIGKILLs, a terminated walsender and interrupted
+//! reshards.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use walbox::lsn::Lsn;
+use walbox::sandbox::broker::TopicReader;
+
+use crate::support::events::{
+    assert_per_aggregate_commit_order, await_distinct, distinct_ids, stop_and_read_exactly,
+    write_txn, Written,
+};
+use crate::support::{
+    self, free_port, http_get, major, wait_until, walbox_cmd, walbox_env, TestDb, Walbox, WAIT,
+};
+
+/// Whether this server has publication row filters; below 15 the tests check the refusal.
+fn sharding_supported() -> bool {
+    major() >= 15
+}
+
+/// The slot names of shard `k` of `n` for base slot `slot`.
+fn shard_slot(slot: &str, k: u32, n: u32) -> String {
+    format!("{slot}_{k}of{n}")
+}
+
+/// The walbox slots (and their layouts) of `db`, by name.
+fn slots(db: &TestDb, base: &str) -> Vec<String> {
+    db.sql(&format!(
+        "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() \
+         AND (slot_name = '{base}' OR slot_name LIKE '{base}\\_%') ORDER BY slot_name"
+    ))
+    .lines()
+    .map(str::to_owned)
+    .filter(|l| !l.is_empty())
+    .collect()
+}
+
+/// A labelled sample `name{slot="<slot>"}` of a Prometheus text exposition.
+fn slot_metric(body: &str, name: &str, slot: &str) -> Option<f64> {
+    let prefix = format!("{name}{{");
+    body.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .find(|l| l.contains(&format!("slot=\"{slot}\"")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Per id, the bucket of `n` its aggregate hashes to, as PostgreSQL computes it.
+fn buckets(db: &TestDb, n: u32) -> HashMap<i64, u32> {
+    db.sql(&format!(
+        "SELECT id || ' ' || (hashtext(aggregate_id) & 2147483647) % {n} FROM outbox"
+    ))
+    .lines()
+    .filter_map(|l| {
+        let (id, b) = l.trim().split_once(' ')?;
+        Some((id.parse().ok()?, b.parse().ok()?))
+    })
+    .collect()
+}
+
+/// A writer committing transactions of 1–8 events over 40 aggregates until stopped.
+struct Writer {
+    written: Arc<Mutex<Vec<Written>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    fn start(db: &TestDb, topic: &str) -> Writer {
+        let written: Arc<Mutex<Vec<Written>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (db, topic, written, stop) =
+                (db.clone(), topic.to_owned(), written.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let n = 1 + (i % 8) as usize;
+                    let aggs: Vec<String> = (0..n)
+                        .map(|j| format!("agg-{}", (i * 7 + j as u64 * 13) % 40))
+                        .collect();
+                    let w = write_txn(&db, &topic, &aggs, i % 5 == 0);
+                    written.lock().unwrap().push(w);
+                    i += 1;
+                }
+            })
+        };
+        Writer {
+            written,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.written
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|w| w.ids.len())
+            .sum()
+    }
+
+    /// Waits until at least `more` further events are committed.
+    fn wait_for_more(&self, more: usize) {
+        let target = self.count() + more;
+        wait_until(WAIT, "the writer to commit more events", || {
+            self.count() >= target
+        });
+    }
+
+    /// Stops writing; returns every id committed.
+    fn finish(mut self) -> HashSet<i64> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().expect("writer");
+        self.written
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|w| w.ids.iter().copied())
+            .collect()
+    }
+}
+
+fn sharded_env(db: &TestDb, brokers: &str, shards: u32) -> Vec<(String, String)> {
+    let mut env = walbox_env(db, &db.name, brokers);
+    env.push(("WALBOX_POSTGRES_SHARDS".into(), shards.to_string()));
+    env
+}
+
+/// Starts walbox with `env` and waits until every slot of `names` is streamed from.
+fn start_streaming(env: &[(String, String)], db: &TestDb, names: &[String]) -> Walbox {
+    let walbox = Walbox::spawn(env);
+    wait_until(WAIT, "every shard to stream", || {
+        names.iter().all(|s| db.streaming(s))
+    });
+    walbox
+}
+
+#[test]
+fn below_15_shards_are_refused_with_the_version_they_need() {
+    if sharding_supported() {
+        return;
+    }
+    let db = TestDb::new("shards_old");
+    let broker = support::broker();
+    let env = sharded_env(&db, &broker.bootstrap_servers(), 2);
+    let mut walbox = Walbox::spawn(&env);
+    let status = walbox.wait_exit(WAIT);
+    assert_eq!(status.code(), Some(5), "{}", walbox.log());
+    assert!(
+        walbox
+            .last_line()
+            .contains("postgres.shards > 1 needs PostgreSQL 15 or newer"),
+        "{}",
+        walbox.last_line()
+    );
+    assert!(slots(&db, &db.name).is_empty(), "no slot was made");
+}
+
+#[test]
+fn four_shards_relay_every_event_in_per_aggregate_order_through_sigkills() {
+    if !sharding_supported() {
+        return;
+    }
+    let db = TestDb::new("shards4");
+    let base = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 4).expect("topic");
+    let port = free_port();
+    let mut env = sharded_env(&db, &broker.bootstrap_servers(), 4);
+    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
+    let names: Vec<String> = (0..4).map(|k| shard_slot(&base, k, 4)).collect();
+
+    let mut walbox = start_streaming(&env, &db, &names);
+    assert_eq!(
+        slots(&db, &base),
+        names,
+        "one slot per shard, named after it"
+    );
+    let writer = Writer::start(&db, &topic);
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let mut checked = 0;
+    for _ in 0..3 {
+        writer.wait_for_more(300);
+        walbox.kill();
+        // Each shard's slot is final while walbox is dead: every event of its bucket in a
+        // transaction it confirmed must be in Kafka.
+        let confirmed: Vec<Lsn> = names.iter().map(|s| db.confirmed(s)).collect();
+        reader.read_to_end(WAIT).unwrap();
+        let present = distinct_ids(&reader.records);
+        let written = writer.written.lock().unwrap();
+        // Read after the lock: every id listed is committed, so it has a bucket.
+        let bucket = buckets(&db, 4);
+        for w in written.iter() {
+            for id in &w.ids {
+                let k = bucket[id] as usize;
+                if w.after_commit <= confirmed[k] {
+                    checked += 1;
+                    assert!(
+                        present.contains(id),
+                        "shard {k} confirmed {} but event {id} (committed before {}) is not in Kafka",
+                        confirmed[k],
+                        w.after_commit
+                    );
+                }
+            }
+        }
+        drop(written);
+        wait_until(WAIT, "PostgreSQL to release the slots", || {
+            names.iter().all(|s| !db.slot_active(s))
+        });
+        walbox = start_streaming(&env, &db, &names);
+    }
+    assert!(checked > 0, "no kill came after a confirmation");
+    let all = writer.finish();
+    await_distinct(&mut reader, all.len(), &walbox);
+
+    // Every shard relayed its bucket, under its own label; the endpoints see all four.
+    let (code, body) = http_get(port, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    for name in &names {
+        assert!(
+            slot_metric(&body, "walbox_streaming", name) == Some(1.0),
+            "{name} not streaming:\n{body}"
+        );
+        assert!(
+            slot_metric(&body, "walbox_events_published_total", name).unwrap_or(0.0) > 0.0,
+            "{name} published nothing since the restart:\n{body}"
+        );
+    }
+    assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(200));
+    // `walbox status` shows every shard.
+    let (code, text) = walbox_cmd(&["status"], &env);
+    assert_eq!(code, 0, "{text}");
+    for name in &names {
+        assert!(
+            text.contains(&format!("slot                       {name}")),
+            "{text}"
+        );
+    }
+
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+    assert_per_aggregate_commit_order(&reader.records);
+}
+
+#[test]
+fn a_terminated_walsender_reconnects_its_shard_only() {
+    if !sharding_supported() {
+        return;
+    }
+    let db = TestDb::new("shards_term");
+    let base = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 2).expect("topic");
+    let port = free_port();
+    let mut env = sharded_env(&db, &broker.bootstrap_servers(), 3);
+    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
+    let names: Vec<String> = (0..3).map(|k| shard_slot(&base, k, 3)).collect();
+    let mut walbox = start_streaming(&env, &db, &names);
+    let pid = |slot: &str| {
+        db.sql(&format!(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ))
+    };
+    let before: Vec<String> = names.iter().map(|s| pid(s)).collect();
+    db.sql(&format!(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '{}'",
+        names[1]
+    ));
+    let reconnects = |slot: &str| {
+        http_get(port, "/metrics")
+            .and_then(|(_, body)| slot_metric(&body, "walbox_reconnects_total", slot))
+            .unwrap_or(0.0)
+    };
+    wait_until(WAIT, "the shard to reconnect", || {
+        reconnects(&names[1]) >= 1.0 && db.streaming(&names[1])
+    });
+    assert_ne!(pid(&names[1]), before[1], "a new walsender for that shard");
+    for k in [0, 2] {
+        assert_eq!(pid(&names[k]), before[k], "shard {k} kept its walsender");
+        assert_eq!(reconnects(&names[k]), 0.0, "shard {k} did not reconnect");
+    }
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let aggs: Vec<String> = (0..30).map(|i| format!("agg-{i}")).collect();
+    let w = write_txn(&db, &topic, &aggs, false);
+    let all: HashSet<i64> = w.ids.into_iter().collect();
+    await_distinct(&mut reader, all.len(), &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+}
+
+#[test]
+fn reshard_1_to_4_to_2_during_a_stream_keeps_every_aggregates_order() {
+    if !sharding_supported() {
+        return;
+    }
+    let db = TestDb::new("reshard");
+    let base = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 4).expect("topic");
+    let brokers = broker.bootstrap_servers();
+    let one = sharded_env(&db, &brokers, 1);
+    let four = sharded_env(&db, &brokers, 4);
+    let two = sharded_env(&db, &brokers, 2);
+    let layout = |n: u32| -> Vec<String> {
+        match n {
+            1 => vec![base.clone()],
+            n => (0..n).map(|k| shard_slot(&base, k, n)).collect(),
+        }
+    };
+
+    let mut walbox = start_streaming(&one, &db, &layout(1));
+    let writer = Writer::start(&db, &topic);
+    let mut reader = TopicReader::new(&brokers, &[&topic], WAIT).unwrap();
+    writer.wait_for_more(200);
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+
+    // 1 → 4 while the writer goes on.
+    writer.wait_for_more(100);
+    let (code, out) = walbox_cmd(&["reshard", "--to", "4"], &four);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("resharded at"), "{out}");
+    assert_eq!(slots(&db, &base), layout(4));
+    // The old layout's configuration is refused, with the way out.
+    let (code, out) = walbox_cmd(&["run"], &one);
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains("relayed through 4 shard(s)") && out.contains("postgres.shards = 4"),
+        "{out}"
+    );
+    let mut walbox = start_streaming(&four, &db, &layout(4));
+    writer.wait_for_more(300);
+    // Not while walbox streams.
+    let (code, out) = walbox_cmd(&["reshard", "--to", "2"], &two);
+    assert_eq!(code, 6, "{out}");
+    assert!(out.contains("is active: stop walbox"), "{out}");
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+
+    // 4 → 2.
+    writer.wait_for_more(100);
+    let (code, out) = walbox_cmd(&["reshard", "--to", "2"], &two);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(slots(&db, &base), layout(2));
+    let pubs = db.sql(&format!(
+        "SELECT pubname FROM pg_publication WHERE pubname LIKE '{base}\\_%' ORDER BY 1"
+    ));
+    assert_eq!(
+        pubs.lines().collect::<Vec<_>>(),
+        layout(2),
+        "the 4-shard publications are gone"
+    );
+    let mut walbox = start_streaming(&two, &db, &layout(2));
+    writer.wait_for_more(200);
+    let all = writer.finish();
+    await_distinct(&mut reader, all.len(), &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+    assert_per_aggregate_commit_order(&reader.records);
+}
+
+/// Runs `walbox reshard --to <to>` with fault point `point` firing; it must crash there.
+#[cfg(feature = "failpoints")]
+fn reshard_crashing_at(env: &[(String, String)], to: u32, point: &str) {
+    let mut faulty = env.to_vec();
+    faulty.push(("FAILPOINTS".into(), format!("{point}=return")));
+    let (code, out) = walbox_cmd(&["reshard", "--to", &to.to_string()], &faulty);
+    assert!(
+        out.contains(&format!("fault point {point} fired")),
+        "exit {code}: {out}"
+    );
+}
+
+#[cfg(feature = "failpoints")]
+#[test]
+fn an_interrupted_reshard_finishes_when_run_again_and_loses_nothing() {
+    if !sharding_supported() {
+        return;
+    }
+    let db = TestDb::new("reshard_crash");
+    let base = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 4).expect("topic");
+    let brokers = broker.bootstrap_servers();
+    let one = sharded_env(&db, &brokers, 1);
+    let two = sharded_env(&db, &brokers, 2);
+    let three = sharded_env(&db, &brokers, 3);
+    let mut reader = TopicReader::new(&brokers, &[&topic], WAIT).unwrap();
+
+    let mut walbox = start_streaming(&one, &db, std::slice::from_ref(&base));
+    let writer = Writer::start(&db, &topic);
+    writer.wait_for_more(100);
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+
+    // Crashed after draining, before dropping anything: the next run makes the new slots
+    // again at a later point and drains on from there.
+    writer.wait_for_more(100);
+    reshard_crashing_at(&two, 2, "reshard::drained");
+    let (code, out) = walbox_cmd(&["run"], &two);
+    assert_eq!(code, 3, "an unfinished reshard is refused: {out}");
+    assert!(out.contains("did not finish"), "{out}");
+    writer.wait_for_more(100);
+    let (code, out) = walbox_cmd(&["reshard", "--to", "2"], &two);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("of an unfinished run"), "{out}");
+    let mut walbox = start_streaming(
+        &two,
+        &db,
+        &[shard_slot(&base, 0, 2), shard_slot(&base, 1, 2)],
+    );
+    writer.wait_for_more(200);
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+
+    // Crashed after dropping one old slot: the next run drops the rest and keeps the new ones.
+    writer.wait_for_more(100);
+    reshard_crashing_at(&three, 3, "reshard::old-slot-dropped");
+    let (code, out) = walbox_cmd(&["reshard", "--to", "3"], &three);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("finishing an interrupted reshard"), "{out}");
+    let names: Vec<String> = (0..3).map(|k| shard_slot(&base, k, 3)).collect();
+    assert_eq!(slots(&db, &base), names);
+    let mut walbox = start_streaming(&three, &db, &names);
+    writer.wait_for_more(200);
+    let all = writer.finish();
+    await_distinct(&mut reader, all.len(), &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+    assert_per_aggregate_commit_order(&reader.records);
+}
