@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-FILTERS=(relay:: crash:: slot:: connection:: routing::table_less recovery::a_dropped_slot versions:: check:: failover::)
+FILTERS=(relay:: crash:: shards:: slot:: connection:: routing::table_less recovery::a_dropped_slot versions:: check:: failover::)
 majors=("$@")
 [ "${#majors[@]}" -gt 0 ] || majors=(13 14 16 17 18)
 

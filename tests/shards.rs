@@ -247,6 +247,13 @@ fn four_shards_relay_every_event_in_per_aggregate_order_through_sigkills() {
         );
     }
 
+    // `walbox check` reports the layout.
+    let (_, text) = walbox_cmd(&["check"], &env);
+    assert!(
+        text.contains("4 shards by hash of the aggregate id"),
+        "{text}"
+    );
+
     stop_and_read_exactly(&mut walbox, &mut reader, &all);
     assert_per_aggregate_commit_order(&reader.records);
 }
@@ -338,6 +345,9 @@ fn reshard_1_to_4_to_2_during_a_stream_keeps_every_aggregates_order() {
         out.contains("relayed through 4 shard(s)") && out.contains("postgres.shards = 4"),
         "{out}"
     );
+    let (code, out) = walbox_cmd(&["check"], &one);
+    assert_eq!(code, 13, "{out}");
+    assert!(out.contains("set postgres.shards = 4"), "{out}");
     let mut walbox = start_streaming(&four, &db, &layout(4));
     writer.wait_for_more(300);
     // Not while walbox streams.
@@ -437,4 +447,62 @@ fn an_interrupted_reshard_finishes_when_run_again_and_loses_nothing() {
     await_distinct(&mut reader, all.len(), &walbox);
     stop_and_read_exactly(&mut walbox, &mut reader, &all);
     assert_per_aggregate_commit_order(&reader.records);
+}
+
+#[test]
+fn a_fatal_error_stops_its_shard_only() {
+    if !sharding_supported() {
+        return;
+    }
+    let db = TestDb::new("shards_fatal");
+    let base = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    broker.create_topic(&topic, 2).expect("topic");
+    let port = free_port();
+    let mut env = sharded_env(&db, &broker.bootstrap_servers(), 2);
+    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
+    let names = [shard_slot(&base, 0, 2), shard_slot(&base, 1, 2)];
+    let mut walbox = start_streaming(&env, &db, &names);
+    // Shard 1's slot disappears under it (its progress record proves it existed): fatal.
+    db.sql(&format!(
+        "DO $$ BEGIN
+           FOR i IN 1..1000 LOOP
+             PERFORM pg_terminate_backend(active_pid) FROM pg_replication_slots
+               WHERE slot_name = '{0}' AND active;
+             BEGIN
+               PERFORM pg_drop_replication_slot('{0}');
+               RETURN;
+             EXCEPTION WHEN object_in_use THEN PERFORM pg_sleep(0.005);
+             END;
+           END LOOP;
+           RAISE 'the slot stayed in use';
+         END $$",
+        names[1]
+    ));
+    wait_until(WAIT, "/healthz to report the lost shard", || {
+        http_get(port, "/healthz").is_some_and(|(code, body)| {
+            code == 503 && body.contains(&names[1]) && body.contains("existed and is gone")
+        })
+    });
+    assert!(walbox.running(), "the other shard goes on");
+    assert!(db.streaming(&names[0]), "shard 0 still streams");
+    // Shard 0's bucket is still relayed.
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let aggs: Vec<String> = (0..20).map(|i| format!("agg-{i}")).collect();
+    let w = write_txn(&db, &topic, &aggs, false);
+    let bucket = buckets(&db, 2);
+    let shard0: HashSet<i64> = w.ids.iter().copied().filter(|id| bucket[id] == 0).collect();
+    assert!(!shard0.is_empty() && shard0.len() < w.ids.len());
+    await_distinct(&mut reader, shard0.len(), &walbox);
+    // The process ends with the lost shard's status once shut down.
+    walbox.terminate();
+    let status = walbox.wait_exit(WAIT);
+    assert_eq!(status.code(), Some(7), "{}", walbox.log());
+    reader.read_to_end(WAIT).unwrap();
+    assert_eq!(
+        distinct_ids(&reader.records),
+        shard0,
+        "shard 0's bucket, and only it"
+    );
 }

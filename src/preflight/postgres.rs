@@ -33,6 +33,7 @@ const REPLICATION: &str = "replication connection";
 const SLOT: &str = "slot";
 const KEEP_SIZE: &str = "max_slot_wal_keep_size";
 const FAILOVER: &str = "failover slot";
+const SHARDS: &str = "shards";
 
 /// Every PostgreSQL check, in order.
 pub async fn checks(config: &Config) -> Vec<Check> {
@@ -165,6 +166,7 @@ async fn checks_on(
     out.push(replication_check(config).await);
 
     let mut shapes = Vec::new();
+    let mut keys = Vec::new();
     for (route, schema, table) in tables(config) {
         match catalog::table_shape(client, route, schema, table).await {
             Ok(shape) => {
@@ -173,6 +175,9 @@ async fn checks_on(
                 if let Some(cfg) = &config.outbox.retention {
                     out.push(retention_check(client, route, cfg).await?);
                 }
+                let key = &route.columns.aggregate_id;
+                let key_type = shape.column_type(key).unwrap_or_default().to_owned();
+                keys.push((route.name.to_string(), key.clone(), key_type));
                 shapes.push((route, schema, table, shape.partitioned));
             }
             Err(CatalogError::Query(e)) => return Err(e),
@@ -192,6 +197,10 @@ async fn checks_on(
                 }
             }
         }
+    }
+
+    if let Some(check) = shards_check(client, config, &server, &keys).await? {
+        out.push(check);
     }
 
     let publication = catalog::publication(client, &pg.publication).await?;
@@ -318,6 +327,61 @@ async fn server_check(
         SERVER,
         format!("PostgreSQL {}, primary", server.version),
     ))
+}
+
+/// `postgres.shards`: a server with row filters, hashable aggregate ids, and no slots of
+/// another layout. `None` for an unsharded configuration with no other layout in place.
+async fn shards_check(
+    client: &Client,
+    config: &Config,
+    server: &catalog::Server,
+    keys: &[(String, String, String)],
+) -> Result<Option<Check>, tokio_postgres::Error> {
+    let pg = &config.postgres;
+    match crate::shard::check_layout(client, pg).await {
+        Ok(()) => {}
+        Err(crate::shard::LayoutError::Query(e)) => return Err(e),
+        Err(e) => {
+            let fix = match &e {
+                crate::shard::LayoutError::Mismatch { found, .. } => format!(
+                    "set postgres.shards = {found}, or (walbox stopped) walbox reshard --to {}",
+                    pg.shards
+                ),
+                _ => "run walbox reshard again with the same --to, with walbox stopped".to_owned(),
+            };
+            return Ok(Some(Check::fail(SHARDS, e.to_string(), fix)));
+        }
+    }
+    if pg.shards == 1 {
+        return Ok(None);
+    }
+    if server.version_num < crate::shard::MIN_SERVER_VERSION {
+        return Ok(Some(Check::fail(
+            SHARDS,
+            CatalogError::ShardsNeed15(server.version.clone()).to_string(),
+            "upgrade to PostgreSQL 15 or newer, or set postgres.shards = 1",
+        )));
+    }
+    for (table, column, type_name) in keys {
+        if crate::shard::hash_function(type_name).is_none() {
+            return Ok(Some(Check::fail(
+                SHARDS,
+                format!("{table}: column {column:?} is {type_name}, which shards cannot hash"),
+                "shard by a text, varchar, char, uuid, bigint, integer or smallint column (outbox.columns.aggregate_id), or set postgres.shards = 1",
+            )));
+        }
+    }
+    let first = pg.for_shard(crate::config::ShardOf {
+        index: 0,
+        count: pg.shards,
+    });
+    Ok(Some(Check::ok(
+        SHARDS,
+        format!(
+            "{} shards by hash of the aggregate id (slots {} …, one walsender each: count them in max_replication_slots and max_wal_senders)",
+            pg.shards, first.slot
+        ),
+    )))
 }
 
 fn slots_check(f: &Facts) -> Check {
