@@ -13,6 +13,9 @@
 //! 5. live latency at fixed insert rates for walbox and the polling relay (100 ms and 1 s);
 //! 6. the primary's PostgreSQL CPU per 100k events with walbox decoding on the primary and on
 //!    a physical standby (PostgreSQL 16+, a separate pair of clusters; see `standby.rs`);
+//! 7. scaling through shards: the backlogs drained through 1, 2 and 4 shards by walbox and by
+//!    as many `pg_recvlogical` processes, the hash-partitioned alternative, and the cost model
+//!    fitted to them (`shards.rs`);
 //!
 //! and prints one markdown table (also written to `benches/results.md` or
 //! `WALBOX_BENCH_OUTPUT`). Nothing is asserted: targets are reported, never enforced.
@@ -29,10 +32,11 @@ mod live;
 mod poller;
 mod procs;
 mod report;
+mod shards;
 mod standby;
 
 use std::path::PathBuf;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -265,6 +269,15 @@ async fn run() -> anyhow::Result<()> {
     report.memory(&format!("{} -row backlog (1-row tx)", fmt_n(n)), &wb1);
     bench.drop_slots().await?;
 
+    // Scaling: 1, 2 and 4 shards against as many pg_recvlogical processes, on the same
+    // backlog each; and the hash-partitioned alternative at 4 shards.
+    let runs = bench.scaling(n, 100).await?;
+    let partitioned = bench.partitioned(n, 100).await?;
+    report.scaling("100-row tx", &runs, &partitioned);
+    let runs1 = bench.scaling(n, 1).await?;
+    report.scaling_1row(&runs1);
+    report.cost_model(&runs, &runs1);
+
     // 3. Memory: a bigger backlog and one huge transaction.
     let big = bench.settings.big_rows;
     let end = bench.backlog(&["walbox_big"], big, 100).await?;
@@ -424,6 +437,20 @@ impl Bench {
 
     /// Empties the table, creates `slots` at one LSN, loads `rows` rows in transactions of
     /// `per_tx`, vacuums and checkpoints; returns the WAL position after the load.
+    /// Calls the load procedure `name` with synchronous commit off. One statement per message:
+    /// a multi-statement query is one implicit transaction, in which the procedure could not
+    /// COMMIT.
+    async fn call_load(&self, name: &str, rows: u64, per_tx: u64) -> anyhow::Result<()> {
+        self.admin
+            .batch_execute("SET synchronous_commit = off")
+            .await?;
+        self.admin
+            .batch_execute(&format!("CALL {name}({rows}, {per_tx})"))
+            .await?;
+        self.admin.batch_execute("RESET synchronous_commit").await?;
+        Ok(())
+    }
+
     async fn backlog(&self, slots: &[&str], rows: u64, per_tx: u64) -> anyhow::Result<Lsn> {
         self.admin.batch_execute("TRUNCATE outbox").await?;
         for s in slots {
@@ -435,15 +462,7 @@ impl Bench {
                 .await?;
         }
         let t = Instant::now();
-        // One statement per message: a multi-statement query is one implicit transaction, in
-        // which the procedure could not COMMIT.
-        self.admin
-            .batch_execute("SET synchronous_commit = off")
-            .await?;
-        self.admin
-            .batch_execute(&format!("CALL bench_load({rows}, {per_tx})"))
-            .await?;
-        self.admin.batch_execute("RESET synchronous_commit").await?;
+        self.call_load("bench_load", rows, per_tx).await?;
         let end = self.wal_lsn().await?;
         eprintln!(
             "loaded {} rows in {per_tx}-row transactions in {:.1} s",
@@ -492,61 +511,8 @@ impl Bench {
 
     /// Drains `slot` with pg_recvlogical to `/dev/null` up to `end`.
     async fn drain_recvlogical(&self, slot: &str, end: Lsn, rows: u64) -> anyhow::Result<Drain> {
-        let conninfo = format!(
-            "host={} port={} user=walbox dbname=bench",
-            self.cluster.socket_dir().display(),
-            self.cluster.port()
-        );
-        let wal0 = self.wal_lsn().await?;
-        let dead0 = self.dead_tuples().await?;
-        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
-        let t0 = Instant::now();
-        let mut child = Command::new(self.cluster.bin_dir().join("pg_recvlogical"))
-            .args(["-d", &conninfo, "-S", slot, "--start", "--no-loop"])
-            .args(["-E", &end.to_string()])
-            .args(["-o", "proto_version=1", "-o"])
-            .arg(format!("publication_names={PUBLICATION}"))
-            .args(["-f", "/dev/null"])
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting pg_recvlogical")?;
-        let pid = child.id();
-        let mut relay_cpu = 0.0;
-        let mut pg_cpu = 0.0;
-        let deadline = t0 + Self::timeout(rows);
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break status;
-            }
-            relay_cpu = procs::cpu_seconds(pid).max(relay_cpu);
-            pg_cpu = procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0;
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("pg_recvlogical did not finish in time");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let elapsed = t0.elapsed();
-        if !status.success() {
-            bail!("pg_recvlogical failed: {status}");
-        }
-        let confirmed = self.confirmed(slot).await?;
-        if confirmed < end {
-            bail!("pg_recvlogical exited at {confirmed}, before the end of the backlog {end}");
-        }
-        let d = Drain {
-            events: rows,
-            acked: elapsed,
-            confirmed: elapsed,
-            pg_cpu: pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0),
-            relay_cpu: Some(relay_cpu),
-            peak_rss: None,
-            wal_bytes: self.wal_lsn().await?.bytes_since(wal0),
-            dead_tuples: self.dead_tuples().await? - dead0,
-        };
-        eprintln!("pg_recvlogical {slot}: {:.0} events/s {d:?}", d.rate());
-        Ok(d)
+        self.drain_recvlogical_many(&[(slot.to_owned(), PUBLICATION.to_owned())], end, rows)
+            .await
     }
 
     /// Drains `slot` with the walbox binary until `rows` events are acked and the slot passed

@@ -21,14 +21,19 @@ pub fn clock_ticks() -> f64 {
 
 /// `(ppid, utime + stime in ticks)` of a process, from `/proc/<pid>/stat`.
 fn stat(pid: u32) -> Option<(u32, u64)> {
+    stat_fields(pid).map(|(ppid, own, _)| (ppid, own))
+}
+
+/// `(ppid, utime + stime, cutime + cstime)` in ticks: its own CPU and that of its children it
+/// has reaped.
+fn stat_fields(pid: u32) -> Option<(u32, u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &text[text.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the command name: f[0] = state (field 3), so field k is f[k - 3].
     let ppid = f.get(1)?.parse().ok()?;
-    let utime: u64 = f.get(11)?.parse().ok()?;
-    let stime: u64 = f.get(12)?.parse().ok()?;
-    Some((ppid, utime + stime))
+    let field = |i: usize| -> Option<u64> { f.get(i)?.parse().ok() };
+    Some((ppid, field(11)? + field(12)?, field(13)? + field(14)?))
 }
 
 /// CPU seconds used so far by process `pid` (0 when it is gone).
@@ -45,7 +50,8 @@ pub fn peak_rss(pid: u32) -> Option<u64> {
 }
 
 /// CPU seconds used so far by the PostgreSQL server: the postmaster and all its children
-/// (backends, walsenders, checkpointer, WAL writer, …) that are alive now.
+/// (backends, walsenders, checkpointer, WAL writer, …), those alive now and, through the
+/// postmaster's `cutime`/`cstime`, those that exited (a walsender whose client finished).
 pub fn postgres_cpu_seconds(data_dir: &Path) -> f64 {
     let Some(postmaster) = std::fs::read_to_string(data_dir.join("postmaster.pid"))
         .ok()
@@ -53,7 +59,7 @@ pub fn postgres_cpu_seconds(data_dir: &Path) -> f64 {
     else {
         return 0.0;
     };
-    let mut ticks = stat(postmaster).map_or(0, |(_, t)| t);
+    let mut ticks = stat_fields(postmaster).map_or(0, |(_, own, reaped)| own + reaped);
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
             continue;
@@ -151,12 +157,18 @@ impl WalboxChild {
         s.read_to_string(&mut text).ok()?;
         let mut m = WalboxMetrics::default();
         for line in text.lines() {
-            if let Some(v) = line.strip_prefix("walbox_events_published_total ") {
-                m.published = v.trim().parse().ok()?;
+            // Unlabelled, or one line per shard (`{slot="…"}`): summed.
+            if let Some(rest) = line.strip_prefix("walbox_events_published_total") {
+                if rest.starts_with(' ') || rest.starts_with('{') {
+                    m.published += rest.rsplit(' ').next()?.trim().parse::<u64>().ok()?;
+                }
             } else if let Some(rest) =
                 line.strip_prefix("walbox_commit_to_ack_seconds_bucket{le=\"")
             {
-                let (le, count) = rest.split_once("\"} ")?;
+                // Shards' buckets carry a slot label too: only the unsharded ones are read.
+                let Some((le, count)) = rest.split_once("\"} ") else {
+                    continue;
+                };
                 let le = if le == "+Inf" {
                     f64::INFINITY
                 } else {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::live::Latency;
+use crate::shards::{CostModel, PartitionRun, ShardRun};
 use crate::standby::CostDrain;
 use crate::{fmt_n, Drain, Settings};
 
@@ -156,6 +157,97 @@ impl Report {
             ratio: ratio(wb.pg_cpu, recv.pg_cpu),
             target: "–".into(),
         });
+    }
+
+    /// The backlog drained through 1, 2 and 4 shards, and the hash-partitioned alternative.
+    pub fn scaling(&mut self, shape: &str, runs: &[ShardRun], partitioned: &PartitionRun) {
+        self.scaling_rows(shape, runs);
+        if let Some(four) = runs.iter().find(|r| r.shards == 4) {
+            let p = &partitioned.recv;
+            self.rows.push(Row {
+                measurement: format!(
+                    "mechanism, 4 shards, {shape}: pg_recvlogical ×4 events/s, PostgreSQL CPU s per 100k, load s"
+                ),
+                walbox: format!(
+                    "row filters: {}, {:.2}, {:.1} s",
+                    k(four.recv.rate()),
+                    per_100k(four.recv.pg_cpu, four.recv.events),
+                    partitioned.plain_load_secs
+                ),
+                comparison: format!(
+                    "hash-partitioned outbox: {}, {:.2}, {:.1} s",
+                    k(p.rate()),
+                    per_100k(p.pg_cpu, p.events),
+                    partitioned.load_secs
+                ),
+                ratio: ratio(four.recv.pg_cpu, p.pg_cpu),
+                target: "choose by measurement".into(),
+            });
+        }
+    }
+
+    /// The 1-row-transaction backlog through 1, 2 and 4 shards.
+    pub fn scaling_1row(&mut self, runs: &[ShardRun]) {
+        self.scaling_rows("1-row tx", runs);
+    }
+
+    fn scaling_rows(&mut self, shape: &str, runs: &[ShardRun]) {
+        for r in runs {
+            let (w, p) = (&r.walbox, &r.recv);
+            self.rows.push(Row {
+                measurement: format!(
+                    "{} shard(s), {shape}: events/s (ack + every slot confirmed); CPU s per 100k: PostgreSQL / relay",
+                    r.shards
+                ),
+                walbox: format!(
+                    "{}; {:.2} / {:.2}",
+                    k(w.rate()),
+                    per_100k(w.pg_cpu, w.events),
+                    per_100k(w.relay_cpu.unwrap_or(0.0), w.events)
+                ),
+                comparison: format!(
+                    "pg_recvlogical ×{} {}; {:.2} / {:.2}",
+                    r.shards,
+                    k(p.rate()),
+                    per_100k(p.pg_cpu, p.events),
+                    per_100k(p.relay_cpu.unwrap_or(0.0), p.events)
+                ),
+                ratio: ratio(w.rate(), p.rate()),
+                target: "≥ 0.95×".into(),
+            });
+        }
+    }
+
+    /// The cost model fitted to each shape's scaling runs, projected to 16 and 64 cores.
+    pub fn cost_model(&mut self, runs100: &[ShardRun], runs1: &[ShardRun]) {
+        for (shape, runs) in [("100-row tx", runs100), ("1-row tx", runs1)] {
+            let Some(m) = CostModel::fit(runs) else {
+                continue;
+            };
+            let us = |v: f64| format!("{:.2} µs", v * 1e6);
+            let one = |cores| k(m.throughput(1, cores));
+            let best = |cores| {
+                let (s, t) = m.best(cores);
+                format!("{} with {s} shards", k(t))
+            };
+            self.rows.push(Row {
+                measurement: format!(
+                    "cost model, {shape}: CPU per event: walsender decode (× shards) / output / relay"
+                ),
+                walbox: format!("{} / {} / {}", us(m.decode), us(m.output), us(m.relay)),
+                comparison: format!(
+                    "projected events/s: 2 cores {} (1 shard) → {}; 16 cores {} → {}; 64 cores {} → {}",
+                    one(2),
+                    best(2),
+                    one(16),
+                    best(16),
+                    one(64),
+                    best(64)
+                ),
+                ratio: "–".into(),
+                target: "–".into(),
+            });
+        }
     }
 
     /// The polling relay against walbox on the 100-row-transaction backlog.

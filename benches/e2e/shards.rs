@@ -1,0 +1,399 @@
+//! Scaling through shards (issue 12): the same backlog drained through 1, 2 and 4 shards by
+//! walbox (`postgres.shards`) and by as many `pg_recvlogical` processes on identical slots, with
+//! PostgreSQL's CPU per 100k events for each; and the alternative mechanism, a hash-partitioned
+//! outbox with one publication per partition, drained by `pg_recvlogical` the same way.
+//!
+//! Like with like: for each layout the bench creates the shards' publications exactly as walbox
+//! does (the row filters and comments of `walbox::shard`), then walbox's slots and the
+//! references' slots at one LSN, then loads the rows; `pg_recvlogical` drains its slots, one
+//! process per slot started together, over the same Unix socket walbox uses, and the drain ends
+//! when the last one exits at the end of the backlog. CPU is sampled the same way for both
+//! (`procs`), including the walsenders that exited.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use walbox::config::ShardOf;
+use walbox::lsn::Lsn;
+
+use crate::procs::{self, WalboxChild};
+use crate::{Bench, Drain, PUBLICATION};
+
+/// The layouts measured.
+pub const LAYOUTS: [u32; 3] = [1, 2, 4];
+
+/// One layout's drains of the same backlog.
+#[derive(Debug, Clone)]
+pub struct ShardRun {
+    /// Shards (slots).
+    pub shards: u32,
+    /// walbox with `postgres.shards` = `shards`.
+    pub walbox: Drain,
+    /// `shards` pg_recvlogical processes.
+    pub recv: Drain,
+}
+
+/// The hash-partitioned alternative at 4 shards, against row filters at 4 shards.
+#[derive(Debug, Clone)]
+pub struct PartitionRun {
+    /// 4 pg_recvlogical processes, one per partition's publication.
+    pub recv: Drain,
+    /// Seconds the load took into the partitioned table.
+    pub load_secs: f64,
+    /// Seconds the same load took into the plain table (row filters).
+    pub plain_load_secs: f64,
+}
+
+/// The partitioned outbox (4 hash partitions by aggregate_id), its publications and loader.
+const PARTITIONED: &str = r#"
+CREATE TABLE outbox_hp (LIKE outbox INCLUDING DEFAULTS) PARTITION BY HASH (aggregate_id);
+CREATE TABLE outbox_hp_0 PARTITION OF outbox_hp FOR VALUES WITH (MODULUS 4, REMAINDER 0) WITH (autovacuum_enabled = false);
+CREATE TABLE outbox_hp_1 PARTITION OF outbox_hp FOR VALUES WITH (MODULUS 4, REMAINDER 1) WITH (autovacuum_enabled = false);
+CREATE TABLE outbox_hp_2 PARTITION OF outbox_hp FOR VALUES WITH (MODULUS 4, REMAINDER 2) WITH (autovacuum_enabled = false);
+CREATE TABLE outbox_hp_3 PARTITION OF outbox_hp FOR VALUES WITH (MODULUS 4, REMAINDER 3) WITH (autovacuum_enabled = false);
+CREATE PUBLICATION walbox_hp_0 FOR TABLE outbox_hp_0 WITH (publish = 'insert');
+CREATE PUBLICATION walbox_hp_1 FOR TABLE outbox_hp_1 WITH (publish = 'insert');
+CREATE PUBLICATION walbox_hp_2 FOR TABLE outbox_hp_2 WITH (publish = 'insert');
+CREATE PUBLICATION walbox_hp_3 FOR TABLE outbox_hp_3 WITH (publish = 'insert');
+CREATE PROCEDURE bench_load_hp(total bigint, per_tx bigint) LANGUAGE plpgsql AS $$
+DECLARE done bigint := 0; k bigint;
+BEGIN
+  WHILE done < total LOOP
+    k := least(per_tx, total - done);
+    INSERT INTO outbox_hp (id, aggregate_id, topic, event_type, payload)
+    SELECT n, 'order-' || n, 'orders', 'OrderCreated',
+           format('{"order_id": %s, "customer_id": "cust-%s", "amount": 129.99, "status": "CREATED", "items": [{"sku": "SKU-000123", "qty": 2, "price": 49.99}, {"sku": "SKU-000456", "qty": 1, "price": 30.01}]}', n, n % 100000)::jsonb
+    FROM generate_series(done + 1, done + k) n;
+    done := done + k;
+    COMMIT;
+  END LOOP;
+END $$;
+"#;
+
+impl Bench {
+    /// The publications of a layout of `n` shards, made as walbox makes them (row filter on
+    /// `aggregate_id`, the comment walbox checks); `[PUBLICATION]` for one shard.
+    async fn shard_publications(&self, n: u32) -> anyhow::Result<Vec<String>> {
+        if n == 1 {
+            return Ok(vec![PUBLICATION.to_owned()]);
+        }
+        let mut names = Vec::new();
+        for index in 0..n {
+            let shard = ShardOf { index, count: n };
+            let name = format!("{PUBLICATION}{}", shard.suffix());
+            let filter = walbox::shard::row_filter("aggregate_id", "text", shard)
+                .context("a row filter for text")?;
+            let comment = walbox::shard::comment(
+                shard,
+                &[("public.outbox".to_owned(), "aggregate_id".to_owned())],
+            );
+            self.admin
+                .batch_execute(&format!(
+                    "DROP PUBLICATION IF EXISTS {name}; \
+                     CREATE PUBLICATION {name} FOR TABLE outbox WHERE {filter} WITH (publish = 'insert'); \
+                     COMMENT ON PUBLICATION {name} IS '{comment}'"
+                ))
+                .await?;
+            names.push(name);
+        }
+        Ok(names)
+    }
+
+    /// Drains every `(slot, publication)` with its own `pg_recvlogical` to `/dev/null`, all
+    /// started together, up to `end`; `rows` events in all.
+    pub async fn drain_recvlogical_many(
+        &self,
+        slots: &[(String, String)],
+        end: Lsn,
+        rows: u64,
+    ) -> anyhow::Result<Drain> {
+        let conninfo = format!(
+            "host={} port={} user=walbox dbname=bench",
+            self.cluster.socket_dir().display(),
+            self.cluster.port()
+        );
+        let wal0 = self.wal_lsn().await?;
+        let dead0 = self.dead_tuples().await?;
+        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
+        let t0 = Instant::now();
+        let mut children: Vec<(Child, f64)> = Vec::new();
+        for (slot, publication) in slots {
+            let child = Command::new(self.cluster.bin_dir().join("pg_recvlogical"))
+                .args(["-d", &conninfo, "-S", slot, "--start", "--no-loop"])
+                .args(["-E", &end.to_string()])
+                .args(["-o", "proto_version=1", "-o"])
+                .arg(format!("publication_names={publication}"))
+                .args(["-f", "/dev/null"])
+                .stdin(Stdio::null())
+                .spawn()
+                .context("starting pg_recvlogical")?;
+            children.push((child, 0.0));
+        }
+        let mut pg_cpu = 0.0f64;
+        let deadline = t0 + Self::timeout(rows);
+        loop {
+            let mut running = 0;
+            for (child, cpu) in &mut children {
+                if let Some(status) = child.try_wait()? {
+                    if !status.success() {
+                        bail!("pg_recvlogical failed: {status}");
+                    }
+                } else {
+                    running += 1;
+                    *cpu = procs::cpu_seconds(child.id()).max(*cpu);
+                }
+            }
+            pg_cpu = pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0);
+            if running == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                for (child, _) in &mut children {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                bail!("pg_recvlogical did not finish in time");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let elapsed = t0.elapsed();
+        for (slot, _) in slots {
+            let confirmed = self.confirmed(slot).await?;
+            if confirmed < end {
+                bail!("pg_recvlogical exited at {confirmed} on {slot}, before the end of the backlog {end}");
+            }
+        }
+        let d = Drain {
+            events: rows,
+            acked: elapsed,
+            confirmed: elapsed,
+            pg_cpu: pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0),
+            relay_cpu: Some(children.iter().map(|(_, cpu)| cpu).sum()),
+            peak_rss: None,
+            wal_bytes: self.wal_lsn().await?.bytes_since(wal0),
+            dead_tuples: self.dead_tuples().await? - dead0,
+        };
+        eprintln!(
+            "pg_recvlogical ×{}: {:.0} events/s {d:?}",
+            slots.len(),
+            d.rate()
+        );
+        Ok(d)
+    }
+
+    /// walbox with `postgres.shards = n` on slot base `base` until every event is acked and
+    /// every shard's slot passed `end`.
+    async fn drain_walbox_shards(
+        &self,
+        base: &str,
+        n: u32,
+        end: Lsn,
+        rows: u64,
+    ) -> anyhow::Result<Drain> {
+        let slots: Vec<String> = match n {
+            1 => vec![base.to_owned()],
+            n => (0..n)
+                .map(|index| format!("{base}{}", ShardOf { index, count: n }.suffix()))
+                .collect(),
+        };
+        let wal0 = self.wal_lsn().await?;
+        let dead0 = self.dead_tuples().await?;
+        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
+        let t0 = Instant::now();
+        let extra = [("WALBOX_POSTGRES_SHARDS", n.to_string())];
+        let mut walbox = WalboxChild::start(
+            &self.url,
+            base,
+            PUBLICATION,
+            &self.broker.bootstrap(),
+            false,
+            &extra,
+        )?;
+        let pid = walbox.pid();
+        let deadline = t0 + Self::timeout(rows);
+        let mut acked = None;
+        let (mut relay_cpu, mut rss, mut pg_cpu) = (0.0f64, 0u64, 0.0f64);
+        let confirmed = loop {
+            walbox.check_alive()?;
+            relay_cpu = procs::cpu_seconds(pid).max(relay_cpu);
+            rss = procs::peak_rss(pid).unwrap_or(0).max(rss);
+            pg_cpu = pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0);
+            if acked.is_none() && walbox.metrics().is_some_and(|m| m.published >= rows) {
+                acked = Some(t0.elapsed());
+            }
+            if acked.is_some() {
+                let mut all = true;
+                for s in &slots {
+                    all &= self.confirmed(s).await? >= end;
+                }
+                if all {
+                    break t0.elapsed();
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "walbox did not drain {base} ×{n} in time (published {:?})",
+                    walbox.metrics().map(|m| m.published)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let wal_bytes = self.wal_lsn().await?.bytes_since(wal0);
+        walbox.stop()?;
+        let d = Drain {
+            events: rows,
+            acked: acked.unwrap_or(confirmed),
+            confirmed,
+            pg_cpu,
+            relay_cpu: Some(relay_cpu),
+            peak_rss: Some(rss),
+            wal_bytes,
+            dead_tuples: self.dead_tuples().await? - dead0,
+        };
+        eprintln!("walbox ×{n} (pid {pid}): {:.0} events/s {d:?}", d.rate());
+        Ok(d)
+    }
+
+    /// The backlog of `rows` rows in `per_tx`-row transactions drained through each of
+    /// [`LAYOUTS`] by walbox and by as many pg_recvlogical processes.
+    pub async fn scaling(&self, rows: u64, per_tx: u64) -> anyhow::Result<Vec<ShardRun>> {
+        let mut runs = Vec::new();
+        for n in LAYOUTS {
+            let publications = self.shard_publications(n).await?;
+            let base = format!("wbs{n}");
+            let walbox_slots: Vec<String> = match n {
+                1 => vec![base.clone()],
+                n => (0..n)
+                    .map(|index| format!("{base}{}", ShardOf { index, count: n }.suffix()))
+                    .collect(),
+            };
+            let recv: Vec<(String, String)> = publications
+                .iter()
+                .enumerate()
+                .map(|(k, p)| (format!("recv_s{n}_{k}"), p.clone()))
+                .collect();
+            let mut slots: Vec<&str> = walbox_slots.iter().map(String::as_str).collect();
+            slots.extend(recv.iter().map(|(s, _)| s.as_str()));
+            let end = self.backlog(&slots, rows, per_tx).await?;
+            let recv = self.drain_recvlogical_many(&recv, end, rows).await?;
+            let walbox = self.drain_walbox_shards(&base, n, end, rows).await?;
+            runs.push(ShardRun {
+                shards: n,
+                walbox,
+                recv,
+            });
+            self.drop_slots().await?;
+        }
+        Ok(runs)
+    }
+
+    /// The hash-partitioned outbox at 4 shards: the same rows loaded into `outbox_hp` and
+    /// drained by 4 pg_recvlogical processes, one per partition's publication. `plain_load_secs`
+    /// is the load time of the row-filter layout's backlog, for comparison.
+    pub async fn partitioned(&self, rows: u64, per_tx: u64) -> anyhow::Result<PartitionRun> {
+        self.admin.batch_execute(PARTITIONED).await?;
+        // The plain table's load, timed the same way, on the same rows.
+        self.admin.batch_execute("TRUNCATE outbox").await?;
+        let t = Instant::now();
+        self.call_load("bench_load", rows, per_tx).await?;
+        let plain_load_secs = t.elapsed().as_secs_f64();
+        self.admin.batch_execute("TRUNCATE outbox").await?;
+        let recv: Vec<(String, String)> = (0..4)
+            .map(|k| (format!("recv_hp_{k}"), format!("walbox_hp_{k}")))
+            .collect();
+        for (slot, _) in &recv {
+            self.admin
+                .execute(
+                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                    &[slot],
+                )
+                .await?;
+        }
+        let t = Instant::now();
+        self.call_load("bench_load_hp", rows, per_tx).await?;
+        let load_secs = t.elapsed().as_secs_f64();
+        let end = self.wal_lsn().await?;
+        for sql in [
+            "VACUUM ANALYZE outbox_hp",
+            "CHECKPOINT",
+            "SELECT pg_logical_emit_message(false, 'walbox-bench', 'end')",
+        ] {
+            self.admin.batch_execute(sql).await?;
+        }
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let recv = self.drain_recvlogical_many(&recv, end, rows).await?;
+        self.drop_slots().await?;
+        self.admin
+            .batch_execute("DROP TABLE outbox_hp; DROP PROCEDURE bench_load_hp")
+            .await?;
+        Ok(PartitionRun {
+            recv,
+            load_secs,
+            plain_load_secs,
+        })
+    }
+}
+
+/// The cost model fitted to the runs: PostgreSQL CPU per event with `s` shards is
+/// `decode × s + output` (every walsender decodes all of the WAL; the output is divided), and
+/// the relay's CPU per event is `relay`, whatever the layout. Seconds per event.
+#[derive(Debug, Clone, Copy)]
+pub struct CostModel {
+    /// Per walsender, per event of the WAL it reads (decoding, reorder buffer, row filter).
+    pub decode: f64,
+    /// Per event sent (pgoutput, the socket), summed over walsenders.
+    pub output: f64,
+    /// walbox's CPU per event relayed.
+    pub relay: f64,
+}
+
+impl CostModel {
+    /// Least squares of `pg_cpu / events = decode × shards + output` over the runs.
+    pub fn fit(runs: &[ShardRun]) -> Option<CostModel> {
+        let points: Vec<(f64, f64)> = runs
+            .iter()
+            .map(|r| (r.shards as f64, r.walbox.pg_cpu / r.walbox.events as f64))
+            .collect();
+        let n = points.len() as f64;
+        let (sx, sy) = points
+            .iter()
+            .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+        let sxx: f64 = points.iter().map(|(x, _)| x * x).sum();
+        let sxy: f64 = points.iter().map(|(x, y)| x * y).sum();
+        let denom = n * sxx - sx * sx;
+        if points.len() < 2 || denom == 0.0 {
+            return None;
+        }
+        let decode = ((n * sxy - sx * sy) / denom).max(0.0);
+        let output = ((sy - decode * sx) / n).max(0.0);
+        let relay = runs
+            .iter()
+            .map(|r| r.walbox.relay_cpu.unwrap_or(0.0) / r.walbox.events as f64)
+            .sum::<f64>()
+            / runs.len() as f64;
+        Some(CostModel {
+            decode,
+            output,
+            relay,
+        })
+    }
+
+    /// Events/s with `shards` shards on `cores` cores: the least of one walsender's ceiling
+    /// (it decodes every event and sends its share: `1 / (decode + output / shards)`) and the
+    /// machine's (`cores / (decode × shards + output + relay)`).
+    pub fn throughput(&self, shards: u32, cores: u32) -> f64 {
+        let s = shards as f64;
+        let walsender = 1.0 / (self.decode + self.output / s);
+        let machine = cores as f64 / (self.decode * s + self.output + self.relay);
+        walsender.min(machine)
+    }
+
+    /// The best number of shards on `cores` cores and its throughput.
+    pub fn best(&self, cores: u32) -> (u32, f64) {
+        (1..=cores.max(1))
+            .map(|s| (s, self.throughput(s, cores)))
+            .fold((1, 0.0), |best, x| if x.1 > best.1 { x } else { best })
+    }
+}
