@@ -15,6 +15,7 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 use walbox::outbox::OutboxMapper;
+use walbox::source::pgoutput::Decoder;
 
 #[path = "common/fixture.rs"]
 mod fixture;
@@ -22,8 +23,8 @@ mod fixture;
 use fixture::{outbox_config, shapes};
 
 /// Runs the relay's per-message work over `messages`; returns the number of events mapped.
-fn relay_messages(mapper: &mut OutboxMapper, messages: &[Bytes]) -> usize {
-    fixture::for_each_event(mapper, messages, |event| {
+fn relay_messages(mapper: &mut OutboxMapper, decoder: &mut Decoder, messages: &[Bytes]) -> usize {
+    fixture::for_each_event(mapper, decoder, messages, |event| {
         black_box(event);
     }) as usize
 }
@@ -39,13 +40,14 @@ fn decode_and_map(c: &mut Criterion) {
     let mut group = c.benchmark_group("decode+map");
     for (name, messages) in [("100-row tx", big), ("1-row tx", small)] {
         let mut mapper = OutboxMapper::new(&outbox_config());
+        let mut decoder = Decoder::default();
         // The 1-row transactions follow the Relation message of the first one in the stream.
-        relay_messages(&mut mapper, std::slice::from_ref(&relation));
-        let events = relay_messages(&mut mapper, &messages);
+        relay_messages(&mut mapper, &mut decoder, std::slice::from_ref(&relation));
+        let events = relay_messages(&mut mapper, &mut decoder, &messages);
         assert!(events > 0, "{name}: the fixture maps to events");
         group.throughput(Throughput::Elements(events as u64));
         group.bench_function(name, |b| {
-            b.iter(|| relay_messages(&mut mapper, black_box(&messages)))
+            b.iter(|| relay_messages(&mut mapper, &mut decoder, black_box(&messages)))
         });
     }
     group.finish();

@@ -27,7 +27,7 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use walbox::config::KafkaConfig;
 use walbox::outbox::{EventPosition, OutboxMapper};
 use walbox::sink::kafka::{Ack, AckQueue, KafkaSink, SinkError};
-use walbox::source::pgoutput::{self, LogicalMessage};
+use walbox::source::pgoutput::{self, Decoder, LogicalMessage};
 
 #[path = "common/fixture.rs"]
 mod fixture;
@@ -38,6 +38,7 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 /// The path under test and what it needs across calls.
 struct Path {
     mapper: OutboxMapper,
+    decoder: Decoder,
     sink: KafkaSink,
     acks: Arc<AckQueue>,
     batch: Vec<Ack>,
@@ -56,6 +57,7 @@ impl Path {
         let acks = Arc::new(AckQueue::default());
         Path {
             mapper: OutboxMapper::new(&fixture::outbox_config()),
+            decoder: Decoder::default(),
             sink: KafkaSink::new(&kafka, acks.clone()).expect("producer"),
             acks,
             batch: Vec::with_capacity(100_000),
@@ -81,12 +83,13 @@ impl Path {
 fn relay_path(p: &mut Path, messages: &[Bytes], produce: bool) -> u64 {
     let Path {
         mapper,
+        decoder,
         sink,
         acks,
         batch,
         seq,
     } = p;
-    fixture::for_each_event(mapper, messages, |event| {
+    fixture::for_each_event(mapper, decoder, messages, |event| {
         if !produce {
             black_box(event);
             return;

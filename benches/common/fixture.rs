@@ -5,7 +5,7 @@ use bytes::Bytes;
 
 use walbox::config::{self, OutboxConfig};
 use walbox::outbox::{EventPosition, OutboxEvent, OutboxMapper};
-use walbox::source::pgoutput::{self, LogicalMessage};
+use walbox::source::pgoutput::{Decoder, LogicalMessage};
 
 /// The captured stream, one hex-encoded pgoutput message per line.
 const FIXTURE: &str = include_str!("../data/pgoutput-seed.hex");
@@ -49,18 +49,19 @@ pub fn shapes() -> (Vec<Bytes>, Vec<Bytes>) {
     (big.to_vec(), small.to_vec())
 }
 
-/// The relay's per-message work over `messages`: decode, then map; `f` gets every event.
-/// Returns the number of events.
+/// The relay's per-message work over `messages`: decode, then map (handing each row back to
+/// the decoder, as the relay does); `f` gets every event. Returns the number of events.
 #[inline(always)]
 pub fn for_each_event(
     mapper: &mut OutboxMapper,
+    decoder: &mut Decoder,
     messages: &[Bytes],
     mut f: impl FnMut(OutboxEvent),
 ) -> u64 {
     let mut events = 0;
     let mut position = EventPosition::default();
     for m in messages {
-        match pgoutput::decode(m.clone()).expect("fixture decodes") {
+        match decoder.decode(m.clone()).expect("fixture decodes") {
             LogicalMessage::Begin(b) => {
                 position = EventPosition {
                     commit_lsn: b.final_lsn,
@@ -70,7 +71,9 @@ pub fn for_each_event(
             }
             LogicalMessage::Relation(r) => mapper.relation(&r),
             LogicalMessage::Insert(ins) => {
-                if let Some(event) = mapper.map_insert(&ins, position).expect("maps") {
+                let mapped = mapper.map_insert(&ins, position).expect("maps");
+                decoder.recycle(ins.tuple);
+                if let Some(event) = mapped {
                     position.index += 1;
                     events += 1;
                     f(event);

@@ -232,9 +232,15 @@ impl Report {
             };
             self.rows.push(Row {
                 measurement: format!(
-                    "cost model, {shape}: CPU per event: walsender decode (× shards) / output / relay"
+                    "cost model, {shape}: CPU per event: walsender decode (× shards) / output / relay + per shard"
                 ),
-                walbox: format!("{} / {} / {}", us(m.decode), us(m.output), us(m.relay)),
+                walbox: format!(
+                    "{} / {} / {} + {}",
+                    us(m.decode),
+                    us(m.output),
+                    us(m.relay),
+                    us(m.relay_shard)
+                ),
                 comparison: format!(
                     "projected events/s: 2 cores {} (1 shard) → {}; 16 cores {} → {}; 64 cores {} → {}",
                     one(2),

@@ -336,57 +336,74 @@ impl Bench {
     }
 }
 
-/// The cost model fitted to the runs: PostgreSQL CPU per event with `s` shards is
-/// `decode × s + output` (every walsender decodes all of the WAL; the output is divided), and
-/// the relay's CPU per event is `relay`, whatever the layout. Seconds per event.
+/// The cost model fitted to the runs, in seconds of CPU per event. PostgreSQL's CPU per event
+/// with `s` shards is `decode × s + output` (every walsender decodes all of the WAL; the output
+/// is divided among them); walbox's is `relay + relay_shard × s` (the per-event work, and what
+/// each further session adds: its producer's threads and wake-ups).
 #[derive(Debug, Clone, Copy)]
 pub struct CostModel {
     /// Per walsender, per event of the WAL it reads (decoding, reorder buffer, row filter).
     pub decode: f64,
     /// Per event sent (pgoutput, the socket), summed over walsenders.
     pub output: f64,
-    /// walbox's CPU per event relayed.
+    /// walbox's CPU per event relayed, with no shard overhead.
     pub relay: f64,
+    /// walbox's CPU per event added by each shard.
+    pub relay_shard: f64,
+}
+
+/// Least squares of `y = slope × x + intercept`, both clamped at 0 (a cost is never negative).
+fn line(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let n = points.len() as f64;
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let sxx: f64 = points.iter().map(|(x, _)| x * x).sum();
+    let sxy: f64 = points.iter().map(|(x, y)| x * y).sum();
+    let denom = n * sxx - sx * sx;
+    if points.len() < 2 || denom == 0.0 {
+        return None;
+    }
+    let slope = ((n * sxy - sx * sy) / denom).max(0.0);
+    let intercept = ((sy - slope * sx) / n).max(0.0);
+    Some((slope, intercept))
 }
 
 impl CostModel {
-    /// Least squares of `pg_cpu / events = decode × shards + output` over the runs.
+    /// Fits both lines over the runs (1, 2 and 4 shards).
     pub fn fit(runs: &[ShardRun]) -> Option<CostModel> {
-        let points: Vec<(f64, f64)> = runs
+        let per_event = |cpu: f64, events: u64| cpu / events.max(1) as f64;
+        let pg: Vec<(f64, f64)> = runs
             .iter()
-            .map(|r| (r.shards as f64, r.walbox.pg_cpu / r.walbox.events as f64))
+            .map(|r| (r.shards as f64, per_event(r.walbox.pg_cpu, r.walbox.events)))
             .collect();
-        let n = points.len() as f64;
-        let (sx, sy) = points
+        let relay: Vec<(f64, f64)> = runs
             .iter()
-            .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-        let sxx: f64 = points.iter().map(|(x, _)| x * x).sum();
-        let sxy: f64 = points.iter().map(|(x, y)| x * y).sum();
-        let denom = n * sxx - sx * sx;
-        if points.len() < 2 || denom == 0.0 {
-            return None;
-        }
-        let decode = ((n * sxy - sx * sy) / denom).max(0.0);
-        let output = ((sy - decode * sx) / n).max(0.0);
-        let relay = runs
-            .iter()
-            .map(|r| r.walbox.relay_cpu.unwrap_or(0.0) / r.walbox.events as f64)
-            .sum::<f64>()
-            / runs.len() as f64;
+            .map(|r| {
+                let cpu = r.walbox.relay_cpu.unwrap_or(0.0);
+                (r.shards as f64, per_event(cpu, r.walbox.events))
+            })
+            .collect();
+        let (decode, output) = line(&pg)?;
+        let (relay_shard, relay) = line(&relay)?;
         Some(CostModel {
             decode,
             output,
             relay,
+            relay_shard,
         })
     }
 
     /// Events/s with `shards` shards on `cores` cores: the least of one walsender's ceiling
     /// (it decodes every event and sends its share: `1 / (decode + output / shards)`) and the
-    /// machine's (`cores / (decode × shards + output + relay)`).
+    /// machine's (`cores / (decode × shards + output + relay + relay_shard × shards)`). A
+    /// shard's relay session is one task on one core at a time, but at these costs it is never
+    /// the bound before its walsender.
     pub fn throughput(&self, shards: u32, cores: u32) -> f64 {
         let s = shards as f64;
         let walsender = 1.0 / (self.decode + self.output / s);
-        let machine = cores as f64 / (self.decode * s + self.output + self.relay);
+        let machine =
+            cores as f64 / (self.decode * s + self.output + self.relay + self.relay_shard * s);
         walsender.min(machine)
     }
 

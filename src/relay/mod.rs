@@ -100,6 +100,8 @@ struct Session {
     stream: ReplicationStream,
     checkpoint: Checkpoint,
     mapper: OutboxMapper,
+    /// Decodes the stream, reusing each mapped row's columns for the next.
+    decoder: pgoutput::Decoder,
     txn: Option<OpenTxn>,
     /// When an ignored change to each outbox table was last logged.
     change_warned: HashMap<usize, Instant>,
@@ -404,6 +406,7 @@ impl Relay {
             stream,
             checkpoint: Checkpoint::new(start, self.next_seq),
             mapper,
+            decoder: pgoutput::Decoder::default(),
             txn: None,
             change_warned: HashMap::new(),
             outstanding: 0,

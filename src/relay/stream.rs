@@ -15,7 +15,7 @@ use crate::lsn::Lsn;
 use crate::outbox::EventPosition;
 use crate::shard::RESHARD_PREFIX;
 use crate::sink::kafka::{classify, Ack, Severity, PROGRESS_ROUTE};
-use crate::source::pgoutput::{self, LogicalMessage};
+use crate::source::pgoutput::LogicalMessage;
 use crate::source::replication::{ReplicationError, ReplicationMessage, StandbyStatus};
 use crate::timestamp::pg_now_micros;
 
@@ -220,7 +220,7 @@ impl Relay {
     }
 
     async fn on_wal(&mut self, s: &mut Session, data: Bytes) -> Result<(), RelayError> {
-        let message = pgoutput::decode(data)?;
+        let message = s.decoder.decode(data)?;
         tracing::trace!(?message, "pgoutput");
         match message {
             LogicalMessage::Begin(b) => {
@@ -269,6 +269,7 @@ impl Relay {
                     return Ok(());
                 }
                 let mapped = s.mapper.map_insert(&ins, position);
+                s.decoder.recycle(ins.tuple);
                 self.publish(s, mapped, route).await?;
             }
             LogicalMessage::Update(u) => self.outbox_change(s, u.relation_id, "UPDATE")?,

@@ -82,7 +82,46 @@ pub enum DecodeError {
 ///
 /// Column values and message content in the result share `buf`'s storage.
 pub fn decode(buf: Bytes) -> Result<LogicalMessage, DecodeError> {
-    let mut r = Reader { buf: &buf, pos: 0 };
+    decode_with(buf, &mut Vec::new())
+}
+
+/// A decoder that keeps the columns `Vec` of the rows it is given back ([`Decoder::recycle`])
+/// and decodes the next row into it: a stream of INSERTs then allocates no `Vec` per row.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    spare: Vec<TupleValue>,
+}
+
+impl Decoder {
+    /// Rows wider than this many columns are not kept: one wide row must not pin its memory.
+    const KEEP_COLUMNS: usize = 256;
+
+    /// [`decode`], with the first row of the message decoded into the recycled `Vec`.
+    #[inline]
+    pub fn decode(&mut self, buf: Bytes) -> Result<LogicalMessage, DecodeError> {
+        decode_with(buf, &mut self.spare)
+    }
+
+    /// Takes a row back once its values are no longer needed (the values themselves are
+    /// dropped here; the `Vec`'s storage is kept for the next row).
+    #[inline]
+    pub fn recycle(&mut self, tuple: TupleData) {
+        let mut columns = tuple.columns;
+        if columns.capacity() <= Self::KEEP_COLUMNS && columns.capacity() > self.spare.capacity() {
+            columns.clear();
+            self.spare = columns;
+        }
+    }
+}
+
+/// [`decode`], taking the first row's `Vec` from `spare` (left untouched by messages without
+/// a row, and on errors before the row).
+fn decode_with(buf: Bytes, spare: &mut Vec<TupleValue>) -> Result<LogicalMessage, DecodeError> {
+    let mut r = Reader {
+        buf: &buf,
+        pos: 0,
+        spare,
+    };
     let tag = r.u8("message tag")?;
     let msg = match tag {
         b'B' => LogicalMessage::Begin(Begin {
@@ -184,12 +223,14 @@ macro_rules! be_getters {
 }
 
 /// A bounds-checked cursor over the message. Invariant: `pos <= buf.len()`.
-struct Reader<'a> {
+struct Reader<'a, 's> {
     buf: &'a Bytes,
     pos: usize,
+    /// An empty `Vec` the next row is decoded into (taken, so only the first row gets it).
+    spare: &'s mut Vec<TupleValue>,
 }
 
-impl<'a> Reader<'a> {
+impl<'a> Reader<'a, '_> {
     #[inline]
     fn rest(&self) -> &'a [u8] {
         self.buf.get(self.pos..).unwrap_or_default()
@@ -296,7 +337,9 @@ impl<'a> Reader<'a> {
     fn tuple(&mut self) -> Result<TupleData, DecodeError> {
         let n = usize::from(self.u16("tuple column count")?);
         // Each column takes at least its kind byte.
-        let mut columns = Vec::with_capacity(n.min(self.remaining()));
+        let mut columns = std::mem::take(self.spare);
+        columns.clear();
+        columns.reserve(n.min(self.remaining()));
         for _ in 0..n {
             let value = match self.u8("tuple column kind")? {
                 b'n' => TupleValue::Null,

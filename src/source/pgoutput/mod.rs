@@ -13,7 +13,8 @@
 //!   [`DecodeError::UnknownTag`].
 //! - **Zero-copy**: column values ([`TupleValue::Text`], [`TupleValue::Binary`]) and message
 //!   content ([`Message::content`]) are [`Bytes::slice`](bytes::Bytes::slice)s of the input
-//!   buffer; the only allocation per row is the `Vec` of columns. Names (relation, namespace, type, prefix,
+//!   buffer; the only allocation per row is the `Vec` of columns, and [`Decoder`] reuses that
+//!   one from row to row when the caller gives rows back ([`Decoder::recycle`]). Names (relation, namespace, type, prefix,
 //!   origin) are copied into `String`s, since they are rare and must be valid UTF-8.
 //! - **Never panics**: every read is bounds-checked, length arithmetic is checked, negative
 //!   `Int32` lengths and counts are errors, and counts never preallocate more entries than the
@@ -24,7 +25,7 @@
 //! - `Int16` column counts are read as unsigned, as PostgreSQL itself reads them.
 //!
 //! # Files
-//! `message.rs` holds the message types, `decoder.rs` [`decode`], its cursor and [`DecodeError`],
+//! `message.rs` holds the message types, `decoder.rs` [`decode`], [`Decoder`], its cursor and [`DecodeError`],
 //! `tests.rs` the hand-encoded and captured samples and the property tests. This file only
 //! re-exports them for the rest of walbox; inside the folder the decoder imports the types and
 //! only the tests import this file.
@@ -32,7 +33,7 @@
 mod decoder;
 mod message;
 
-pub use decoder::{decode, DecodeError};
+pub use decoder::{decode, DecodeError, Decoder};
 pub use message::{
     Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, OldTuple, Origin, Relation,
     Truncate, TupleData, TupleValue, TypeMessage, Update,

@@ -1,5 +1,5 @@
 //! Tests of the decoder: hand-encoded samples of every message kind, messages captured from
-//! PostgreSQL 15, malformed fields, and property tests (random input never panics; inserts
+//! PostgreSQL 15, malformed fields, the recycling [`Decoder`], and property tests (random input never panics; inserts
 //! round-trip with zero-copy values).
 
 use bytes::Bytes;
@@ -180,6 +180,25 @@ per_kind! {
 fn decodes_captured_postgres_messages() {
     for (h, want) in captured() {
         assert_eq!(decode(hex(&h).into()), Ok(want), "{h}");
+    }
+}
+
+/// A [`Decoder`] given every row back decodes each message as [`decode`] does, whatever came
+/// before it: a longer row, a malformed message, a message without a row.
+#[test]
+fn recycling_decoder_matches_decode() {
+    let mut decoder = Decoder::default();
+    for _ in 0..2 {
+        for bytes in all_valid() {
+            let want = decode(bytes.clone().into());
+            let got = decoder.decode(bytes.clone().into());
+            assert_eq!(got, want, "{bytes:02x?}");
+            let truncated = Bytes::copy_from_slice(&bytes[..bytes.len() - 1]);
+            assert!(decoder.decode(truncated).is_err());
+            if let Ok(M::Insert(ins)) = got {
+                decoder.recycle(ins.tuple);
+            }
+        }
     }
 }
 
