@@ -49,6 +49,31 @@ pub fn peak_rss(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// `(threads, context switches so far)` of `pid`: voluntary and involuntary switches summed over
+/// its live threads (`/proc/<pid>/task/*/status`).
+pub fn threads_and_switches(pid: u32) -> Option<(u64, u64)> {
+    let mut threads = 0;
+    let mut switches = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        threads += 1;
+        for line in status.lines() {
+            if let Some(n) = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                switches += n.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    Some((threads, switches))
+}
+
 /// CPU seconds used so far by the PostgreSQL server: the postmaster and all its children
 /// (backends, walsenders, checkpointer, WAL writer, …), those alive now and, through the
 /// postmaster's `cutime`/`cstime`, those that exited (a walsender whose client finished).

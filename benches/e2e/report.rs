@@ -196,14 +196,16 @@ impl Report {
             let (w, p) = (&r.walbox, &r.recv);
             self.rows.push(Row {
                 measurement: format!(
-                    "{} shard(s), {shape}: events/s (ack + every slot confirmed); CPU s per 100k: PostgreSQL / relay",
+                    "{} shard(s), {shape}: events/s (ack + every slot confirmed); CPU s per 100k: PostgreSQL / relay; walbox threads, context switches per event",
                     r.shards
                 ),
                 walbox: format!(
-                    "{}; {:.2} / {:.2}",
+                    "{}; {:.2} / {:.2}; {}, {:.2}",
                     k(w.rate()),
                     per_100k(w.pg_cpu, w.events),
-                    per_100k(w.relay_cpu.unwrap_or(0.0), w.events)
+                    per_100k(w.relay_cpu.unwrap_or(0.0), w.events),
+                    r.walbox_threads,
+                    r.walbox_switches_per_event
                 ),
                 comparison: format!(
                     "pg_recvlogical ×{} {}; {:.2} / {:.2}",

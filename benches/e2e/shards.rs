@@ -33,6 +33,10 @@ pub struct ShardRun {
     pub walbox: Drain,
     /// `shards` pg_recvlogical processes.
     pub recv: Drain,
+    /// walbox's threads and context switches per event over its drain.
+    pub walbox_threads: u64,
+    /// See `walbox_threads`.
+    pub walbox_switches_per_event: f64,
 }
 
 /// The hash-partitioned alternative at 4 shards, against row filters at 4 shards.
@@ -191,7 +195,7 @@ impl Bench {
         n: u32,
         end: Lsn,
         rows: u64,
-    ) -> anyhow::Result<Drain> {
+    ) -> anyhow::Result<(Drain, u64, f64)> {
         let slots: Vec<String> = match n {
             1 => vec![base.to_owned()],
             n => (0..n)
@@ -215,9 +219,14 @@ impl Bench {
         let deadline = t0 + Self::timeout(rows);
         let mut acked = None;
         let (mut relay_cpu, mut rss, mut pg_cpu) = (0.0f64, 0u64, 0.0f64);
+        let (mut threads, mut switches) = (0u64, 0u64);
         let confirmed = loop {
             walbox.check_alive()?;
             relay_cpu = procs::cpu_seconds(pid).max(relay_cpu);
+            if let Some((t, s)) = procs::threads_and_switches(pid) {
+                threads = threads.max(t);
+                switches = switches.max(s);
+            }
             rss = procs::peak_rss(pid).unwrap_or(0).max(rss);
             pg_cpu = pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0);
             if acked.is_none() && walbox.metrics().is_some_and(|m| m.published >= rows) {
@@ -252,8 +261,12 @@ impl Bench {
             wal_bytes,
             dead_tuples: self.dead_tuples().await? - dead0,
         };
-        eprintln!("walbox ×{n} (pid {pid}): {:.0} events/s {d:?}", d.rate());
-        Ok(d)
+        let per_event = switches as f64 / rows.max(1) as f64;
+        eprintln!(
+            "walbox ×{n} (pid {pid}): {:.0} events/s, {threads} threads, {per_event:.3} context switches per event {d:?}",
+            d.rate()
+        );
+        Ok((d, threads, per_event))
     }
 
     /// The backlog of `rows` rows in `per_tx`-row transactions drained through each of
@@ -278,11 +291,13 @@ impl Bench {
             slots.extend(recv.iter().map(|(s, _)| s.as_str()));
             let end = self.backlog(&slots, rows, per_tx).await?;
             let recv = self.drain_recvlogical_many(&recv, end, rows).await?;
-            let walbox = self.drain_walbox_shards(&base, n, end, rows).await?;
+            let (walbox, threads, switches) = self.drain_walbox_shards(&base, n, end, rows).await?;
             runs.push(ShardRun {
                 shards: n,
                 walbox,
                 recv,
+                walbox_threads: threads,
+                walbox_switches_per_event: switches,
             });
             self.drop_slots().await?;
         }
