@@ -195,6 +195,14 @@ struct Drain {
     dead_tuples: i64,
 }
 
+/// A walbox process's threads (the most it had) and context switches (voluntary and
+/// involuntary, summed over its threads) over a drain.
+#[derive(Debug, Clone, Copy, Default)]
+struct Switches {
+    threads: u64,
+    switches: u64,
+}
+
 impl Drain {
     /// Events per second over `confirmed`.
     fn rate(&self) -> f64 {
@@ -275,7 +283,7 @@ async fn run() -> anyhow::Result<()> {
     let partitioned = bench.partitioned(n, 100).await?;
     report.scaling("100-row tx", &runs, &partitioned);
     let runs1 = bench.scaling(n, 1).await?;
-    report.scaling_1row(&runs1);
+    report.scaling_rows("1-row tx", &runs1);
     report.cost_model(&runs, &runs1);
 
     // 3. Memory: a bigger backlog and one huge transaction.
@@ -435,8 +443,6 @@ impl Bench {
             .get(0))
     }
 
-    /// Empties the table, creates `slots` at one LSN, loads `rows` rows in transactions of
-    /// `per_tx`, vacuums and checkpoints; returns the WAL position after the load.
     /// Calls the load procedure `name` with synchronous commit off. One statement per message:
     /// a multi-statement query is one implicit transaction, in which the procedure could not
     /// COMMIT.
@@ -451,8 +457,28 @@ impl Bench {
         Ok(())
     }
 
+    /// Empties the outbox, creates `slots` at one LSN, loads `rows` rows in transactions of
+    /// `per_tx`, vacuums and checkpoints; returns the WAL position after the load.
     async fn backlog(&self, slots: &[&str], rows: u64, per_tx: u64) -> anyhow::Result<Lsn> {
-        self.admin.batch_execute("TRUNCATE outbox").await?;
+        Ok(self
+            .backlog_into("outbox", "bench_load", slots, rows, per_tx)
+            .await?
+            .0)
+    }
+
+    /// [`Bench::backlog`] into `table` through its load procedure `load`; also returns the
+    /// seconds the load took.
+    async fn backlog_into(
+        &self,
+        table: &str,
+        load: &str,
+        slots: &[&str],
+        rows: u64,
+        per_tx: u64,
+    ) -> anyhow::Result<(Lsn, f64)> {
+        self.admin
+            .batch_execute(&format!("TRUNCATE {table}"))
+            .await?;
         for s in slots {
             self.admin
                 .execute(
@@ -462,15 +488,15 @@ impl Bench {
                 .await?;
         }
         let t = Instant::now();
-        self.call_load("bench_load", rows, per_tx).await?;
+        self.call_load(load, rows, per_tx).await?;
         let end = self.wal_lsn().await?;
+        let load_secs = t.elapsed().as_secs_f64();
         eprintln!(
-            "loaded {} rows in {per_tx}-row transactions in {:.1} s",
-            fmt_n(rows),
-            t.elapsed().as_secs_f64()
+            "loaded {} rows into {table} in {per_tx}-row transactions in {load_secs:.1} s",
+            fmt_n(rows)
         );
         for sql in [
-            "VACUUM ANALYZE outbox",
+            &format!("VACUUM ANALYZE {table}"),
             "CHECKPOINT",
             "SELECT pg_logical_emit_message(false, 'walbox-bench', 'end')",
         ] {
@@ -478,7 +504,7 @@ impl Bench {
         }
         // Let the stats of the load settle so the drain's dead-tuple delta is its own.
         tokio::time::sleep(Duration::from_millis(1200)).await;
-        Ok(end)
+        Ok((end, load_secs))
     }
 
     /// Drops every replication slot.
@@ -529,6 +555,24 @@ impl Bench {
         rows: u64,
         extra: &[(&str, String)],
     ) -> anyhow::Result<Drain> {
+        let slots = [slot.to_owned()];
+        Ok(self
+            .drain_walbox_slots(slot, &slots, end, rows, extra)
+            .await?
+            .0)
+    }
+
+    /// walbox on `slot` (with `postgres.shards`, the base of its shards' slots) until `rows`
+    /// events are acked and every one of `slots` passed `end`; with the most threads the process
+    /// had and its context switches.
+    async fn drain_walbox_slots(
+        &self,
+        slot: &str,
+        slots: &[String],
+        end: Lsn,
+        rows: u64,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<(Drain, Switches)> {
         let wal0 = self.wal_lsn().await?;
         let dead0 = self.dead_tuples().await?;
         let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
@@ -538,22 +582,33 @@ impl Bench {
         let pid = walbox.pid();
         let deadline = t0 + Self::timeout(rows);
         let mut acked = None;
-        let (mut relay_cpu, mut rss) = (0.0f64, 0u64);
-        let mut pg_cpu;
+        let (mut relay_cpu, mut rss, mut pg_cpu) = (0.0f64, 0u64, 0.0f64);
+        let mut seen = Switches::default();
         let confirmed = loop {
             walbox.check_alive()?;
             relay_cpu = procs::cpu_seconds(pid).max(relay_cpu);
             rss = procs::peak_rss(pid).unwrap_or(0).max(rss);
-            pg_cpu = procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0;
+            if let Some((threads, switches)) = procs::threads_and_switches(pid) {
+                seen.threads = seen.threads.max(threads);
+                seen.switches = seen.switches.max(switches);
+            }
+            pg_cpu = pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0);
             if acked.is_none() && walbox.metrics().is_some_and(|m| m.published >= rows) {
                 acked = Some(t0.elapsed());
             }
-            if acked.is_some() && self.confirmed(slot).await? >= end {
-                break t0.elapsed();
+            if acked.is_some() {
+                let mut all = true;
+                for s in slots {
+                    all &= self.confirmed(s).await? >= end;
+                }
+                if all {
+                    break t0.elapsed();
+                }
             }
             if Instant::now() > deadline {
                 bail!(
-                    "walbox did not drain {slot} in time (published {:?})",
+                    "walbox did not drain {} in time (published {:?})",
+                    slots.join(", "),
                     walbox.metrics().map(|m| m.published)
                 );
             }
@@ -571,8 +626,14 @@ impl Bench {
             wal_bytes,
             dead_tuples: self.dead_tuples().await? - dead0,
         };
-        eprintln!("walbox {slot} (pid {pid}): {:.0} events/s {d:?}", d.rate());
-        Ok(d)
+        eprintln!(
+            "walbox {slot} ×{} (pid {pid}): {:.0} events/s, {} threads, {} context switches {d:?}",
+            slots.len(),
+            d.rate(),
+            seen.threads,
+            seen.switches
+        );
+        Ok((d, seen))
     }
 
     /// Drains every unpublished row with the polling relay.

@@ -186,12 +186,8 @@ impl Report {
         }
     }
 
-    /// The 1-row-transaction backlog through 1, 2 and 4 shards.
-    pub fn scaling_1row(&mut self, runs: &[ShardRun]) {
-        self.scaling_rows("1-row tx", runs);
-    }
-
-    fn scaling_rows(&mut self, shape: &str, runs: &[ShardRun]) {
+    /// A backlog of one shape drained through 1, 2 and 4 shards.
+    pub fn scaling_rows(&mut self, shape: &str, runs: &[ShardRun]) {
         for r in runs {
             let (w, p) = (&r.walbox, &r.recv);
             self.rows.push(Row {

@@ -18,7 +18,7 @@ use anyhow::{bail, Context};
 use walbox::config::ShardOf;
 use walbox::lsn::Lsn;
 
-use crate::procs::{self, WalboxChild};
+use crate::procs;
 use crate::{Bench, Drain, PUBLICATION};
 
 /// The layouts measured.
@@ -188,7 +188,7 @@ impl Bench {
     }
 
     /// walbox with `postgres.shards = n` on slot base `base` until every event is acked and
-    /// every shard's slot passed `end`.
+    /// every shard's slot passed `end`; with its threads and context switches per event.
     async fn drain_walbox_shards(
         &self,
         base: &str,
@@ -202,71 +202,11 @@ impl Bench {
                 .map(|index| format!("{base}{}", ShardOf { index, count: n }.suffix()))
                 .collect(),
         };
-        let wal0 = self.wal_lsn().await?;
-        let dead0 = self.dead_tuples().await?;
-        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
-        let t0 = Instant::now();
         let extra = [("WALBOX_POSTGRES_SHARDS", n.to_string())];
-        let mut walbox = WalboxChild::start(
-            &self.url,
-            base,
-            PUBLICATION,
-            &self.broker.bootstrap(),
-            false,
-            &extra,
-        )?;
-        let pid = walbox.pid();
-        let deadline = t0 + Self::timeout(rows);
-        let mut acked = None;
-        let (mut relay_cpu, mut rss, mut pg_cpu) = (0.0f64, 0u64, 0.0f64);
-        let (mut threads, mut switches) = (0u64, 0u64);
-        let confirmed = loop {
-            walbox.check_alive()?;
-            relay_cpu = procs::cpu_seconds(pid).max(relay_cpu);
-            if let Some((t, s)) = procs::threads_and_switches(pid) {
-                threads = threads.max(t);
-                switches = switches.max(s);
-            }
-            rss = procs::peak_rss(pid).unwrap_or(0).max(rss);
-            pg_cpu = pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0);
-            if acked.is_none() && walbox.metrics().is_some_and(|m| m.published >= rows) {
-                acked = Some(t0.elapsed());
-            }
-            if acked.is_some() {
-                let mut all = true;
-                for s in &slots {
-                    all &= self.confirmed(s).await? >= end;
-                }
-                if all {
-                    break t0.elapsed();
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "walbox did not drain {base} ×{n} in time (published {:?})",
-                    walbox.metrics().map(|m| m.published)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let wal_bytes = self.wal_lsn().await?.bytes_since(wal0);
-        walbox.stop()?;
-        let d = Drain {
-            events: rows,
-            acked: acked.unwrap_or(confirmed),
-            confirmed,
-            pg_cpu,
-            relay_cpu: Some(relay_cpu),
-            peak_rss: Some(rss),
-            wal_bytes,
-            dead_tuples: self.dead_tuples().await? - dead0,
-        };
-        let per_event = switches as f64 / rows.max(1) as f64;
-        eprintln!(
-            "walbox ×{n} (pid {pid}): {:.0} events/s, {threads} threads, {per_event:.3} context switches per event {d:?}",
-            d.rate()
-        );
-        Ok((d, threads, per_event))
+        let (d, seen) = self
+            .drain_walbox_slots(base, &slots, end, rows, &extra)
+            .await?;
+        Ok((d, seen.threads, seen.switches as f64 / rows.max(1) as f64))
     }
 
     /// The backlog of `rows` rows in `per_tx`-row transactions drained through each of
@@ -310,38 +250,24 @@ impl Bench {
     pub async fn partitioned(&self, rows: u64, per_tx: u64) -> anyhow::Result<PartitionRun> {
         self.admin.batch_execute(PARTITIONED).await?;
         // The plain table's load, timed the same way, on the same rows.
-        self.admin.batch_execute("TRUNCATE outbox").await?;
-        let t = Instant::now();
-        self.call_load("bench_load", rows, per_tx).await?;
-        let plain_load_secs = t.elapsed().as_secs_f64();
+        let (_, plain_load_secs) = self
+            .backlog_into("outbox", "bench_load", &[], rows, per_tx)
+            .await?;
         self.admin.batch_execute("TRUNCATE outbox").await?;
         let recv: Vec<(String, String)> = (0..4)
             .map(|k| (format!("recv_hp_{k}"), format!("walbox_hp_{k}")))
             .collect();
-        for (slot, _) in &recv {
-            self.admin
-                .execute(
-                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[slot],
-                )
-                .await?;
-        }
-        let t = Instant::now();
-        self.call_load("bench_load_hp", rows, per_tx).await?;
-        let load_secs = t.elapsed().as_secs_f64();
-        let end = self.wal_lsn().await?;
-        for sql in [
-            "VACUUM ANALYZE outbox_hp",
-            "CHECKPOINT",
-            "SELECT pg_logical_emit_message(false, 'walbox-bench', 'end')",
-        ] {
-            self.admin.batch_execute(sql).await?;
-        }
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let slots: Vec<&str> = recv.iter().map(|(s, _)| s.as_str()).collect();
+        let (end, load_secs) = self
+            .backlog_into("outbox_hp", "bench_load_hp", &slots, rows, per_tx)
+            .await?;
         let recv = self.drain_recvlogical_many(&recv, end, rows).await?;
         self.drop_slots().await?;
         self.admin
-            .batch_execute("DROP TABLE outbox_hp; DROP PROCEDURE bench_load_hp")
+            .batch_execute(
+                "DROP PUBLICATION walbox_hp_0, walbox_hp_1, walbox_hp_2, walbox_hp_3; \
+                 DROP TABLE outbox_hp; DROP PROCEDURE bench_load_hp",
+            )
             .await?;
         Ok(PartitionRun {
             recv,

@@ -337,8 +337,8 @@ impl<'a> Reader<'a, '_> {
     fn tuple(&mut self) -> Result<TupleData, DecodeError> {
         let n = usize::from(self.u16("tuple column count")?);
         // Each column takes at least its kind byte.
+        // `spare` is empty: a new `Vec`, or one `Decoder::recycle` cleared.
         let mut columns = std::mem::take(self.spare);
-        columns.clear();
         columns.reserve(n.min(self.remaining()));
         for _ in 0..n {
             let value = match self.u8("tuple column kind")? {
