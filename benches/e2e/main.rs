@@ -13,7 +13,8 @@
 //! 5. live latency at fixed insert rates for walbox and the polling relay (100 ms and 1 s);
 //! 6. the primary's PostgreSQL CPU per 100k events with walbox decoding on the primary and on
 //!    a physical standby (PostgreSQL 16+, a separate pair of clusters; see `standby.rs`);
-//! 7. scaling through shards: the backlogs drained through 1, 2 and 4 shards by walbox and by
+//! 7. the producer's floor: walbox's producer alone on as many events (`floor.rs`);
+//! 8. scaling through shards: the backlogs drained through 1, 2 and 4 shards by walbox and by
 //!    as many `pg_recvlogical` processes, the hash-partitioned alternative, and the cost model
 //!    fitted to them (`shards.rs`);
 //!
@@ -25,9 +26,13 @@
 //! `1000,5000,20000`), `WALBOX_BENCH_BIG_ROWS` (default 5×N), `WALBOX_BENCH_STANDBY_ROWS`
 //! (default N, at least 100,000), `WALBOX_BENCH_STANDBY_PG` (default 16), `WALBOX_BENCH_OUTPUT`,
 //! `WALBOX_BENCH_KAFKA_BROKERS`, `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn),
-//! `WALBOX_BENCH_LINGER_MS` (the live runs again with this `linger.ms`, default 1; `off`).
+//! `WALBOX_BENCH_LINGER_MS` (the live runs again with this `linger.ms`, default 1; `off`),
+//! `WALBOX_BENCH_SECTIONS` (a comma list of `drain`, `scaling`, `memory`, `live`, `live-eos`,
+//! `live-poll`, `standby`;
+//! default all: a partial run's table has only those rows).
 
 mod broker;
+mod floor;
 mod live;
 mod poller;
 mod procs;
@@ -99,6 +104,7 @@ struct Settings {
     rates: Vec<u64>,
     quick: bool,
     output: PathBuf,
+    sections: Option<Vec<String>>,
 }
 
 impl Settings {
@@ -128,17 +134,29 @@ impl Settings {
             live: Duration::from_secs(num("WALBOX_BENCH_LIVE_SECS", if quick { 5 } else { 30 })?),
             rates,
             quick,
+            sections: var("WALBOX_BENCH_SECTIONS")
+                .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect()),
             output: var("WALBOX_BENCH_OUTPUT").map_or_else(
                 || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/results.md"),
                 PathBuf::from,
             ),
         })
     }
+
+    /// Whether `section` is part of this run (`WALBOX_BENCH_SECTIONS`).
+    fn runs(&self, section: &str) -> bool {
+        self.sections
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|s| s == section))
+    }
 }
 
 fn main() -> ExitCode {
     if std::env::args().any(|a| a == broker::HOST_ARG) {
         broker::host_main();
+    }
+    if std::env::args().nth(1).as_deref() == Some(floor::FLOOR_ARG) {
+        floor::child_main();
     }
     // `cargo bench` passes --bench; `cargo test --all-targets` builds and runs bench targets
     // without it, and a test run must not start a 20-minute benchmark.
@@ -252,107 +270,122 @@ async fn run() -> anyhow::Result<()> {
         .get::<_, String>(0);
 
     let n = bench.settings.rows;
-    // 1. Backlog drain, 100-row transactions; then the polling relay on the same rows.
-    let end = bench
-        .backlog(&["recv_100", "walbox_100", "walbox_eos_100"], n, 100)
-        .await?;
-    let recv = bench.drain_recvlogical("recv_100", end, n).await?;
-    let wb = bench.drain_walbox("walbox_100", end, n).await?;
-    report.drain("100-row tx", &wb, &recv);
-    // The same backlog in exactly-once mode (Kafka transactions, default bounds).
-    let eos = bench
-        .drain_walbox_with("walbox_eos_100", end, n, &exactly_once())
-        .await?;
-    report.exactly_once_drain("100-row tx", &eos, &wb, &recv);
-    bench.drop_slots().await?;
-    let poll = bench.drain_poller(n).await?;
-    report.poller(&wb, &poll, &recv);
-    report.memory(&format!("{} -row backlog (100-row tx)", fmt_n(n)), &wb);
+    if bench.settings.runs("drain") {
+        // 1. Backlog drain, 100-row transactions; then the polling relay on the same rows.
+        let end = bench
+            .backlog(&["recv_100", "walbox_100", "walbox_eos_100"], n, 100)
+            .await?;
+        let recv = bench.drain_recvlogical("recv_100", end, n).await?;
+        let wb = bench.drain_walbox("walbox_100", end, n).await?;
+        report.drain("100-row tx", &wb, &recv);
+        // The same backlog in exactly-once mode (Kafka transactions, default bounds).
+        let eos = bench
+            .drain_walbox_with("walbox_eos_100", end, n, &exactly_once())
+            .await?;
+        report.exactly_once_drain("100-row tx", &eos, &wb, &recv);
+        bench.drop_slots().await?;
+        let poll = bench.drain_poller(n).await?;
+        report.poller(&wb, &poll, &recv);
+        report.memory(&format!("{} -row backlog (100-row tx)", fmt_n(n)), &wb);
 
-    // 2. Backlog drain, 1-row transactions.
-    let end = bench.backlog(&["recv_1", "walbox_1"], n, 1).await?;
-    let recv1 = bench.drain_recvlogical("recv_1", end, n).await?;
-    let wb1 = bench.drain_walbox("walbox_1", end, n).await?;
-    report.drain("1-row tx", &wb1, &recv1);
-    report.memory(&format!("{} -row backlog (1-row tx)", fmt_n(n)), &wb1);
-    bench.drop_slots().await?;
-
-    // Scaling: 1, 2 and 4 shards against as many pg_recvlogical processes, on the same
-    // backlog each; and the hash-partitioned alternative at 4 shards.
-    let runs = bench.scaling(n, 100).await?;
-    let partitioned = bench.partitioned(n, 100).await?;
-    report.scaling("100-row tx", &runs, &partitioned);
-    let runs1 = bench.scaling(n, 1).await?;
-    report.scaling_rows("1-row tx", &runs1);
-    report.cost_model(&runs, &runs1);
-
-    // 3. Memory: a bigger backlog and one huge transaction.
-    let big = bench.settings.big_rows;
-    let end = bench.backlog(&["walbox_big"], big, 100).await?;
-    let wb_big = bench.drain_walbox("walbox_big", end, big).await?;
-    report.memory(
-        &format!("{} -row backlog (100-row tx)", fmt_n(big)),
-        &wb_big,
-    );
-    bench.drop_slots().await?;
-    let end = bench.backlog(&["walbox_one"], n, n).await?;
-    let wb_one = bench.drain_walbox("walbox_one", end, n).await?;
-    report.memory(&format!("one {} -row transaction", fmt_n(n)), &wb_one);
-    bench.drop_slots().await?;
-
-    // 4. Live latency.
-    let rates = bench.settings.rates.clone();
-    for (rate, lat, p99) in bench.live_walbox("walbox_live", &[]).await? {
-        report.live("walbox", rate, &lat, Some(p99));
+        // 2. Backlog drain, 1-row transactions.
+        let end = bench.backlog(&["recv_1", "walbox_1"], n, 1).await?;
+        let recv1 = bench.drain_recvlogical("recv_1", end, n).await?;
+        let wb1 = bench.drain_walbox("walbox_1", end, n).await?;
+        report.drain("1-row tx", &wb1, &recv1);
+        report.memory(&format!("{} -row backlog (1-row tx)", fmt_n(n)), &wb1);
+        bench.drop_slots().await?;
+        // The producer alone, on the same number of events: the floor of walbox's relay CPU.
+        let floor = floor::run(&bench.broker.bootstrap(), n)?;
+        report.floor(&floor, &[("100-row", &wb, &recv), ("1-row", &wb1, &recv1)]);
     }
-    // The same runs with another linger.ms (`WALBOX_BENCH_LINGER_MS`, default 1; "off" skips
-    // them): how much of the latency is the producer's wait for a fuller batch.
-    let linger = std::env::var("WALBOX_BENCH_LINGER_MS").unwrap_or_else(|_| "1".into());
-    if linger != "off" {
-        let extra = [("WALBOX_KAFKA_PROPERTY_LINGER_MS", linger.clone())];
-        for (rate, lat, p99) in bench.live_walbox("walbox_live_linger", &extra).await? {
+
+    if bench.settings.runs("scaling") {
+        // Scaling: 1, 2 and 4 shards against as many pg_recvlogical processes, on the same
+        // backlog each; and the hash-partitioned alternative at 4 shards.
+        let runs = bench.scaling(n, 100).await?;
+        let partitioned = bench.partitioned(n, 100).await?;
+        report.scaling("100-row tx", &runs, &partitioned);
+        let runs1 = bench.scaling(n, 1).await?;
+        report.scaling_rows("1-row tx", &runs1);
+        report.cost_model(&runs, &runs1);
+    }
+
+    if bench.settings.runs("memory") {
+        // 3. Memory: a bigger backlog and one huge transaction.
+        let big = bench.settings.big_rows;
+        let end = bench.backlog(&["walbox_big"], big, 100).await?;
+        let wb_big = bench.drain_walbox("walbox_big", end, big).await?;
+        report.memory(
+            &format!("{} -row backlog (100-row tx)", fmt_n(big)),
+            &wb_big,
+        );
+        bench.drop_slots().await?;
+        let end = bench.backlog(&["walbox_one"], n, n).await?;
+        let wb_one = bench.drain_walbox("walbox_one", end, n).await?;
+        report.memory(&format!("one {} -row transaction", fmt_n(n)), &wb_one);
+        bench.drop_slots().await?;
+    }
+
+    if bench.settings.runs("live") {
+        // 4. Live latency.
+        for (rate, lat, p99) in bench.live_walbox("walbox_live", &[]).await? {
+            report.live("walbox", rate, &lat, Some(p99));
+        }
+        // The same runs with another linger.ms (`WALBOX_BENCH_LINGER_MS`, default 1; "off" skips
+        // them): how much of the latency is the producer's wait for a fuller batch.
+        let linger = std::env::var("WALBOX_BENCH_LINGER_MS").unwrap_or_else(|_| "1".into());
+        if linger != "off" {
+            let extra = [("WALBOX_KAFKA_PROPERTY_LINGER_MS", linger.clone())];
+            for (rate, lat, p99) in bench.live_walbox("walbox_live_linger", &extra).await? {
+                let name = match p99 {
+                    Some(h) => format!(
+                        "walbox, linger.ms = {linger} (walbox_commit_to_ack_seconds p99 ≤ {} ms)",
+                        h * 1000.0
+                    ),
+                    None => format!("walbox, linger.ms = {linger}"),
+                };
+                report.live(&name, rate, &lat, None);
+            }
+        }
+    }
+    if bench.settings.runs("live-eos") {
+        // Exactly-once: a consumer sees a record once its Kafka transaction commits (on the mock
+        // cluster, which has no transaction markers, as soon as it is written; walbox's commit →
+        // confirmed histogram then gives the commit → Kafka commit time).
+        for (rate, lat, p99) in bench
+            .live_walbox("walbox_live_eos", &exactly_once())
+            .await?
+        {
             let name = match p99 {
                 Some(h) => format!(
-                    "walbox, linger.ms = {linger} (walbox_commit_to_ack_seconds p99 ≤ {} ms)",
+                    "walbox, exactly-once (commit → Kafka commit p99 ≤ {} ms)",
                     h * 1000.0
                 ),
-                None => format!("walbox, linger.ms = {linger}"),
+                None => "walbox, exactly-once".to_owned(),
             };
             report.live(&name, rate, &lat, None);
         }
     }
-    // Exactly-once: a consumer sees a record once its Kafka transaction commits (on the mock
-    // cluster, which has no transaction markers, as soon as it is written; walbox's commit →
-    // confirmed histogram then gives the commit → Kafka commit time).
-    for (rate, lat, p99) in bench
-        .live_walbox("walbox_live_eos", &exactly_once())
-        .await?
-    {
-        let name = match p99 {
-            Some(h) => format!(
-                "walbox, exactly-once (commit → Kafka commit p99 ≤ {} ms)",
-                h * 1000.0
-            ),
-            None => "walbox, exactly-once".to_owned(),
-        };
-        report.live(&name, rate, &lat, None);
-    }
-    for interval in [Duration::from_millis(100), Duration::from_secs(1)] {
-        for &rate in &rates {
-            bench.admin.batch_execute("TRUNCATE outbox").await?;
-            let name = format!("live-poll{}ms-{rate}", interval.as_millis());
-            let lat = bench.live(&name, rate, Some(interval)).await?;
-            report.live(
-                &format!("polling relay, {} ms interval", interval.as_millis()),
-                rate,
-                &lat,
-                None,
-            );
+    if bench.settings.runs("live-poll") {
+        let rates = bench.settings.rates.clone();
+        for interval in [Duration::from_millis(100), Duration::from_secs(1)] {
+            for &rate in &rates {
+                bench.admin.batch_execute("TRUNCATE outbox").await?;
+                let name = format!("live-poll{}ms-{rate}", interval.as_millis());
+                let lat = bench.live(&name, rate, Some(interval)).await?;
+                report.live(
+                    &format!("polling relay, {} ms interval", interval.as_millis()),
+                    rate,
+                    &lat,
+                    None,
+                );
+            }
         }
     }
 
     // 5. The primary's cost, walbox decoding on the primary and on a standby.
-    {
+    if bench.settings.runs("standby") {
         let pair = standby::Pair::start().await?;
         let rows = bench.settings.standby_rows;
         let on_primary = pair

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::floor::Floor;
 use crate::live::Latency;
 use crate::shards::{CostModel, PartitionRun, ShardRun};
 use crate::standby::CostDrain;
@@ -156,6 +157,40 @@ impl Report {
             ),
             ratio: ratio(wb.pg_cpu, recv.pg_cpu),
             target: "–".into(),
+        });
+    }
+
+    /// The producer alone against the relay CPU of the drains (`(shape, walbox, recv)`).
+    pub fn floor(&mut self, floor: &Floor, drains: &[(&str, &Drain, &Drain)]) {
+        let floor_cpu = per_100k(floor.cpu, floor.events);
+        let cpu = |d: &Drain| per_100k(d.relay_cpu.unwrap_or(0.0), d.events);
+        self.rows.push(Row {
+            measurement: "producer alone (walbox's producer, the same events, no PostgreSQL): \
+                          CPU s per 100k events"
+                .into(),
+            walbox: format!("{floor_cpu:.2} ({} events/s)", k(floor.rate())),
+            comparison: drains
+                .iter()
+                .map(|(shape, wb, recv)| {
+                    format!(
+                        "{shape} tx: walbox {:.2}, pg_recvlogical {:.2}",
+                        cpu(wb),
+                        cpu(recv)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            ratio: drains
+                .iter()
+                .map(|(shape, _, recv)| {
+                    format!(
+                        "floor / pg_recvlogical {} ({shape})",
+                        ratio(floor_cpu, cpu(recv))
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            target: "relay CPU ≤ pg_recvlogical's".into(),
         });
     }
 
