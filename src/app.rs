@@ -15,7 +15,12 @@
 //! session reaches streaming.
 //!
 //! Shards (`postgres.shards` > 1, [`crate::shard`]): each shard is one such relay, with its own
-//! slot, producer, checkpoint, slot monitor, leader lock and reconnect loop, all in this process.
+//! slot, checkpoint, slot monitor, leader lock and reconnect loop, all in this process. The
+//! shards share one producer (one set of librdkafka threads, and batches that fill across
+//! shards); each has its own lane of delivery reports ([`KafkaSink::shared`]), so an event's
+//! ack reaches only its shard. A client error the producer cannot recover from stops every
+//! shard, as it would stop every per-shard producer with the same configuration. In exactly-once
+//! mode each shard has its own producers (a Kafka transaction belongs to one producer).
 //! A transient error reconnects its shard only; a fatal error stops its shard only (`/healthz`
 //! then fails) and is the process's exit status once shutdown has stopped the others. Metrics
 //! carry the label `slot`; outbox retention runs in the first shard's term.
@@ -84,11 +89,11 @@ pub async fn run_with(
     }
     let Handles { metrics, health } = handles;
     serve_http(config.http_listen, metrics.clone(), vec![health.clone()]).await?;
-    run_slot(Arc::new(config), stop_rx, metrics, health).await
+    run_slot(Arc::new(config), stop_rx, metrics, health, None).await
 }
 
-/// Runs every shard of `postgres.shards` as its own relay (own slot, producer, checkpoint,
-/// monitor and leader lock) until each has stopped. A fatal error stops its shard only: the
+/// Runs every shard of `postgres.shards` as its own relay (own slot, checkpoint, monitor and
+/// leader lock; one shared producer) until each has stopped. A fatal error stops its shard only: the
 /// others go on, `/healthz` fails, and the process exits with the first fatal error once
 /// shutdown has stopped the rest.
 async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), FatalError> {
@@ -112,13 +117,26 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
     let healths = shards.iter().map(|(_, _, h)| h.clone()).collect();
     serve_http(config.http_listen, Arc::new(exposition), healths).await?;
     tracing::info!(shards = shards.len(), "relaying through shards");
+    // Exactly-once mode: every shard makes its own transactional producer.
+    let mut shared: Vec<Option<(KafkaSink, Arc<AckQueue>)>> = vec![None; shards.len()];
+    let mut producer = None;
+    if config.kafka.exactly_once.is_none() {
+        let lanes: Vec<Arc<AckQueue>> = shards.iter().map(|_| Arc::default()).collect();
+        let sinks = KafkaSink::shared(&config.kafka, lanes.clone()).map_err(|e| FatalError {
+            failure: Failure::Kafka,
+            message: e.to_string(),
+        })?;
+        producer = sinks.first().cloned();
+        shared = sinks.into_iter().zip(lanes).map(Some).collect();
+    }
     let tasks: Vec<_> = shards
         .into_iter()
-        .map(|(shard, metrics, health)| {
+        .zip(shared)
+        .map(|((shard, metrics, health), own)| {
             let slot = shard.postgres.slot.clone();
             let span = tracing::info_span!("shard", slot = %slot);
             let task = tokio::spawn(
-                run_slot(Arc::new(shard), stop.clone(), metrics, health).instrument(span),
+                run_slot(Arc::new(shard), stop.clone(), metrics, health, own).instrument(span),
             );
             (slot, task)
         })
@@ -138,7 +156,28 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
             }
         }
     }
+    if let Some(producer) = producer {
+        flush(producer, config.relay.shutdown_timeout).await;
+    }
     outcome
+}
+
+/// Flushes the producer before it is dropped: at most `shutdown_timeout`, and never more than
+/// 5 s.
+async fn flush(sink: KafkaSink, shutdown_timeout: Duration) {
+    let timeout = shutdown_timeout.min(Duration::from_secs(5));
+    let flushed = tokio::task::spawn_blocking(move || {
+        let ok = sink.flush(timeout);
+        drop(sink);
+        ok
+    })
+    .await
+    .unwrap_or(false);
+    if !flushed {
+        tracing::warn!(
+            "kafka producer did not flush in time; unconfirmed events are sent again after restart"
+        );
+    }
 }
 
 /// Binds `http.listen` (when set) and serves the endpoints in the background.
@@ -167,18 +206,27 @@ async fn serve_http(
 
 /// Relays one slot until `shutdown` is raised, a fatal error, or (with `postgres.drain_to`,
 /// `walbox reshard`) the slot is drained; the fatal error (also one the slot monitor found) is
-/// returned after the producer is flushed.
+/// returned after the producer is flushed. `shared` is this slot's handle on a producer other
+/// relays use too (and its delivery reports): its owner flushes it, once they all stopped.
 pub async fn run_slot(
     config: Arc<Config>,
     mut shutdown: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    shared: Option<(KafkaSink, Arc<AckQueue>)>,
 ) -> Result<(), FatalError> {
-    let acks = Arc::new(AckQueue::default());
-    let sink = KafkaSink::new(&config.kafka, acks.clone()).map_err(|e| FatalError {
-        failure: Failure::Kafka,
-        message: e.to_string(),
-    })?;
+    let owns_producer = shared.is_none();
+    let (sink, acks) = match shared {
+        Some(own) => own,
+        None => {
+            let acks = Arc::new(AckQueue::default());
+            let sink = KafkaSink::new(&config.kafka, acks.clone()).map_err(|e| FatalError {
+                failure: Failure::Kafka,
+                message: e.to_string(),
+            })?;
+            (sink, acks)
+        }
+    };
 
     // This slot's stop: raised by shutdown, or by the slot monitor's fatal signal.
     let (stop_tx, mut stop_rx) = watch::channel(*shutdown.borrow());
@@ -323,20 +371,11 @@ pub async fn run_slot(
     if let Err(e) = &outcome {
         health.set_fatal(e.message.clone());
     }
+    // In-flight events were already waited for (bounded) when the session ended. A shared
+    // producer still serves other shards: its owner flushes it.
     let sink = relay.into_sink();
-    // In-flight events were already waited for (bounded) when the session ended.
-    let timeout = config.relay.shutdown_timeout.min(Duration::from_secs(5));
-    let flushed = tokio::task::spawn_blocking(move || {
-        let ok = sink.flush(timeout);
-        drop(sink);
-        ok
-    })
-    .await
-    .unwrap_or(false);
-    if !flushed {
-        tracing::warn!(
-            "kafka producer did not flush in time; unconfirmed events are sent again after restart"
-        );
+    if owns_producer {
+        flush(sink, config.relay.shutdown_timeout).await;
     }
     // The runtime waits for the (bounded) probe anyway when it is dropped; waiting here keeps
     // its log line before the caller's final one-line error.

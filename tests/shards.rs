@@ -1,7 +1,7 @@
 //! Shards (`postgres.shards`): one outbox through several slots, each a hash bucket of the
 //! aggregate id, and `walbox reshard` between layouts — per-aggregate order and completeness
-//! checked by an independent consumer, with SIGKILLs, a terminated walsender and interrupted
-//! reshards.
+//! checked by an independent consumer, with SIGKILLs, broker faults under the shards' shared
+//! producer, a terminated walsender and interrupted reshards.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -505,4 +505,83 @@ fn a_fatal_error_stops_its_shard_only() {
         shard0,
         "shard 0's bucket, and only it"
     );
+}
+
+#[test]
+fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_dies() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr as E};
+    if !sharding_supported() {
+        return;
+    }
+    let db = TestDb::new("shards_faults");
+    let base = db.name.clone();
+    let topic = format!("t_{}", db.name);
+    let broker = support::broker();
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: broker faults need the mock cluster; skipped");
+        return;
+    };
+    broker.create_topic(&topic, 3).expect("topic");
+    let port = free_port();
+    let mut env = sharded_env(&db, &broker.bootstrap_servers(), 3);
+    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
+    let names: Vec<String> = (0..3).map(|k| shard_slot(&base, k, 3)).collect();
+    let mut walbox = start_streaming(&env, &db, &names);
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let aggs: Vec<String> = (0..30).map(|i| format!("agg-{}", i % 13)).collect();
+    let mut ids = HashSet::new();
+    let mut write = |n: usize| {
+        for _ in 0..n {
+            ids.extend(write_txn(&db, &topic, &aggs, false).ids);
+        }
+    };
+    write(5);
+    // Produce requests (each carrying several shards' records) are refused for a while, then
+    // every broker answers late while partition leaders move: the producer retries, and each
+    // shard's acks still reach only that shard.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[E::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 8],
+    );
+    write(10);
+    for b in 1..=3 {
+        mock.broker_round_trip_time(b, std::time::Duration::from_millis(200))
+            .unwrap();
+    }
+    write(5);
+    for p in 0..3 {
+        mock.partition_leader(&topic, p, Some((p + 1) % 3 + 1))
+            .unwrap();
+    }
+    write(5);
+    // Every shard relayed part of it, through the one producer.
+    wait_until(WAIT, "every shard to publish", || {
+        http_get(port, "/metrics").is_some_and(|(_, body)| {
+            names.iter().all(|n| {
+                slot_metric(&body, "walbox_events_published_total", n).is_some_and(|v| v > 0.0)
+            })
+        })
+    });
+    // Killed while the broker is slow: what was not confirmed is sent again.
+    walbox.kill();
+    wait_until(WAIT, "PostgreSQL to release the slots", || {
+        names.iter().all(|s| !db.slot_active(s))
+    });
+    write(5);
+    for b in 1..=3 {
+        mock.broker_round_trip_time(b, std::time::Duration::ZERO)
+            .unwrap();
+    }
+    walbox = start_streaming(&env, &db, &names);
+    write(5);
+    let all: Vec<i64> = ids.iter().copied().collect();
+    await_distinct(&mut reader, all.len(), &walbox);
+    assert_eq!(
+        distinct_ids(&reader.records),
+        ids,
+        "every committed event, nothing else"
+    );
+    assert_per_aggregate_commit_order(&reader.records);
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }

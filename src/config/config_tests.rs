@@ -177,6 +177,27 @@ fn slot_and_alert_settings() {
 }
 
 #[test]
+fn more_outbox_tables_than_one_walbox_relays_are_refused() {
+    let tables = |n: usize| {
+        (0..n)
+            .map(|i| format!("[[outbox.tables]]\ntable = \"outbox_{i}\"\n"))
+            .collect::<String>()
+    };
+    let f = file(&format!(
+        "{MINIMAL}{}",
+        tables(crate::config::MAX_OUTBOX_TABLES)
+    ));
+    let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
+    assert_eq!(c.outbox.tables.len(), crate::config::MAX_OUTBOX_TABLES);
+    let f = file(&format!(
+        "{MINIMAL}{}",
+        tables(crate::config::MAX_OUTBOX_TABLES + 1)
+    ));
+    let e = load_from(Some(f.path()), &mut std::iter::empty()).unwrap_err();
+    assert!(e.to_string().contains("at most 1000"), "{e}");
+}
+
+#[test]
 fn several_tables_and_messages() {
     let f = file(&format!(
         "{MINIMAL}

@@ -63,7 +63,10 @@ pub(crate) use kafka::{check_kafka_properties, scalar_properties};
 pub use kafka::{valid_topic, ExactlyOnce, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC};
 pub(crate) use layers::{deserialize, read_layers};
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
-pub use outbox::{ColumnNames, OnChange, OnInvalid, OutboxConfig, Route, RouteSource, ValueFormat};
+pub use outbox::{
+    ColumnNames, OnChange, OnInvalid, OutboxConfig, Route, RouteSource, ValueFormat,
+    MAX_OUTBOX_TABLES,
+};
 pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};
 pub use relay::{RawRelay, RelayConfig};
 // `self::`: the `http` crate has the same name.

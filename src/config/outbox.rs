@@ -430,9 +430,19 @@ impl RawRoute {
     }
 }
 
+/// The most outbox tables one walbox relays (each record's delivery report carries its table's
+/// index in a few bits).
+pub const MAX_OUTBOX_TABLES: usize = 1000;
+
 impl RawOutbox {
     /// Validates every route.
     pub fn validate(self) -> Result<OutboxConfig, ConfigError> {
+        if self.tables.len() > MAX_OUTBOX_TABLES {
+            return Err(invalid(format!(
+                "outbox.tables lists {} tables; one walbox relays at most {MAX_OUTBOX_TABLES} (run several, each with its own slot)",
+                self.tables.len()
+            )));
+        }
         let mut tables = Vec::with_capacity(self.tables.len());
         for (i, t) in self.tables.into_iter().enumerate() {
             let what = if i == 0 {

@@ -401,6 +401,7 @@ async fn drain(
             stop_rx.clone(),
             metrics,
             Arc::new(Health::default()),
+            None,
         ));
         tasks.push((name, task));
     }

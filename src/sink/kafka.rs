@@ -233,7 +233,8 @@ impl AckQueue {
 
 /// Routes delivery reports to the relay.
 pub(super) struct SinkContext {
-    acks: Arc<AckQueue>,
+    /// One queue per relay sharing the producer, indexed by the lane in each record's opaque.
+    lanes: Vec<Arc<AckQueue>>,
     /// The last client error logged and when: librdkafka repeats connection errors many times a
     /// second while a broker is down, and one line per change (or per minute) is enough.
     last_error: Mutex<HashMap<String, Instant>>,
@@ -256,8 +257,11 @@ impl ClientContext for SinkContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if classify(&error) == Severity::Fatal {
             tracing::error!(error = %error, reason, "kafka producer error");
-            // Delivery reports would never come (records wait for the brokers forever): stop.
-            self.acks.fail(error);
+            // Delivery reports would never come (records wait for the brokers forever): stop
+            // every relay the producer serves.
+            for lane in &self.lanes {
+                lane.fail(error.clone());
+            }
             return;
         }
         let key = error.to_string();
@@ -301,8 +305,13 @@ impl ProducerContext for SinkContext {
                 (Err(err.clone()), Some(failed))
             }
         };
-        let (seq, route) = unpack_opaque(opaque);
-        self.acks.push(Ack {
+        let (seq, lane, route) = unpack_opaque(opaque);
+        let Some(acks) = self.lanes.get(lane) else {
+            // Every opaque is packed by a handle of this producer, with its own lane.
+            tracing::error!(lane, "delivery report for an unknown lane");
+            return;
+        };
+        acks.push(Ack {
             seq,
             route,
             result,
@@ -311,29 +320,46 @@ impl ProducerContext for SinkContext {
     }
 }
 
-/// Bits of the delivery opaque that hold the route index; the rest is the sequence number.
-const ROUTE_BITS: u32 = 16;
+/// Bits of the delivery opaque that hold the route index (the lowest bits).
+const ROUTE_BITS: u32 = 10;
+/// Bits above the route that hold the lane: which relay sharing the producer sent the record.
+const LANE_BITS: u32 = 6;
+/// Bits left for the sequence number: 2^48 events per relay and process, 44 years at 200k/s.
+const SEQ_BITS: u32 = usize::BITS - ROUTE_BITS - LANE_BITS;
 
 /// The route tag of progress records ([`crate::sink::progress`]): their acks never reach the
 /// checkpoint.
 pub const PROGRESS_ROUTE: usize = (1 << ROUTE_BITS) - 1;
 
-fn pack_opaque(seq: u64, route: usize) -> usize {
-    debug_assert!(route < 1 << ROUTE_BITS && seq < 1 << (usize::BITS - ROUTE_BITS));
-    ((seq as usize) << ROUTE_BITS) | (route & ((1 << ROUTE_BITS) - 1))
+/// How many relays one producer can serve.
+pub const MAX_LANES: usize = 1 << LANE_BITS;
+
+const _: () = assert!(crate::config::MAX_SHARDS as usize <= MAX_LANES);
+// Every outbox table, and the messages route, has a route index below PROGRESS_ROUTE.
+const _: () = assert!(crate::config::MAX_OUTBOX_TABLES + 1 < PROGRESS_ROUTE);
+const _: () = assert!(SEQ_BITS >= 48);
+
+fn pack_opaque(seq: u64, lane: usize, route: usize) -> usize {
+    debug_assert!(route < 1 << ROUTE_BITS && lane < MAX_LANES && seq < 1 << SEQ_BITS);
+    ((seq as usize) << (ROUTE_BITS + LANE_BITS))
+        | ((lane & (MAX_LANES - 1)) << ROUTE_BITS)
+        | (route & ((1 << ROUTE_BITS) - 1))
 }
 
-fn unpack_opaque(opaque: usize) -> (u64, usize) {
+fn unpack_opaque(opaque: usize) -> (u64, usize, usize) {
     (
-        (opaque >> ROUTE_BITS) as u64,
+        (opaque >> (ROUTE_BITS + LANE_BITS)) as u64,
+        (opaque >> ROUTE_BITS) & (MAX_LANES - 1),
         opaque & ((1 << ROUTE_BITS) - 1),
     )
 }
 
-/// The producer; see the module docs. Clones share one librdkafka producer.
+/// The producer; see the module docs. Clones share one librdkafka producer and its lane.
 #[derive(Clone)]
 pub struct KafkaSink {
     producer: ThreadedProducer<SinkContext>,
+    /// This handle's lane: where the delivery reports of the records it sends go.
+    lane: usize,
 }
 
 /// `transaction.timeout.ms` of exactly-once mode unless `[kafka.properties]` sets it: the
@@ -355,7 +381,27 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
 impl KafkaSink {
     /// Creates the producer. Delivery reports go to `acks`.
     pub fn new(config: &KafkaConfig, acks: Arc<AckQueue>) -> Result<Self, SinkError> {
-        Self::with_defaults(config, acks, &[]).map_err(SinkError::Config)
+        Self::with_defaults(config, vec![acks], &[]).map_err(SinkError::Config)
+    }
+
+    /// One producer for several relays (the shards of one process): a handle per queue in
+    /// `lanes`, each handle's delivery reports going to its own queue. A client error the
+    /// producer cannot recover from fails every queue.
+    pub fn shared(config: &KafkaConfig, lanes: Vec<Arc<AckQueue>>) -> Result<Vec<Self>, SinkError> {
+        if lanes.len() > MAX_LANES {
+            return Err(SinkError::Config(KafkaError::ClientCreation(format!(
+                "one kafka producer serves at most {MAX_LANES} relays, not {}",
+                lanes.len()
+            ))));
+        }
+        let n = lanes.len();
+        let sink = Self::with_defaults(config, lanes, &[]).map_err(SinkError::Config)?;
+        Ok((0..n)
+            .map(|lane| KafkaSink {
+                producer: sink.producer.clone(),
+                lane,
+            })
+            .collect())
     }
 
     /// Creates the transactional producer of exactly-once mode (see the `transaction` module):
@@ -373,7 +419,7 @@ impl KafkaSink {
             .map_or(TRANSACTION_TIMEOUT_MS, String::as_str);
         Self::with_defaults(
             config,
-            acks,
+            vec![acks],
             &[
                 ("transactional.id", id),
                 ("transaction.timeout.ms", timeout),
@@ -384,7 +430,7 @@ impl KafkaSink {
 
     fn with_defaults(
         config: &KafkaConfig,
-        acks: Arc<AckQueue>,
+        lanes: Vec<Arc<AckQueue>>,
         extra: &[(&str, &str)],
     ) -> Result<Self, KafkaError> {
         let mut cc = ClientConfig::new();
@@ -396,10 +442,10 @@ impl KafkaSink {
             cc.set(k, v);
         }
         let producer = cc.create_with_context(SinkContext {
-            acks,
+            lanes,
             last_error: Mutex::new(HashMap::new()),
         })?;
-        Ok(KafkaSink { producer })
+        Ok(KafkaSink { producer, lane: 0 })
     }
 
     /// Hands one event to the producer; its [`Ack`] arrives later with `seq` and `route`.
@@ -412,7 +458,7 @@ impl KafkaSink {
             });
         }
         let mut record: BaseRecord<'_, [u8], [u8], usize> =
-            BaseRecord::with_opaque_to(&event.topic, pack_opaque(seq, route))
+            BaseRecord::with_opaque_to(&event.topic, pack_opaque(seq, self.lane, route))
                 .headers(headers)
                 .timestamp(event.timestamp_ms);
         if let Some(k) = &event.key {
@@ -437,7 +483,7 @@ impl KafkaSink {
     /// [`PROGRESS_ROUTE`].
     pub fn send_progress(&self, topic: &str, key: &str, value: &[u8]) -> Result<(), SinkError> {
         let record: BaseRecord<'_, str, [u8], usize> =
-            BaseRecord::with_opaque_to(topic, pack_opaque(0, PROGRESS_ROUTE))
+            BaseRecord::with_opaque_to(topic, pack_opaque(0, self.lane, PROGRESS_ROUTE))
                 .key(key)
                 .payload(value);
         match self.producer.send(record) {
@@ -505,10 +551,94 @@ mod tests {
     use super::*;
 
     #[test]
-    fn opaque_packs_sequence_and_route() {
-        for (seq, route) in [(0, 0), (1, 65_535), (1 << 40, 7)] {
-            assert_eq!(unpack_opaque(pack_opaque(seq, route)), (seq, route));
+    fn opaque_packs_sequence_lane_and_route() {
+        let max_seq = (1u64 << SEQ_BITS) - 1;
+        for (seq, lane, route) in [
+            (0, 0, 0),
+            (1, MAX_LANES - 1, PROGRESS_ROUTE),
+            (1 << 40, 7, 7),
+            (max_seq, 63, 1000),
+        ] {
+            assert_eq!(
+                unpack_opaque(pack_opaque(seq, lane, route)),
+                (seq, lane, route)
+            );
         }
+    }
+
+    fn mock_config(brokers: String) -> KafkaConfig {
+        KafkaConfig {
+            brokers,
+            properties: Default::default(),
+            create_topics: None,
+            progress_topic: "walbox.progress".into(),
+            exactly_once: None,
+        }
+    }
+
+    /// Shards share one producer: every record's report reaches the queue of the handle that
+    /// sent it, with its sequence number and route, and no other queue.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_shared_producer_reports_each_record_to_its_own_lane() {
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::producer::DefaultProducerContext;
+        let cluster = MockCluster::<DefaultProducerContext>::new(1).unwrap();
+        cluster.create_topic("orders", 2, 1).unwrap();
+        let lanes: Vec<Arc<AckQueue>> = (0..3).map(|_| Arc::default()).collect();
+        let sinks =
+            KafkaSink::shared(&mock_config(cluster.bootstrap_servers()), lanes.clone()).unwrap();
+        const PER_LANE: u64 = 50;
+        for (lane, sink) in sinks.iter().enumerate() {
+            for i in 0..PER_LANE {
+                let event = OutboxEvent {
+                    topic: "orders".into(),
+                    partition: None,
+                    key: Some(bytes::Bytes::from(format!("agg-{i}"))),
+                    value: Some(bytes::Bytes::from_static(b"{}")),
+                    headers: Default::default(),
+                    timestamp_ms: 0,
+                    id: bytes::Bytes::from(format!("{lane}-{i}")),
+                    position: Default::default(),
+                    source: "public.outbox".into(),
+                };
+                // Lanes interleave their sequence numbers, so a report in the wrong queue shows.
+                sink.send(&event, i * 3 + lane as u64, lane + 1).unwrap();
+            }
+        }
+        for (lane, queue) in lanes.iter().enumerate() {
+            let mut acks = Vec::new();
+            while (acks.len() as u64) < PER_LANE {
+                tokio::time::timeout(Duration::from_secs(30), queue.wait())
+                    .await
+                    .expect("delivery reports within 30 s");
+                let mut batch = Vec::new();
+                queue.drain_into(&mut batch);
+                acks.extend(batch);
+            }
+            let mut seqs: Vec<u64> = acks.iter().map(|a| a.seq).collect();
+            seqs.sort_unstable();
+            let expected: Vec<u64> = (0..PER_LANE).map(|i| i * 3 + lane as u64).collect();
+            assert_eq!(seqs, expected, "lane {lane} got exactly its own records");
+            assert!(acks.iter().all(|a| a.result.is_ok() && a.route == lane + 1));
+        }
+        assert!(sinks[0].flush(Duration::from_secs(10)));
+        for queue in &lanes {
+            let mut rest = Vec::new();
+            queue.drain_into(&mut rest);
+            assert!(
+                rest.is_empty(),
+                "no report arrived twice or in another lane"
+            );
+        }
+    }
+
+    #[test]
+    fn one_producer_serves_at_most_max_lanes_relays() {
+        let lanes = (0..=MAX_LANES).map(|_| Arc::default()).collect();
+        let e = KafkaSink::shared(&mock_config("127.0.0.1:9".into()), lanes)
+            .err()
+            .expect("too many lanes are refused");
+        assert!(e.to_string().contains("at most 64 relays"), "{e}");
     }
 
     #[test]
