@@ -11,17 +11,20 @@
 //! timeout instead, as librdkafka requires). User properties from `[kafka.properties]`
 //! override these defaults, except those that would weaken delivery (refused by the config).
 //!
-//! Each record carries its sequence number (and route) as the delivery opaque (a plain `usize`,
-//! no allocation); the delivery callback, on librdkafka's polling thread, pushes an [`Ack`] into
-//! an [`AckQueue`] whose length the relay's in-flight cap bounds, and the relay takes the acks
-//! in batches.
+//! Each record carries its sequence number, lane and route as the delivery opaque (a plain
+//! `usize`, no allocation); the delivery callback, on librdkafka's polling thread, pushes an
+//! [`Ack`] into the [`AckQueue`] of the record's lane, whose length that relay's in-flight cap
+//! bounds, and the relay takes the acks in batches. One producer serves one relay (lane 0), or
+//! the shards of one process ([`KafkaSink::shared`], a lane per shard).
 //!
 //! A record over the producer's own `message.max.bytes` is refused by librdkafka in `produce()`
 //! with the broker's error code; [`SinkError::Send`] says it was the producer's limit, and
 //! [`describe_delivery_error`] says when the broker refused a record on delivery.
 //!
 //! # Invariants
-//! - Every record handed to [`KafkaSink::send`] without error gets exactly one [`Ack`].
+//! - Every record handed to [`KafkaSink::send`] without error gets exactly one [`Ack`], in the
+//!   queue of the handle that sent it: a shard never sees another shard's acks.
+//! - A client error the producer cannot recover from fails every lane's queue.
 //! - Records of one key are produced in the order `send` is called; the idempotent producer keeps
 //!   that order within the partition across retries.
 
