@@ -93,9 +93,9 @@ pub async fn run_with(
 }
 
 /// Runs every shard of `postgres.shards` as its own relay (own slot, checkpoint, monitor and
-/// leader lock; one shared producer) until each has stopped. A fatal error stops its shard only: the
-/// others go on, `/healthz` fails, and the process exits with the first fatal error once
-/// shutdown has stopped the rest.
+/// leader lock; one shared producer) until each has stopped. A fatal error stops its shard
+/// only: the others go on, `/healthz` fails, and the process exits with the first fatal error
+/// once shutdown has stopped the rest.
 async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), FatalError> {
     let shards: Vec<(Config, Arc<Metrics>, Arc<Health>)> = config
         .postgres

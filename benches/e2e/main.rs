@@ -28,8 +28,7 @@
 //! `WALBOX_BENCH_KAFKA_BROKERS`, `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn),
 //! `WALBOX_BENCH_LINGER_MS` (the live runs again with this `linger.ms`, default 1; `off`),
 //! `WALBOX_BENCH_SECTIONS` (a comma list of `drain`, `scaling`, `memory`, `live`, `live-eos`,
-//! `live-poll`, `standby`;
-//! default all: a partial run's table has only those rows).
+//! `live-poll`, `standby`; default all: a partial run's table has only those rows).
 
 mod broker;
 mod floor;
