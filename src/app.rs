@@ -41,7 +41,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
-use crate::config::{Config, OnSlotBusy};
+use crate::config::{Config, KafkaConfig, OnSlotBusy, LIBRDKAFKA_QUEUE_DEFAULT, QUEUE_PROPERTY};
 use crate::failure::Classify;
 use crate::failure::{Failure, FatalError};
 use crate::health::monitor::{self, FatalSignal};
@@ -121,8 +121,9 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
     let mut shared: Vec<Option<(KafkaSink, Arc<AckQueue>)>> = vec![None; shards.len()];
     let mut producer = None;
     if config.kafka.exactly_once.is_none() {
+        let kafka = shared_producer_config(&config, shards.len());
         let lanes: Vec<Arc<AckQueue>> = shards.iter().map(|_| Arc::default()).collect();
-        let sinks = KafkaSink::shared(&config.kafka, lanes.clone()).map_err(|e| FatalError {
+        let sinks = KafkaSink::shared(&kafka, lanes.clone()).map_err(|e| FatalError {
             failure: Failure::Kafka,
             message: e.to_string(),
         })?;
@@ -160,6 +161,19 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
         flush(producer, config.relay.shutdown_timeout).await;
     }
     outcome
+}
+
+/// The shards' shared producer's settings: every shard's window of unacknowledged events
+/// (`relay.max_in_flight`) fits its queue, sized here unless the user set it (the config then
+/// checked that it holds them all).
+fn shared_producer_config(config: &Config, shards: usize) -> KafkaConfig {
+    let mut kafka = config.kafka.clone();
+    let windows = config.relay.max_in_flight * shards;
+    kafka
+        .properties
+        .entry(QUEUE_PROPERTY.to_owned())
+        .or_insert_with(|| windows.max(LIBRDKAFKA_QUEUE_DEFAULT).to_string());
+    kafka
 }
 
 /// Flushes the producer before it is dropped: at most `shutdown_timeout`, and never more than
@@ -440,5 +454,42 @@ impl Term {
         self.watcher.abort();
         let _ = self.raise.send(true);
         self.lost.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &[(&str, &str)]) -> Config {
+        let env = [
+            ("WALBOX_POSTGRES_URL", "postgres://walbox@db/app"),
+            ("WALBOX_KAFKA_BROKERS", "k1:9092"),
+        ];
+        crate::config::load_from(
+            None,
+            &mut env
+                .iter()
+                .chain(extra)
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_shared_producers_queue_holds_every_shards_window() {
+        let queue = |c: &Config, shards| {
+            shared_producer_config(c, shards).properties[QUEUE_PROPERTY].clone()
+        };
+        // librdkafka's default while it is large enough, else every shard's window.
+        let c = config(&[]);
+        assert_eq!(queue(&c, 4), "100000");
+        assert_eq!(queue(&c, 64), "640000");
+        // A queue the user set is kept (the config checked it).
+        let c = config(&[(
+            "WALBOX_KAFKA_PROPERTY_QUEUE_BUFFERING_MAX_MESSAGES",
+            "2000000",
+        )]);
+        assert_eq!(queue(&c, 64), "2000000");
     }
 }

@@ -461,6 +461,22 @@ fn max_in_flight_may_not_exceed_the_producers_queue() {
     let c = over("[relay]\nmax_in_flight = 500\n[kafka.properties]\n\"queue.buffering.max.messages\" = \"500\"\n")
         .unwrap();
     assert_eq!(c.relay.max_in_flight, 500);
+    // Shards share one producer: a queue the user sized must hold every shard's window.
+    let sharded = |shards: &str, extra: &str| {
+        let f = file(&format!("{MINIMAL}{extra}"));
+        load_from(
+            Some(f.path()),
+            &mut env(&[("WALBOX_POSTGRES_SHARDS", shards)]).into_iter(),
+        )
+    };
+    let queue = |n: u32| {
+        format!("[relay]\nmax_in_flight = 500\n[kafka.properties]\n\"queue.buffering.max.messages\" = \"{n}\"\n")
+    };
+    let e = sharded("4", &queue(1500)).unwrap_err().to_string();
+    assert!(e.contains("500 × 4") && e.contains("= 1500"), "{e}");
+    assert_eq!(sharded("4", &queue(2000)).unwrap().postgres.shards, 4);
+    // Unset, walbox sizes it: 64 shards of the default window are accepted.
+    assert!(sharded("64", "").is_ok());
 }
 
 #[test]

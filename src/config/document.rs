@@ -96,9 +96,10 @@ pub fn load_from(
     deserialize::<RawConfig>(table, origin)?.validate()
 }
 
-/// librdkafka's bound on records waiting in the producer, and its default.
-const QUEUE_PROPERTY: &str = "queue.buffering.max.messages";
-const LIBRDKAFKA_QUEUE_DEFAULT: usize = 100_000;
+/// librdkafka's bound on records waiting in the producer.
+pub const QUEUE_PROPERTY: &str = "queue.buffering.max.messages";
+/// [`QUEUE_PROPERTY`]'s default in librdkafka.
+pub const LIBRDKAFKA_QUEUE_DEFAULT: usize = 100_000;
 
 impl RawConfig {
     /// Checks values and fills in defaults.
@@ -180,16 +181,24 @@ impl RawConfig {
                 "relay.max_in_flight must be between 1 and 1000000".into(),
             ));
         }
-        // The relay must stop reading WAL before librdkafka's queue refuses records.
+        // The relay must stop reading WAL before librdkafka's queue refuses records. Shards
+        // share one producer: a queue the user sized must hold every shard's window (walbox
+        // sizes it when the user did not, see `app::run_shards`).
         let queue = self
             .kafka
             .properties
             .get(QUEUE_PROPERTY)
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT);
-        if max_in_flight > queue {
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        if max_in_flight > queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT) {
             return Err(ConfigError::Invalid(format!(
-                "relay.max_in_flight ({max_in_flight}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {queue}): lower relay.max_in_flight or raise the queue"
+                "relay.max_in_flight ({max_in_flight}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {}): lower relay.max_in_flight or raise the queue",
+                queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT)
+            )));
+        }
+        let shards = self.postgres.shards.unwrap_or(1) as usize;
+        if let Some(queue) = queue.filter(|q| shards > 1 && max_in_flight * shards > *q) {
+            return Err(ConfigError::Invalid(format!(
+                "relay.max_in_flight × postgres.shards ({max_in_flight} × {shards}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {queue}), which the shards share: lower relay.max_in_flight, raise the queue, or leave it unset for walbox to size"
             )));
         }
         let backoff_initial = self
