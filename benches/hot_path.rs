@@ -47,13 +47,7 @@ struct Path {
 
 impl Path {
     fn new(brokers: &str) -> Path {
-        let kafka = KafkaConfig {
-            brokers: brokers.to_owned(),
-            properties: Default::default(),
-            create_topics: None,
-            progress_topic: "walbox.progress".into(),
-            exactly_once: None,
-        };
+        let kafka = KafkaConfig::for_brokers(brokers);
         let acks = Arc::new(AckQueue::default());
         Path {
             mapper: OutboxMapper::new(&fixture::outbox_config()),

@@ -120,6 +120,7 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
     // Exactly-once mode: every shard makes its own transactional producer.
     let mut shared: Vec<Option<(KafkaSink, Arc<AckQueue>)>> = vec![None; shards.len()];
     let mut producer = None;
+    let mut probe = None;
     if config.kafka.exactly_once.is_none() {
         let kafka = shared_producer_config(&config, shards.len());
         let lanes: Vec<Arc<AckQueue>> = shards.iter().map(|_| Arc::default()).collect();
@@ -128,6 +129,9 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
             message: e.to_string(),
         })?;
         producer = sinks.first().cloned();
+        probe = producer
+            .clone()
+            .map(|p| probe_brokers(p, config.kafka.brokers.clone()));
         shared = sinks.into_iter().zip(lanes).map(Some).collect();
     }
     let tasks: Vec<_> = shards
@@ -159,6 +163,9 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
     }
     if let Some(producer) = producer {
         flush(producer, config.relay.shutdown_timeout).await;
+    }
+    if let Some(probe) = probe {
+        let _ = probe.await;
     }
     outcome
 }
@@ -274,7 +281,9 @@ pub async fn run_slot(
         health.clone(),
         topics,
     );
-    let probe = probe_brokers(relay.sink().clone(), config.kafka.brokers.clone());
+    // A shared producer is probed once, by its owner.
+    let probe =
+        owns_producer.then(|| probe_brokers(relay.sink().clone(), config.kafka.brokers.clone()));
     let mut backoff = Backoff::new(config.relay.backoff_initial, config.relay.backoff_max);
     let wait_for_slot = config.postgres.on_slot_busy == OnSlotBusy::Wait;
     let outcome = loop {
@@ -393,7 +402,9 @@ pub async fn run_slot(
     }
     // The runtime waits for the (bounded) probe anyway when it is dropped; waiting here keeps
     // its log line before the caller's final one-line error.
-    let _ = probe.await;
+    if let Some(probe) = probe {
+        let _ = probe.await;
+    }
     outcome
 }
 

@@ -13,7 +13,9 @@ use rand::{Rng, SeedableRng};
 use walbox::sandbox::broker::TopicReader;
 use walbox::sandbox::postgres::PgCluster;
 
-use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, write_txn, Written};
+use crate::support::events::{
+    assert_per_aggregate_commit_order, distinct_ids, write_txn, write_txns, Written,
+};
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::{
     self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
@@ -209,30 +211,25 @@ fn a_slow_broker_and_moving_partition_leaders_lose_nothing() {
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let aggs: Vec<String> = (0..30).map(|i| format!("k{}", i % 11)).collect();
     let mut ids = HashSet::new();
-    let write = |n: usize, ids: &mut HashSet<i64>| {
-        for _ in 0..n {
-            ids.extend(write_txn(&db, &topic, &aggs, false).ids);
-        }
-    };
-    write(10, &mut ids);
+    ids.extend(write_txns(&db, &topic, &aggs, 10));
     // Every broker answers 300 ms late.
     for b in 1..=3 {
         mock.broker_round_trip_time(b, Duration::from_millis(300))
             .unwrap();
     }
-    write(10, &mut ids);
+    ids.extend(write_txns(&db, &topic, &aggs, 10));
     assert!(reader.poll_until(WAIT, |r| distinct_ids(r).len() >= ids.len()));
     // Every partition's leader moves to the next broker while events are produced.
-    write(10, &mut ids);
+    ids.extend(write_txns(&db, &topic, &aggs, 10));
     for p in 0..3 {
         mock.partition_leader(&topic, p, Some((p + 1) % 3 + 1))
             .unwrap();
     }
-    write(10, &mut ids);
+    ids.extend(write_txns(&db, &topic, &aggs, 10));
     for b in 1..=3 {
         mock.broker_round_trip_time(b, Duration::ZERO).unwrap();
     }
-    write(10, &mut ids);
+    ids.extend(write_txns(&db, &topic, &aggs, 10));
     assert!(
         reader.poll_until(WAIT, |r| distinct_ids(r).len() >= ids.len()),
         "{} of {} events arrived; log:\n{}",

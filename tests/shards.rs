@@ -13,7 +13,7 @@ use walbox::sandbox::broker::TopicReader;
 
 use crate::support::events::{
     assert_per_aggregate_commit_order, await_distinct, distinct_ids, stop_and_read_exactly,
-    write_txn, Written,
+    write_txn, write_txns, Written,
 };
 use crate::support::{
     self, free_port, http_get, major, wait_until, walbox_cmd, walbox_env, TestDb, Walbox, WAIT,
@@ -530,12 +530,7 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let aggs: Vec<String> = (0..30).map(|i| format!("agg-{}", i % 13)).collect();
     let mut ids = HashSet::new();
-    let mut write = |n: usize| {
-        for _ in 0..n {
-            ids.extend(write_txn(&db, &topic, &aggs, false).ids);
-        }
-    };
-    write(5);
+    ids.extend(write_txns(&db, &topic, &aggs, 5));
     // Produce requests (each carrying several shards' records) are refused for a while, then
     // every broker answers late while partition leaders move: the producer retries, and each
     // shard's acks still reach only that shard.
@@ -543,17 +538,17 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
         RDKafkaApiKey::Produce,
         &[E::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 8],
     );
-    write(10);
+    ids.extend(write_txns(&db, &topic, &aggs, 10));
     for b in 1..=3 {
         mock.broker_round_trip_time(b, std::time::Duration::from_millis(200))
             .unwrap();
     }
-    write(5);
+    ids.extend(write_txns(&db, &topic, &aggs, 5));
     for p in 0..3 {
         mock.partition_leader(&topic, p, Some((p + 1) % 3 + 1))
             .unwrap();
     }
-    write(5);
+    ids.extend(write_txns(&db, &topic, &aggs, 5));
     // Every shard relayed part of it, through the one producer.
     wait_until(WAIT, "every shard to publish", || {
         http_get(port, "/metrics").is_some_and(|(_, body)| {
@@ -567,13 +562,13 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
     wait_until(WAIT, "PostgreSQL to release the slots", || {
         names.iter().all(|s| !db.slot_active(s))
     });
-    write(5);
+    ids.extend(write_txns(&db, &topic, &aggs, 5));
     for b in 1..=3 {
         mock.broker_round_trip_time(b, std::time::Duration::ZERO)
             .unwrap();
     }
     walbox = start_streaming(&env, &db, &names);
-    write(5);
+    ids.extend(write_txns(&db, &topic, &aggs, 5));
     let all: Vec<i64> = ids.iter().copied().collect();
     await_distinct(&mut reader, all.len(), &walbox);
     assert_eq!(

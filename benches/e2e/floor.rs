@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use walbox::config::KafkaConfig;
+use walbox::config::{KafkaConfig, DEFAULT_MAX_IN_FLIGHT};
 use walbox::outbox::OutboxMapper;
 use walbox::sink::kafka::{AckQueue, KafkaSink, SinkError};
 use walbox::source::pgoutput::Decoder;
@@ -31,9 +31,6 @@ use crate::procs;
 
 /// The argument that turns the bench executable into the producer-floor child.
 pub const FLOOR_ARG: &str = "__walbox_bench_producer_floor";
-
-/// `relay.max_in_flight`'s default.
-const MAX_IN_FLIGHT: u64 = 10_000;
 
 /// One floor run: events produced, CPU seconds of the whole child, wall time.
 #[derive(Debug, Clone, Copy, Default)]
@@ -98,13 +95,7 @@ fn produce(brokers: &str, events: u64) -> anyhow::Result<(f64, f64)> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let kafka = KafkaConfig {
-            brokers: brokers.to_owned(),
-            properties: Default::default(),
-            create_topics: None,
-            progress_topic: "walbox.progress".into(),
-            exactly_once: None,
-        };
+        let kafka = KafkaConfig::for_brokers(brokers);
         let acks = Arc::new(AckQueue::default());
         let sink = KafkaSink::new(&kafka, acks.clone())?;
         let (big, _) = fixture::shapes();
@@ -119,7 +110,7 @@ fn produce(brokers: &str, events: u64) -> anyhow::Result<(f64, f64)> {
         let (mut sent, mut acked) = (0u64, 0u64);
         let mut batch = Vec::new();
         while acked < events {
-            while sent < events && sent - acked < MAX_IN_FLIGHT {
+            while sent < events && sent - acked < DEFAULT_MAX_IN_FLIGHT as u64 {
                 match sink.send(&mapped[(sent % mapped.len() as u64) as usize], sent, 0) {
                     Ok(()) => sent += 1,
                     Err(SinkError::QueueFull) => break,

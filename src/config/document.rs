@@ -25,7 +25,7 @@ use super::layers::{deserialize, read_layers};
 use super::log::{LogConfig, RawLog};
 use super::outbox::{self, OutboxConfig, RawOutbox};
 use super::postgres::{valid_identifier, OnSlotBusy, PostgresConfig, RawPostgres};
-use super::relay::{RawRelay, RelayConfig};
+use super::relay::{RawRelay, RelayConfig, DEFAULT_MAX_IN_FLIGHT};
 use super::secret::Secret;
 use super::slot::{RawSlot, SlotConfig};
 use super::units::parse_duration;
@@ -175,7 +175,7 @@ impl RawConfig {
         }
         check_kafka_properties(&self.kafka.properties, LAYOUT.prefix)?;
 
-        let max_in_flight = self.relay.max_in_flight.unwrap_or(10_000);
+        let max_in_flight = self.relay.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
         if !(1..=1_000_000).contains(&max_in_flight) {
             return Err(ConfigError::Invalid(
                 "relay.max_in_flight must be between 1 and 1000000".into(),

@@ -98,6 +98,20 @@ impl Default for ExactlyOnce {
     }
 }
 
+impl KafkaConfig {
+    /// `brokers` with every other setting at its default: no user properties, no topic
+    /// creation, the default progress topic, at-least-once.
+    pub fn for_brokers(brokers: impl Into<String>) -> Self {
+        KafkaConfig {
+            brokers: brokers.into(),
+            properties: BTreeMap::new(),
+            create_topics: None,
+            progress_topic: DEFAULT_PROGRESS_TOPIC.into(),
+            exactly_once: None,
+        }
+    }
+}
+
 impl fmt::Debug for KafkaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaConfig")

@@ -68,7 +68,7 @@ pub use outbox::{
     MAX_OUTBOX_TABLES,
 };
 pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};
-pub use relay::{RawRelay, RelayConfig};
+pub use relay::{RawRelay, RelayConfig, DEFAULT_MAX_IN_FLIGHT};
 // `self::`: the `http` crate has the same name.
 pub use self::http::RawHttp;
 pub use slot::{RawSlot, SlotConfig};

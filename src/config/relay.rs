@@ -26,6 +26,9 @@ pub struct RawRelay {
     pub backoff_max: Option<HumanDuration>,
 }
 
+/// `relay.max_in_flight` when the configuration does not set it.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+
 /// Validated `[relay]`.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {

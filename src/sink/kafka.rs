@@ -569,16 +569,6 @@ mod tests {
         }
     }
 
-    fn mock_config(brokers: String) -> KafkaConfig {
-        KafkaConfig {
-            brokers,
-            properties: Default::default(),
-            create_topics: None,
-            progress_topic: "walbox.progress".into(),
-            exactly_once: None,
-        }
-    }
-
     /// Shards share one producer: every record's report reaches the queue of the handle that
     /// sent it, with its sequence number and route, and no other queue.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -588,8 +578,11 @@ mod tests {
         let cluster = MockCluster::<DefaultProducerContext>::new(1).unwrap();
         cluster.create_topic("orders", 2, 1).unwrap();
         let lanes: Vec<Arc<AckQueue>> = (0..3).map(|_| Arc::default()).collect();
-        let sinks =
-            KafkaSink::shared(&mock_config(cluster.bootstrap_servers()), lanes.clone()).unwrap();
+        let sinks = KafkaSink::shared(
+            &KafkaConfig::for_brokers(cluster.bootstrap_servers()),
+            lanes.clone(),
+        )
+        .unwrap();
         const PER_LANE: u64 = 50;
         for (lane, sink) in sinks.iter().enumerate() {
             for i in 0..PER_LANE {
@@ -635,10 +628,31 @@ mod tests {
         }
     }
 
+    /// A client error the producer cannot recover from reaches every shard it serves; one it
+    /// recovers from reaches none.
+    #[test]
+    fn a_fatal_client_error_fails_every_lane() {
+        let lanes: Vec<Arc<AckQueue>> = (0..3).map(|_| Arc::default()).collect();
+        let context = SinkContext {
+            lanes: lanes.clone(),
+            last_error: Mutex::new(HashMap::new()),
+        };
+        context.error(
+            KafkaError::MessageProduction(RDKafkaErrorCode::BrokerTransportFailure),
+            "transient",
+        );
+        assert!(lanes.iter().all(|l| l.fatal().is_none()));
+        context.error(
+            KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed),
+            "fatal",
+        );
+        assert!(lanes.iter().all(|l| l.fatal().is_some()));
+    }
+
     #[test]
     fn one_producer_serves_at_most_max_lanes_relays() {
         let lanes = (0..=MAX_LANES).map(|_| Arc::default()).collect();
-        let e = KafkaSink::shared(&mock_config("127.0.0.1:9".into()), lanes)
+        let e = KafkaSink::shared(&KafkaConfig::for_brokers("127.0.0.1:9"), lanes)
             .err()
             .expect("too many lanes are refused");
         assert!(e.to_string().contains("at most 64 relays"), "{e}");

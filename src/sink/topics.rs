@@ -257,7 +257,6 @@ impl Topics {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     use rdkafka::mocking::MockCluster;
@@ -267,13 +266,7 @@ mod tests {
     use crate::sink::kafka::AckQueue;
 
     fn config(brokers: String) -> KafkaConfig {
-        KafkaConfig {
-            brokers,
-            properties: BTreeMap::new(),
-            create_topics: None,
-            progress_topic: "walbox.progress".into(),
-            exactly_once: None,
-        }
+        KafkaConfig::for_brokers(brokers)
     }
 
     fn sink(config: &KafkaConfig) -> KafkaSink {

@@ -15,6 +15,13 @@ pub struct Written {
     pub after_commit: Lsn,
 }
 
+/// `n` transactions of [`write_txn`] (no other table); returns the ids of every row.
+pub fn write_txns(db: &TestDb, topic: &str, aggregates: &[String], n: usize) -> Vec<i64> {
+    (0..n)
+        .flat_map(|_| write_txn(db, topic, aggregates, false).ids)
+        .collect()
+}
+
 /// Inserts `rows` outbox rows for `aggregates[i]` in one transaction; returns ids and the LSN
 /// after the commit.
 pub fn write_txn(

@@ -14,8 +14,9 @@
 //! - **Zero-copy**: column values ([`TupleValue::Text`], [`TupleValue::Binary`]) and message
 //!   content ([`Message::content`]) are [`Bytes::slice`](bytes::Bytes::slice)s of the input
 //!   buffer; the only allocation per row is the `Vec` of columns, and [`Decoder`] reuses that
-//!   one from row to row when the caller gives rows back ([`Decoder::recycle`]). Names (relation, namespace, type, prefix,
-//!   origin) are copied into `String`s, since they are rare and must be valid UTF-8.
+//!   one from row to row when the caller gives rows back ([`Decoder::recycle`]). Names
+//!   (relation, namespace, type, prefix, origin) are copied into `String`s, since they are rare
+//!   and must be valid UTF-8.
 //! - **Never panics**: every read is bounds-checked, length arithmetic is checked, negative
 //!   `Int32` lengths and counts are errors, and counts never preallocate more entries than the
 //!   remaining bytes could possibly hold. Any malformed input yields a [`DecodeError`].
@@ -25,10 +26,10 @@
 //! - `Int16` column counts are read as unsigned, as PostgreSQL itself reads them.
 //!
 //! # Files
-//! `message.rs` holds the message types, `decoder.rs` [`decode`], [`Decoder`], its cursor and [`DecodeError`],
-//! `tests.rs` the hand-encoded and captured samples and the property tests. This file only
-//! re-exports them for the rest of walbox; inside the folder the decoder imports the types and
-//! only the tests import this file.
+//! `message.rs` holds the message types, `decoder.rs` [`decode`], [`Decoder`], its cursor and
+//! [`DecodeError`], `tests.rs` the hand-encoded and captured samples and the property tests.
+//! This file only re-exports them for the rest of walbox; inside the folder the decoder imports
+//! the types and only the tests import this file.
 
 mod decoder;
 mod message;

@@ -1,6 +1,6 @@
 //! Tests of the decoder: hand-encoded samples of every message kind, messages captured from
-//! PostgreSQL 15, malformed fields, the recycling [`Decoder`], and property tests (random input never panics; inserts
-//! round-trip with zero-copy values).
+//! PostgreSQL 15, malformed fields, the recycling [`Decoder`], and property tests (random input
+//! never panics; inserts round-trip with zero-copy values).
 
 use bytes::Bytes;
 use proptest::prelude::*;
