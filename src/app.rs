@@ -17,10 +17,11 @@
 //! Shards (`postgres.shards` > 1, [`crate::shard`]): each shard is one such relay, with its own
 //! slot, checkpoint, slot monitor, leader lock and reconnect loop, all in this process. The
 //! shards share one producer (one set of librdkafka threads, and batches that fill across
-//! shards); each has its own lane of delivery reports ([`KafkaSink::shared`]), so an event's
-//! ack reaches only its shard. A client error the producer cannot recover from stops every
-//! shard, as it would stop every per-shard producer with the same configuration. In exactly-once
-//! mode each shard has its own producers (a Kafka transaction belongs to one producer).
+//! shards) and, with `kafka.create_topics`, one admin client; each has its own lane of
+//! delivery reports ([`KafkaSink::shared`]), so an event's ack reaches only its shard. A client
+//! error the producer cannot recover from stops every shard, as it would stop every per-shard
+//! producer with the same configuration. In exactly-once mode each shard has its own producers
+//! (a Kafka transaction belongs to one producer).
 //! A transient error reconnects its shard only; a fatal error stops its shard only (`/healthz`
 //! then fails) and is the process's exit status once shutdown has stopped the others. Metrics
 //! carry the label `slot`; outbox retention runs in the first shard's term.
@@ -89,7 +90,8 @@ pub async fn run_with(
     }
     let Handles { metrics, health } = handles;
     serve_http(config.http_listen, metrics.clone(), vec![health.clone()]).await?;
-    run_slot(Arc::new(config), stop_rx, metrics, health, None).await
+    let borrowed = Borrowed::default();
+    run_slot(Arc::new(config), stop_rx, metrics, health, borrowed).await
 }
 
 /// Runs every shard of `postgres.shards` as its own relay (own slot, checkpoint, monitor and
@@ -117,33 +119,25 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
     let healths = shards.iter().map(|(_, _, h)| h.clone()).collect();
     serve_http(config.http_listen, Arc::new(exposition), healths).await?;
     tracing::info!(shards = shards.len(), "relaying through shards");
+    // One admin client for every shard's topic cache (`kafka.create_topics`).
+    let topics = new_topics(&config)?;
     // Exactly-once mode: every shard makes its own transactional producer.
-    let mut shared: Vec<Option<(KafkaSink, Arc<AckQueue>)>> = vec![None; shards.len()];
-    let mut producer = None;
-    let mut probe = None;
-    if config.kafka.exactly_once.is_none() {
-        let kafka = shared_producer_config(&config, shards.len());
-        let lanes: Vec<Arc<AckQueue>> = shards.iter().map(|_| Arc::default()).collect();
-        let sinks = KafkaSink::shared(&kafka, lanes.clone()).map_err(|e| FatalError {
-            failure: Failure::Kafka,
-            message: e.to_string(),
-        })?;
-        producer = sinks.first().cloned();
-        probe = producer
-            .clone()
-            .map(|p| probe_brokers(p, config.kafka.brokers.clone()));
-        shared = sinks.into_iter().zip(lanes).map(Some).collect();
-    }
+    let (producer, lanes) = match SharedProducer::start(&config, shards.len())? {
+        Some((producer, lanes)) => (Some(producer), lanes.into_iter().map(Some).collect()),
+        None => (None, vec![None; shards.len()]),
+    };
     let tasks: Vec<_> = shards
         .into_iter()
-        .zip(shared)
-        .map(|((shard, metrics, health), own)| {
+        .zip(lanes)
+        .map(|((shard, metrics, health), producer)| {
             let slot = shard.postgres.slot.clone();
             let span = tracing::info_span!("shard", slot = %slot);
-            let task = tokio::spawn(
-                run_slot(Arc::new(shard), stop.clone(), metrics, health, own).instrument(span),
-            );
-            (slot, task)
+            let borrowed = Borrowed {
+                producer,
+                topics: Some(topics.sharing()),
+            };
+            let relay = run_slot(Arc::new(shard), stop.clone(), metrics, health, borrowed);
+            (slot, tokio::spawn(relay.instrument(span)))
         })
         .collect();
     let mut outcome = Ok(());
@@ -162,12 +156,66 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
         }
     }
     if let Some(producer) = producer {
-        flush(producer, config.relay.shutdown_timeout).await;
-    }
-    if let Some(probe) = probe {
-        let _ = probe.await;
+        producer.finish(config.relay.shutdown_timeout).await;
     }
     outcome
+}
+
+/// The producer the shards of one process share (not in exactly-once mode): its owner's
+/// handle, flushed once every shard has stopped, and the background probe of its brokers.
+struct SharedProducer {
+    owner: KafkaSink,
+    probe: tokio::task::JoinHandle<()>,
+}
+
+impl SharedProducer {
+    /// Creates the producer and probes its brokers; returns it with a handle and a lane of
+    /// delivery reports per shard, or `None` in exactly-once mode.
+    fn start(config: &Config, shards: usize) -> Result<Option<(Self, Vec<Lane>)>, FatalError> {
+        if config.kafka.exactly_once.is_some() {
+            return Ok(None);
+        }
+        let kafka = shared_producer_config(config, shards);
+        let lanes: Vec<Arc<AckQueue>> = (0..shards).map(|_| Arc::default()).collect();
+        let sinks = KafkaSink::shared(&kafka, lanes.clone()).map_err(|e| FatalError {
+            failure: Failure::Kafka,
+            message: e.to_string(),
+        })?;
+        let Some(owner) = sinks.first().cloned() else {
+            return Ok(None);
+        };
+        let probe = probe_brokers(owner.clone(), config.kafka.brokers.clone());
+        let producer = SharedProducer { owner, probe };
+        Ok(Some((producer, sinks.into_iter().zip(lanes).collect())))
+    }
+
+    /// Flushes the producer (every shard has stopped) and waits for the probe.
+    async fn finish(self, shutdown_timeout: Duration) {
+        flush(self.owner, shutdown_timeout).await;
+        let _ = self.probe.await;
+    }
+}
+
+/// The topic cache for `config`, with its admin client when `kafka.create_topics` is on.
+fn new_topics(config: &Config) -> Result<Topics, FatalError> {
+    Topics::new(&config.kafka).map_err(|e| FatalError {
+        failure: Failure::Kafka,
+        message: format!("kafka admin client: {e}"),
+    })
+}
+
+/// A handle on a shared producer and the queue of its delivery reports.
+pub type Lane = (KafkaSink, Arc<AckQueue>);
+
+/// Clients a relay borrows from its caller instead of making its own: the shards of one
+/// process share one producer (each with its own lane of delivery reports) and one admin
+/// client.
+#[derive(Default)]
+pub struct Borrowed {
+    /// This relay's handle on a shared producer, and its lane's queue. Its owner flushes it.
+    pub producer: Option<Lane>,
+    /// A topic cache over a shared admin client.
+    pub topics: Option<Topics>,
 }
 
 /// The shards' shared producer's settings: every shard's window of unacknowledged events
@@ -227,17 +275,17 @@ async fn serve_http(
 
 /// Relays one slot until `shutdown` is raised, a fatal error, or (with `postgres.drain_to`,
 /// `walbox reshard`) the slot is drained; the fatal error (also one the slot monitor found) is
-/// returned after the producer is flushed. `shared` is this slot's handle on a producer other
-/// relays use too (and its delivery reports): its owner flushes it, once they all stopped.
+/// returned after the producer is flushed. A client in `borrowed` is used instead of one of
+/// its own; a borrowed producer is neither probed nor flushed here (its owner does both).
 pub async fn run_slot(
     config: Arc<Config>,
     mut shutdown: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
-    shared: Option<(KafkaSink, Arc<AckQueue>)>,
+    borrowed: Borrowed,
 ) -> Result<(), FatalError> {
-    let owns_producer = shared.is_none();
-    let (sink, acks) = match shared {
+    let owns_producer = borrowed.producer.is_none();
+    let (sink, acks) = match borrowed.producer {
         Some(own) => own,
         None => {
             let acks = Arc::new(AckQueue::default());
@@ -269,10 +317,10 @@ pub async fn run_slot(
     })?;
     let webhook_task = webhook.as_ref().map(Webhook::finished);
 
-    let topics = Topics::new(&config.kafka).map_err(|e| FatalError {
-        failure: Failure::Kafka,
-        message: format!("kafka admin client: {e}"),
-    })?;
+    let topics = match borrowed.topics {
+        Some(topics) => topics,
+        None => new_topics(&config)?,
+    };
     let mut relay = Relay::new(
         Settings::of(&config),
         sink,

@@ -1,5 +1,6 @@
 //! The `walbox` binary: parse the command line, load configuration, set up logging, run.
 
+use std::future::Future;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
@@ -66,6 +67,36 @@ fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// Runs `task` to completion on a runtime of 2 worker threads (the command's own thread drives
+/// it).
+fn block_on<T>(task: impl Future<Output = Result<T, FatalError>>) -> Result<T, FatalError> {
+    runtime(2).map_err(runtime_failed)?.block_on(task)
+}
+
+/// Runs `task` to completion on a worker thread of a runtime of `workers` worker threads, like
+/// the tasks it talks to (the main thread is not a worker).
+fn spawn_on<T: Send + 'static>(
+    workers: usize,
+    what: &str,
+    task: impl Future<Output = Result<T, FatalError>> + Send + 'static,
+) -> Result<T, FatalError> {
+    let runtime = runtime(workers).map_err(runtime_failed)?;
+    let task = runtime.spawn(task);
+    runtime.block_on(task).unwrap_or_else(|e| {
+        Err(FatalError {
+            failure: Failure::Internal,
+            message: format!("{what} task failed: {e}"),
+        })
+    })
+}
+
+fn runtime_failed(e: std::io::Error) -> FatalError {
+    FatalError {
+        failure: Failure::Internal,
+        message: format!("cannot start runtime: {e}"),
+    }
+}
+
 /// Worker threads for `walbox run`: 2 (measured best for one relay: fewer cross-thread
 /// wake-ups), one more per further shard, at most the machine's cores.
 fn shard_workers(shards: u32) -> usize {
@@ -77,10 +108,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     #[cfg(feature = "failpoints")]
     let _faults = walbox::fault::setup();
-    let runtime = match runtime(2) {
-        Ok(rt) => rt,
-        Err(e) => return fail(Failure::Internal, format!("cannot start runtime: {e}")),
-    };
     let load = |path: Option<std::path::PathBuf>| config::load(path.as_deref());
     match cli.command {
         Command::Run { config } => match load(config) {
@@ -89,29 +116,15 @@ fn main() -> ExitCode {
                 init_logging(config.log.format, &config.log.level);
                 // Shards relay side by side: a worker per shard, up to the machine's cores.
                 let workers = shard_workers(config.postgres.shards);
-                let runtime = match workers {
-                    2 => runtime,
-                    n => match self::runtime(n) {
-                        Ok(rt) => rt,
-                        Err(e) => return fail(Failure::Internal, format!("cannot start runtime: {e}")),
-                    },
-                };
-                // On a worker thread, like the tasks it talks to (the main thread is not one).
-                let relay = runtime.spawn(walbox::app::run(config, shutdown_signal()));
-                let result = runtime.block_on(relay).unwrap_or_else(|e| {
-                    Err(FatalError {
-                        failure: Failure::Internal,
-                        message: format!("relay task failed: {e}"),
-                    })
-                });
-                finish("walbox", result)
+                let relay = walbox::app::run(config, shutdown_signal());
+                finish("walbox", spawn_on(workers, "relay", relay))
             }
         },
         Command::Status { config, json } => match load(config) {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish("status", runtime.block_on(walbox::health::status::status(&config, json)))
+                finish("status", block_on(walbox::health::status::status(&config, json)))
             }
         },
         Command::Check { config, json } => match load(config) {
@@ -119,7 +132,7 @@ fn main() -> ExitCode {
             Ok(config) => {
                 init_logging(config.log.format, "warn");
                 // A failed check is the report's news, already printed: not an error to log.
-                match runtime.block_on(walbox::preflight::check(&config, json)) {
+                match block_on(walbox::preflight::check(&config, json)) {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => fail(e.failure, e),
                 }
@@ -133,23 +146,17 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish("recreate-slot", runtime.block_on(walbox::health::status::recreate_slot(&config)))
+                finish("recreate-slot", block_on(walbox::health::status::recreate_slot(&config)))
             }
         },
         Command::Reshard { config, to } => match load(config) {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, &config.log.level);
-                let reshard = runtime.spawn(async move {
+                let reshard = async move {
                     walbox::shard::reshard::reshard(&config, to, shutdown_signal()).await
-                });
-                let result = runtime.block_on(reshard).unwrap_or_else(|e| {
-                    Err(FatalError {
-                        failure: Failure::Internal,
-                        message: format!("reshard task failed: {e}"),
-                    })
-                });
-                finish("reshard", result)
+                };
+                finish("reshard", spawn_on(2, "reshard", reshard))
             }
         },
         Command::Republish {
@@ -166,7 +173,7 @@ fn main() -> ExitCode {
                     since,
                     time_column,
                 };
-                let result = runtime.block_on(walbox::republish::republish(&config, &window));
+                let result = block_on(walbox::republish::republish(&config, &window));
                 finish("republish", result.map(|_| ()))
             }
         },
@@ -186,7 +193,7 @@ fn main() -> ExitCode {
                     since,
                     time_column,
                 };
-                let result = runtime.block_on(walbox::audit::audit(&config, &window, wait, json));
+                let result = block_on(walbox::audit::audit(&config, &window, wait, json));
                 finish("audit", result.map(|_| ()))
             }
         },
@@ -194,7 +201,7 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, &config.log.level);
-                finish("walbox inbox", runtime.block_on(walbox::inbox::run(config, shutdown_signal())))
+                finish("walbox inbox", block_on(walbox::inbox::run(config, shutdown_signal())))
             }
         },
         Command::Completions { shell } => {
@@ -205,9 +212,10 @@ fn main() -> ExitCode {
         #[cfg(feature = "sandbox")]
         Command::Demo { aggregates, events } => {
             init_logging(LogFormat::Text, "warn");
-            match runtime.block_on(walbox::sandbox::demo::run(aggregates, events)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(Failure::Internal, format!("{e:#}")),
+            match runtime(2).map(|rt| rt.block_on(walbox::sandbox::demo::run(aggregates, events))) {
+                Ok(Ok(())) => ExitCode::SUCCESS,
+                Ok(Err(e)) => fail(Failure::Internal, format!("{e:#}")),
+                Err(e) => fail(Failure::Internal, format!("cannot start runtime: {e}")),
             }
         }
     }

@@ -401,7 +401,7 @@ async fn drain(
             stop_rx.clone(),
             metrics,
             Arc::new(Health::default()),
-            None,
+            crate::app::Borrowed::default(),
         ));
         tasks.push((name, task));
     }

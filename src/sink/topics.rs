@@ -18,6 +18,7 @@
 //!   relay's backpressure applies.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -48,7 +49,7 @@ pub struct Topics {
     /// Metadata requests made.
     lookups: u64,
     create: Option<(i32, i32)>,
-    admin: Option<AdminClient<DefaultClientContext>>,
+    admin: Option<Arc<AdminClient<DefaultClientContext>>>,
 }
 
 /// A topic that does not exist and may not be created.
@@ -83,16 +84,28 @@ impl Topics {
                 Some(cc.create()?)
             }
         };
-        Ok(Topics {
+        Ok(Topics::over(admin.map(Arc::new), config.create_topics))
+    }
+
+    /// An empty cache over the same admin client (one client for the shards of a process).
+    pub fn sharing(&self) -> Self {
+        Topics::over(self.admin.clone(), self.create)
+    }
+
+    fn over(
+        admin: Option<Arc<AdminClient<DefaultClientContext>>>,
+        create: Option<(i32, i32)>,
+    ) -> Self {
+        Topics {
             known: HashSet::new(),
             failed: HashMap::new(),
             unreachable_at: None,
             lookup_timeout: LOOKUP_TIMEOUT,
             retry_after: RETRY_AFTER,
             lookups: 0,
-            create: config.create_topics,
+            create,
             admin,
-        })
+        }
     }
 
     /// Resolves `topics` (those the config names) with one metadata request: the ones that
@@ -325,5 +338,26 @@ mod tests {
             topics.lookups, 2,
             "no lookup while the cluster is known unreachable"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn caches_sharing_one_admin_client_keep_their_own_knowledge() {
+        // (Creating topics needs CreateTopics, which the mock cluster lacks: see
+        // tests/routing.rs, `missing_topics_are_created_when_asked`.)
+        let cluster = MockCluster::<DefaultProducerContext>::new(1).unwrap();
+        cluster.create_topic("orders", 2, 1).unwrap();
+        let mut config = config(cluster.bootstrap_servers());
+        config.create_topics = Some((3, 1));
+        let sink = sink(&config);
+        let mut first = Topics::new(&config).unwrap();
+        let mut second = first.sharing();
+        let (a, b) = (first.admin.as_ref(), second.admin.as_ref());
+        assert!(Arc::ptr_eq(a.unwrap(), b.unwrap()), "one admin client");
+
+        first.resolve(&sink, &["orders".into()]).await;
+        assert!(first.known.contains("orders"));
+        assert!(second.known.is_empty(), "a new cache knows nothing");
+        second.ensure(&sink, "orders").await.unwrap();
+        assert_eq!((first.lookups, second.lookups), (1, 1));
     }
 }
