@@ -49,9 +49,7 @@ fn ids(findings: &serde_json::Value) -> Vec<String> {
 fn a_hole_is_missing_a_republished_window_is_duplicated_and_filling_the_hole_passes() {
     let db = TestDb::new("audit");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
     let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     let before: Vec<i64> = (0..5)

@@ -56,9 +56,7 @@ pub fn crash_at(
 ) -> Delivered {
     let db = TestDb::new("fault");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 4);
     db.create_slot_and_publication(&slot);
     let before = db.confirmed(&slot);
     let aggregates: Vec<String> = (0..ROWS).map(|i| format!("agg-{}", i % 10)).collect();

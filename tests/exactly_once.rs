@@ -88,9 +88,7 @@ fn transactions_supported(broker: &walbox::sandbox::broker::Broker) -> bool {
 fn setup(tag: &str) -> Option<Setup> {
     let db = TestDb::new(tag);
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 4);
     if !transactions_supported(&broker) {
         return None;
     }

@@ -134,9 +134,7 @@ fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_pha
     let db = TestDb::on(primary, "failover");
     let replica = db.on_standby(standby);
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 3).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 3);
     wait_until(WAIT, "the standby to replay the outbox table", || {
         replica.try_sql("SELECT count(*) FROM outbox").is_ok()
     });
@@ -273,9 +271,7 @@ fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_pha
 fn a_dead_first_host_is_passed_over() {
     let db = TestDb::new("multihost");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 1).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 1);
     let own = db.addr().port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     set(
@@ -340,9 +336,7 @@ fn a_promotion_without_a_synchronized_slot_stops_walbox_with_exit_7_and_the_runb
     let db = TestDb::on(primary, "nofailover");
     let replica = db.on_standby(standby);
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 1).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 1);
 
     let env = standby_first_env(&db, &slot, &broker, primary.port(), standby.port());
     // The standby, listed first, is passed over while it is in recovery.

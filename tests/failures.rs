@@ -97,9 +97,7 @@ fn slot_held_by_another_walbox_exits_6_with_on_slot_busy_fail_and_leaves_the_fir
 fn message_larger_than_the_broker_accepts_exits_8_and_confirms_nothing_past_it() {
     let db = TestDb::new("toolarge");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).unwrap();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
     let insert = |n: usize, size: usize| {
         format!(
@@ -194,9 +192,7 @@ fn message_the_broker_refuses_as_too_large_exits_8_naming_the_broker_limits() {
 fn sigterm_drains_confirms_and_exits_0() {
     let db = TestDb::new("sigterm");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).unwrap();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
     db.sql(&format!(
         "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \

@@ -30,9 +30,7 @@ fn with(env: &mut Vec<(String, String)>, key: &str, value: String) {
 fn a_slow_reset_and_blackholed_link_to_postgres_loses_nothing() {
     let db = TestDb::new("fault_pg");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 4);
     db.create_slot_and_publication(&slot);
     let proxy = Proxy::start(db.addr());
     let port = free_port();
@@ -156,9 +154,7 @@ fn postgres_crashing_mid_stream_and_recovering_loses_nothing() {
         Box::leak(Box::new(support::start_cluster(support::pg_options())));
     let db = TestDb::on(cluster, "pgcrash");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 3).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 3);
     let mut walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
     wait_until(WAIT, "walbox to stream from its slot", || {
         db.streaming(&slot)

@@ -56,9 +56,7 @@ fn the_active(members: &[Member]) -> Option<usize> {
 fn a_standby_takes_over_within_the_bound_after_each_sigkill_and_nothing_is_missing() {
     let db = TestDb::new("ha_kill");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 4);
     db.create_slot_and_publication(&slot);
     let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
 
@@ -171,9 +169,7 @@ fn a_standby_takes_over_within_the_bound_after_each_sigkill_and_nothing_is_missi
 fn a_partitioned_active_walbox_loses_its_role_to_the_standby_within_the_bound() {
     let db = TestDb::new("ha_part");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
     let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     // The first process reaches PostgreSQL through a proxy that can partition it.

@@ -10,9 +10,7 @@ use crate::support::{self, http_get as get, metric, wait_until, walbox_env, Test
 fn metrics_health_and_readiness_reflect_the_relay() {
     let db = TestDb::new("http");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).unwrap();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

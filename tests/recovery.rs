@@ -50,9 +50,7 @@ fn slot_exists(db: &TestDb, slot: &str) -> bool {
 fn a_dropped_slot_stops_with_exit_7_and_the_window_until_recreated_and_republished() {
     let db = TestDb::new("slotdrop");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).unwrap();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
 
@@ -135,9 +133,7 @@ fn a_dropped_slot_stops_with_exit_7_and_the_window_until_recreated_and_republish
 fn a_dropped_publication_exits_5_with_the_way_out_and_republish_fills_the_gap() {
     let db = TestDb::new("pubdrop");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).unwrap();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let mut walbox = Walbox::spawn(&env);
@@ -184,9 +180,7 @@ fn a_dropped_publication_exits_5_with_the_way_out_and_republish_fills_the_gap() 
 fn republish_by_id_sends_the_rows_with_the_relays_mapping() {
     let db = TestDb::new("republishid");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).unwrap();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
     insert(&db, &topic, 12);
     let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
@@ -244,9 +238,7 @@ fn republish_by_id_sends_the_rows_with_the_relays_mapping() {
 fn the_exit_8_statement_skips_exactly_the_rejected_transaction() {
     let db = TestDb::new("skiptxn");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).unwrap();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
     insert(&db, &topic, 3);
     // 2 MB: over librdkafka's default message.max.bytes (1 MB).
@@ -299,9 +291,7 @@ fn the_exit_8_statement_skips_exactly_the_rejected_transaction() {
 fn sigterm_during_a_backlog_confirms_what_it_logged_and_a_restart_sends_no_duplicate() {
     let db = TestDb::new("sigtermbacklog");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).unwrap();
+    let (topic, broker) = support::topic_on_broker(&db, 4);
     db.create_slot_and_publication(&slot);
     // 2,000 transactions of 10 events.
     db.sql(&format!(

@@ -33,9 +33,7 @@ fn stored_rows(db: &TestDb) -> BTreeMap<i64, [String; 4]> {
 fn every_committed_event_arrives_exactly_as_stored_in_commit_order() {
     let db = TestDb::new("e2e");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 6).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 6);
     db.create_slot_and_publication(&slot);
 
     // 10,000 events over 200 aggregates in transactions of 1–100 rows; some also write another
@@ -127,9 +125,7 @@ fn every_committed_event_arrives_exactly_as_stored_in_commit_order() {
 fn sigkill_at_random_points_loses_nothing_and_never_confirms_unacked_events() {
     let db = TestDb::new("crash");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 4);
     db.create_slot_and_publication(&slot);
     let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
 
@@ -305,9 +301,7 @@ fn postgres_restart_mid_stream_reconnects_and_loses_nothing() {
         Box::leak(Box::new(support::start_cluster(support::pg_options())));
     let db = TestDb::on(cluster, "pgrestart");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 3).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 3);
     let mut walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
     wait_until(WAIT, "walbox to stream from its slot", || {
         db.streaming(&slot)

@@ -135,9 +135,7 @@ fn old_rows_are_deleted_in_batches_only_once_confirmed_and_no_event_is_lost() {
 fn a_table_partitioned_by_time_loses_old_partitions_and_gets_new_ones_ahead() {
     let db = TestDb::new("retention_parts");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 1).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 1);
     db.sql(&format!(
         "CREATE TABLE outbox_p (
              id bigint GENERATED ALWAYS AS IDENTITY,
@@ -243,9 +241,7 @@ fn a_table_partitioned_by_time_loses_old_partitions_and_gets_new_ones_ahead() {
 fn a_failing_retention_is_counted_and_logged_while_the_relay_goes_on() {
     let db = TestDb::new("retention_fail");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 1).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 1);
     let port = free_port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
@@ -307,9 +303,7 @@ fn a_table_partitioned_otherwise_keeps_the_young_rows_of_every_partition() {
     // the first partition share ctids with young rows in the second.
     let db = TestDb::new("retention_leaves");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 1).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 1);
     db.sql(&format!(
         "CREATE TABLE outbox_i (
              id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -373,9 +367,7 @@ fn a_table_partitioned_otherwise_keeps_the_young_rows_of_every_partition() {
 fn sigkill_during_retention_loses_no_event() {
     let db = TestDb::new("retention_kill");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
     let port = free_port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
@@ -449,9 +441,7 @@ fn a_partition_that_cannot_be_created_is_reported_and_the_rest_goes_on() {
     // Today's rows sit in the default partition: today's partition cannot be created.
     let db = TestDb::new("retention_premake");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 1).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 1);
     db.sql(&format!(
         "CREATE TABLE outbox_d (
              id bigint GENERATED ALWAYS AS IDENTITY,
@@ -513,9 +503,7 @@ fn a_partition_that_cannot_be_created_is_reported_and_the_rest_goes_on() {
 fn only_the_active_walbox_runs_retention_and_a_standby_starts_it_when_it_takes_over() {
     let db = TestDb::new("retention_ha");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 1).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 1);
     db.create_slot_and_publication(&slot);
     db.sql(&format!(
         "INSERT INTO outbox (aggregate_id, topic, event_type, payload, created_at) \

@@ -40,9 +40,7 @@ fn walbox_command(env: &[(String, String)], args: &[&str]) -> std::process::Outp
 fn secrets_from_files_are_used_and_never_shown() {
     let db = TestDb::new("secrets");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 1).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 1);
     let dir = tempfile::tempdir().unwrap();
     let (url, password) = split_password(&db.url());
     assert!(password.len() >= 8, "a password worth looking for");

@@ -135,6 +135,22 @@ fn sharded_env(db: &TestDb, brokers: &str, shards: u32) -> Vec<(String, String)>
 }
 
 /// Starts walbox with `env` and waits until every slot of `names` is streamed from.
+/// [`sharded_env`] with the HTTP endpoints on a free port: the environment, the port, and the
+/// shards' slot names.
+fn served_shards(
+    db: &TestDb,
+    brokers: &str,
+    shards: u32,
+) -> (Vec<(String, String)>, u16, Vec<String>) {
+    let port = free_port();
+    let mut env = sharded_env(db, brokers, shards);
+    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
+    let names = (0..shards)
+        .map(|k| shard_slot(&db.name, k, shards))
+        .collect();
+    (env, port, names)
+}
+
 fn start_streaming(env: &[(String, String)], db: &TestDb, names: &[String]) -> Walbox {
     let walbox = Walbox::spawn(env);
     wait_until(WAIT, "every shard to stream", || {
@@ -171,13 +187,8 @@ fn four_shards_relay_every_event_in_per_aggregate_order_through_sigkills() {
     }
     let db = TestDb::new("shards4");
     let base = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).expect("topic");
-    let port = free_port();
-    let mut env = sharded_env(&db, &broker.bootstrap_servers(), 4);
-    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
-    let names: Vec<String> = (0..4).map(|k| shard_slot(&base, k, 4)).collect();
+    let (topic, broker) = support::topic_on_broker(&db, 4);
+    let (env, port, names) = served_shards(&db, &broker.bootstrap_servers(), 4);
 
     let mut walbox = start_streaming(&env, &db, &names);
     assert_eq!(
@@ -264,14 +275,8 @@ fn a_terminated_walsender_reconnects_its_shard_only() {
         return;
     }
     let db = TestDb::new("shards_term");
-    let base = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).expect("topic");
-    let port = free_port();
-    let mut env = sharded_env(&db, &broker.bootstrap_servers(), 3);
-    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
-    let names: Vec<String> = (0..3).map(|k| shard_slot(&base, k, 3)).collect();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
+    let (env, port, names) = served_shards(&db, &broker.bootstrap_servers(), 3);
     let mut walbox = start_streaming(&env, &db, &names);
     let pid = |slot: &str| {
         db.sql(&format!(
@@ -311,9 +316,7 @@ fn reshard_1_to_4_to_2_during_a_stream_keeps_every_aggregates_order() {
     }
     let db = TestDb::new("reshard");
     let base = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 4);
     let brokers = broker.bootstrap_servers();
     let one = sharded_env(&db, &brokers, 1);
     let four = sharded_env(&db, &brokers, 4);
@@ -398,9 +401,7 @@ fn an_interrupted_reshard_finishes_when_run_again_and_loses_nothing() {
     }
     let db = TestDb::new("reshard_crash");
     let base = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 4);
     let brokers = broker.bootstrap_servers();
     let one = sharded_env(&db, &brokers, 1);
     let two = sharded_env(&db, &brokers, 2);
@@ -455,14 +456,8 @@ fn a_fatal_error_stops_its_shard_only() {
         return;
     }
     let db = TestDb::new("shards_fatal");
-    let base = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 2).expect("topic");
-    let port = free_port();
-    let mut env = sharded_env(&db, &broker.bootstrap_servers(), 2);
-    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
-    let names = [shard_slot(&base, 0, 2), shard_slot(&base, 1, 2)];
+    let (topic, broker) = support::topic_on_broker(&db, 2);
+    let (env, port, names) = served_shards(&db, &broker.bootstrap_servers(), 2);
     let mut walbox = start_streaming(&env, &db, &names);
     // Shard 1's slot disappears under it (its progress record proves it existed): fatal.
     db.sql(&format!(
@@ -514,7 +509,6 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
         return;
     }
     let db = TestDb::new("shards_faults");
-    let base = db.name.clone();
     let topic = format!("t_{}", db.name);
     let broker = support::broker();
     let Some(mock) = broker.mock_cluster() else {
@@ -522,10 +516,7 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
         return;
     };
     broker.create_topic(&topic, 3).expect("topic");
-    let port = free_port();
-    let mut env = sharded_env(&db, &broker.bootstrap_servers(), 3);
-    env.push(("WALBOX_HTTP_LISTEN".into(), format!("127.0.0.1:{port}")));
-    let names: Vec<String> = (0..3).map(|k| shard_slot(&base, k, 3)).collect();
+    let (env, port, names) = served_shards(&db, &broker.bootstrap_servers(), 3);
     let mut walbox = start_streaming(&env, &db, &names);
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let aggs: Vec<String> = (0..30).map(|i| format!("agg-{}", i % 13)).collect();

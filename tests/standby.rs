@@ -59,9 +59,7 @@ fn walbox_on_a_standby_loses_nothing_through_sigkills_and_a_standby_restart() {
         "decoding on a standby needs 16+, this is {version}"
     );
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
-    broker.create_topic(&topic, 4).expect("topic");
+    let (topic, broker) = support::topic_on_broker(&db, 4);
     let mut env = walbox_env(&replica, &slot, &broker.bootstrap_servers());
     env.push(("WALBOX_POSTGRES_PRIMARY_URL".into(), db.url()));
     env.push(("WALBOX_SLOT_HEARTBEAT_INTERVAL".into(), "100ms".into()));

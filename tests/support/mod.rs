@@ -229,6 +229,16 @@ pub fn broker() -> Broker {
     Broker::from_env_or_mock("WALBOX_TEST_KAFKA_BROKERS", 3).expect("start the mock Kafka cluster")
 }
 
+/// The test's broker with a topic of `partitions` named after `db` (`t_<database>`).
+pub fn topic_on_broker(db: &TestDb, partitions: i32) -> (String, Broker) {
+    let topic = format!("t_{}", db.name);
+    let broker = broker();
+    broker
+        .create_topic(&topic, partitions)
+        .expect("create the test topic");
+    (topic, broker)
+}
+
 /// Waits for `cond`, polling, up to `timeout`; panics naming `what` on timeout.
 pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
