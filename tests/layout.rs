@@ -443,6 +443,7 @@ fn forbidden_imports(from: &str, forbidden: &[&str]) -> Vec<String> {
 /// `fault`).
 const NOT_FOUNDATION: &[&str] = &[
     "config",
+    "shard",
     "pg",
     "source",
     "outbox",
@@ -472,6 +473,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "config",
         &[
+            "shard",
             "pg",
             "source",
             "outbox",
@@ -491,6 +493,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "pg",
         &[
+            "shard",
             "source",
             "outbox",
             "relay",
@@ -526,6 +529,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "outbox",
         &[
+            "shard",
             "pg",
             "relay",
             "sink",
@@ -543,6 +547,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "sink",
         &[
+            "shard",
             "pg",
             "source",
             "relay",
@@ -559,6 +564,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "health",
         &[
+            "shard",
             "outbox",
             "relay",
             "inbox",
@@ -598,6 +604,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "inbox",
         &[
+            "shard",
             "source",
             "outbox",
             "relay",
@@ -614,6 +621,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "metrics",
         &[
+            "shard",
             "source",
             "outbox",
             "relay",
@@ -631,6 +639,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "leader",
         &[
+            "shard",
             "source",
             "outbox",
             "relay",
@@ -647,6 +656,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "retention",
         &[
+            "shard",
             "source",
             "outbox",
             "relay",
@@ -660,6 +670,20 @@ const RULES: &[(&str, &[&str])] = &[
             "leader",
         ],
     ),
+    (
+        "shard",
+        &[
+            "outbox",
+            "relay",
+            "sink",
+            "health",
+            "inbox",
+            "republish",
+            "sandbox",
+            "preflight",
+            "retention",
+        ],
+    ),
 ];
 
 #[test]
@@ -671,6 +695,31 @@ fn every_folder_imports_only_what_the_architecture_allows() {
     assert!(
         bad.is_empty(),
         "imports against docs/architecture.md: {bad:?}"
+    );
+}
+
+#[test]
+fn every_top_level_module_is_on_the_architecture_map() {
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(root().join("src")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let named = if path.is_dir() {
+            format!("`{name}/`")
+        } else if name == "lib.rs" || name == "main.rs" {
+            continue;
+        } else {
+            format!("`{name}`")
+        };
+        if !doc.contains(&named) {
+            missing.push(named);
+        }
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md's folder table does not name {missing:?}"
     );
 }
 

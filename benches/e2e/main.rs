@@ -5,9 +5,10 @@
 //! 1. starts a private PostgreSQL cluster (`wal_level=logical`, `shared_buffers=1GB`, and the
 //!    sandbox's `fsync=off`) with the seeds' outbox table, partial index and a publication, and
 //!    librdkafka's mock Kafka cluster in a child process (or `WALBOX_BENCH_KAFKA_BROKERS`);
-//! 2. backlog drain, 100-row and 1-row transactions: N rows loaded behind two slots created at
+//! 2. backlog drain, 100-row and 1-row transactions: N rows loaded behind slots created at
 //!    the same LSN; `pg_recvlogical` drains one to `/dev/null`, the walbox binary (a child
-//!    process) the other, until every event is acked and `confirmed_flush_lsn` passed the end;
+//!    process) another, until every event is acked and `confirmed_flush_lsn` passed the end;
+//!    then the pair again in the other order (walbox first) on two more slots;
 //! 3. the seeds' polling relay drains the same N rows to the same broker;
 //! 4. walbox's peak RSS on a 5×N-row backlog and on one N-row transaction;
 //! 5. live latency at fixed insert rates for walbox and the polling relay (100 ms and 1 s);
@@ -31,6 +32,7 @@
 //! `live-poll`, `standby`; default all: a partial run's table has only those rows).
 
 mod broker;
+mod drain;
 mod floor;
 mod live;
 mod poller;
@@ -272,11 +274,23 @@ async fn run() -> anyhow::Result<()> {
     if bench.settings.runs("drain") {
         // 1. Backlog drain, 100-row transactions; then the polling relay on the same rows.
         let end = bench
-            .backlog(&["recv_100", "walbox_100", "walbox_eos_100"], n, 100)
+            .backlog(
+                &[
+                    "recv_100",
+                    "walbox_100",
+                    "walbox_eos_100",
+                    "walbox_100_b",
+                    "recv_100_b",
+                ],
+                n,
+                100,
+            )
             .await?;
         let recv = bench.drain_recvlogical("recv_100", end, n).await?;
         let wb = bench.drain_walbox("walbox_100", end, n).await?;
         report.drain("100-row tx", &wb, &recv);
+        let (wb_b, recv_b) = bench.drain_reversed("100", end, n).await?;
+        report.drain_reversed((&wb, &recv), (&wb_b, &recv_b));
         // The same backlog in exactly-once mode (Kafka transactions, default bounds).
         let eos = bench
             .drain_walbox_with("walbox_eos_100", end, n, &exactly_once())
@@ -288,10 +302,13 @@ async fn run() -> anyhow::Result<()> {
         report.memory(&format!("{} -row backlog (100-row tx)", fmt_n(n)), &wb);
 
         // 2. Backlog drain, 1-row transactions.
-        let end = bench.backlog(&["recv_1", "walbox_1"], n, 1).await?;
+        let slots = ["recv_1", "walbox_1", "walbox_1_b", "recv_1_b"];
+        let end = bench.backlog(&slots, n, 1).await?;
         let recv1 = bench.drain_recvlogical("recv_1", end, n).await?;
         let wb1 = bench.drain_walbox("walbox_1", end, n).await?;
         report.drain("1-row tx", &wb1, &recv1);
+        let (wb1_b, recv1_b) = bench.drain_reversed("1", end, n).await?;
+        report.drain_reversed((&wb1, &recv1), (&wb1_b, &recv1_b));
         report.memory(&format!("{} -row backlog (1-row tx)", fmt_n(n)), &wb1);
         bench.drop_slots().await?;
         // The producer alone, on the same number of events: the floor of walbox's relay CPU.
@@ -560,142 +577,6 @@ impl Bench {
         text.unwrap_or_default()
             .parse()
             .map_err(|e| anyhow::anyhow!("{e:?}"))
-    }
-
-    /// How long a drain of `rows` may take before the bench gives up.
-    fn timeout(rows: u64) -> Duration {
-        Duration::from_secs(120 + rows / 2_000)
-    }
-
-    /// Drains `slot` with pg_recvlogical to `/dev/null` up to `end`.
-    async fn drain_recvlogical(&self, slot: &str, end: Lsn, rows: u64) -> anyhow::Result<Drain> {
-        self.drain_recvlogical_many(&[(slot.to_owned(), PUBLICATION.to_owned())], end, rows)
-            .await
-    }
-
-    /// Drains `slot` with the walbox binary until `rows` events are acked and the slot passed
-    /// `end`.
-    async fn drain_walbox(&self, slot: &str, end: Lsn, rows: u64) -> anyhow::Result<Drain> {
-        self.drain_walbox_with(slot, end, rows, &[]).await
-    }
-
-    /// [`Bench::drain_walbox`] with more `WALBOX_*` variables.
-    async fn drain_walbox_with(
-        &self,
-        slot: &str,
-        end: Lsn,
-        rows: u64,
-        extra: &[(&str, String)],
-    ) -> anyhow::Result<Drain> {
-        let slots = [slot.to_owned()];
-        Ok(self
-            .drain_walbox_slots(slot, &slots, end, rows, extra)
-            .await?
-            .0)
-    }
-
-    /// walbox on `slot` (with `postgres.shards`, the base of its shards' slots) until `rows`
-    /// events are acked and every one of `slots` passed `end`; with the most threads the process
-    /// had and its context switches.
-    async fn drain_walbox_slots(
-        &self,
-        slot: &str,
-        slots: &[String],
-        end: Lsn,
-        rows: u64,
-        extra: &[(&str, String)],
-    ) -> anyhow::Result<(Drain, Switches)> {
-        let wal0 = self.wal_lsn().await?;
-        let dead0 = self.dead_tuples().await?;
-        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
-        let t0 = Instant::now();
-        let brokers = self.broker.bootstrap();
-        let mut walbox = WalboxChild::start(&self.url, slot, PUBLICATION, &brokers, false, extra)?;
-        let pid = walbox.pid();
-        let deadline = t0 + Self::timeout(rows);
-        let mut acked = None;
-        let (mut relay_cpu, mut rss, mut pg_cpu) = (0.0f64, 0u64, 0.0f64);
-        let mut seen = Switches::default();
-        let confirmed = loop {
-            walbox.check_alive()?;
-            relay_cpu = procs::cpu_seconds(pid).max(relay_cpu);
-            rss = procs::peak_rss(pid).unwrap_or(0).max(rss);
-            if let Some((threads, switches)) = procs::threads_and_switches(pid) {
-                seen.threads = seen.threads.max(threads);
-                seen.switches = seen.switches.max(switches);
-            }
-            pg_cpu = pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0);
-            if acked.is_none() && walbox.metrics().is_some_and(|m| m.published >= rows) {
-                acked = Some(t0.elapsed());
-            }
-            if acked.is_some() {
-                let mut all = true;
-                for s in slots {
-                    all &= self.confirmed(s).await? >= end;
-                }
-                if all {
-                    break t0.elapsed();
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "walbox did not drain {} in time (published {:?})",
-                    slots.join(", "),
-                    walbox.metrics().map(|m| m.published)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let wal_bytes = self.wal_lsn().await?.bytes_since(wal0);
-        walbox.stop()?;
-        let d = Drain {
-            events: rows,
-            acked: acked.unwrap_or(confirmed),
-            confirmed,
-            pg_cpu,
-            relay_cpu: Some(relay_cpu),
-            peak_rss: Some(rss),
-            wal_bytes,
-            dead_tuples: self.dead_tuples().await? - dead0,
-        };
-        eprintln!(
-            "walbox {slot} ×{} (pid {pid}): {:.0} events/s, {} threads, {} context switches {d:?}",
-            slots.len(),
-            d.rate(),
-            seen.threads,
-            seen.switches
-        );
-        Ok((d, seen))
-    }
-
-    /// Drains every unpublished row with the polling relay.
-    async fn drain_poller(&self, rows: u64) -> anyhow::Result<Drain> {
-        let wal0 = self.wal_lsn().await?;
-        let dead0 = self.dead_tuples().await?;
-        let mut poller = poller::Poller::connect(&self.url, &self.broker.bootstrap()).await?;
-        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
-        let t0 = Instant::now();
-        let published = poller.drain().await?;
-        let elapsed = t0.elapsed();
-        let pg_cpu = procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0;
-        if published != rows {
-            bail!("the polling relay published {published} of {rows} rows");
-        }
-        let wal_bytes = self.wal_lsn().await?.bytes_since(wal0);
-        poller.flush_stats().await?;
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        let d = Drain {
-            events: rows,
-            acked: elapsed,
-            confirmed: elapsed,
-            pg_cpu,
-            relay_cpu: None,
-            peak_rss: None,
-            wal_bytes,
-            dead_tuples: self.dead_tuples().await? - dead0,
-        };
-        eprintln!("polling relay: {:.0} events/s {d:?}", d.rate());
-        Ok(d)
     }
 
     /// Waits until walbox created and holds `slot`.

@@ -115,6 +115,21 @@ impl Report {
         }
     }
 
+    /// The drain pair again in the other order (walbox first) on two more slots of the same
+    /// backlog, and the ratio over both orders (the geometric mean of the two): which of the
+    /// two drains runs first is not what the ratio should measure.
+    pub fn drain_reversed(&mut self, first: (&Drain, &Drain), second: (&Drain, &Drain)) {
+        let (wb, recv) = second;
+        let both = (first.0.rate() / first.1.rate() * wb.rate() / recv.rate()).sqrt();
+        self.rows.push(Row {
+            measurement: "… same, drained again walbox first: events/s".into(),
+            walbox: k(wb.rate()),
+            comparison: format!("pg_recvlogical {}", k(recv.rate())),
+            ratio: format!("{} (both orders {both:.2}×)", ratio(wb.rate(), recv.rate())),
+            target: "≥ 0.95× both orders".into(),
+        });
+    }
+
     /// Backlog drain of one transaction shape.
     pub fn drain(&mut self, shape: &str, wb: &Drain, recv: &Drain) {
         let (fast, slow) = if shape.starts_with('1') && !shape.starts_with("100") {

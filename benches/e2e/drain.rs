@@ -1,0 +1,170 @@
+//! Backlog drains: `pg_recvlogical`, the walbox binary and the polling relay, each draining the
+//! same rows, with the CPU of PostgreSQL and of the relay, WAL written and dead tuples.
+
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use walbox::lsn::Lsn;
+
+use crate::procs::{self, WalboxChild};
+use crate::{poller, Bench, Drain, Switches, PUBLICATION};
+
+impl Bench {
+    /// How long a drain of `rows` may take before the bench gives up.
+    pub fn timeout(rows: u64) -> Duration {
+        Duration::from_secs(120 + rows / 2_000)
+    }
+
+    /// Drains `slot` with pg_recvlogical to `/dev/null` up to `end`.
+    pub async fn drain_recvlogical(
+        &self,
+        slot: &str,
+        end: Lsn,
+        rows: u64,
+    ) -> anyhow::Result<Drain> {
+        self.drain_recvlogical_many(&[(slot.to_owned(), PUBLICATION.to_owned())], end, rows)
+            .await
+    }
+
+    /// walbox, then `pg_recvlogical`, on the slots `walbox_<tag>_b` and `recv_<tag>_b` of the
+    /// same backlog: the drain pair in the other order.
+    pub async fn drain_reversed(
+        &self,
+        tag: &str,
+        end: Lsn,
+        rows: u64,
+    ) -> anyhow::Result<(Drain, Drain)> {
+        let wb = self
+            .drain_walbox(&format!("walbox_{tag}_b"), end, rows)
+            .await?;
+        let recv = self
+            .drain_recvlogical(&format!("recv_{tag}_b"), end, rows)
+            .await?;
+        Ok((wb, recv))
+    }
+
+    /// Drains `slot` with the walbox binary until `rows` events are acked and the slot passed
+    /// `end`.
+    pub async fn drain_walbox(&self, slot: &str, end: Lsn, rows: u64) -> anyhow::Result<Drain> {
+        self.drain_walbox_with(slot, end, rows, &[]).await
+    }
+
+    /// [`Bench::drain_walbox`] with more `WALBOX_*` variables.
+    pub async fn drain_walbox_with(
+        &self,
+        slot: &str,
+        end: Lsn,
+        rows: u64,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Drain> {
+        let slots = [slot.to_owned()];
+        Ok(self
+            .drain_walbox_slots(slot, &slots, end, rows, extra)
+            .await?
+            .0)
+    }
+
+    /// walbox on `slot` (with `postgres.shards`, the base of its shards' slots) until `rows`
+    /// events are acked and every one of `slots` passed `end`; with the most threads the process
+    /// had and its context switches.
+    pub async fn drain_walbox_slots(
+        &self,
+        slot: &str,
+        slots: &[String],
+        end: Lsn,
+        rows: u64,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<(Drain, Switches)> {
+        let wal0 = self.wal_lsn().await?;
+        let dead0 = self.dead_tuples().await?;
+        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
+        let t0 = Instant::now();
+        let brokers = self.broker.bootstrap();
+        let mut walbox = WalboxChild::start(&self.url, slot, PUBLICATION, &brokers, false, extra)?;
+        let pid = walbox.pid();
+        let deadline = t0 + Self::timeout(rows);
+        let mut acked = None;
+        let (mut relay_cpu, mut rss, mut pg_cpu) = (0.0f64, 0u64, 0.0f64);
+        let mut seen = Switches::default();
+        let confirmed = loop {
+            walbox.check_alive()?;
+            relay_cpu = procs::cpu_seconds(pid).max(relay_cpu);
+            rss = procs::peak_rss(pid).unwrap_or(0).max(rss);
+            if let Some((threads, switches)) = procs::threads_and_switches(pid) {
+                seen.threads = seen.threads.max(threads);
+                seen.switches = seen.switches.max(switches);
+            }
+            pg_cpu = pg_cpu.max(procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0);
+            if acked.is_none() && walbox.metrics().is_some_and(|m| m.published >= rows) {
+                acked = Some(t0.elapsed());
+            }
+            if acked.is_some() {
+                let mut all = true;
+                for s in slots {
+                    all &= self.confirmed(s).await? >= end;
+                }
+                if all {
+                    break t0.elapsed();
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "walbox did not drain {} in time (published {:?})",
+                    slots.join(", "),
+                    walbox.metrics().map(|m| m.published)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let wal_bytes = self.wal_lsn().await?.bytes_since(wal0);
+        walbox.stop()?;
+        let d = Drain {
+            events: rows,
+            acked: acked.unwrap_or(confirmed),
+            confirmed,
+            pg_cpu,
+            relay_cpu: Some(relay_cpu),
+            peak_rss: Some(rss),
+            wal_bytes,
+            dead_tuples: self.dead_tuples().await? - dead0,
+        };
+        eprintln!(
+            "walbox {slot} ×{} (pid {pid}): {:.0} events/s, {} threads, {} context switches {d:?}",
+            slots.len(),
+            d.rate(),
+            seen.threads,
+            seen.switches
+        );
+        Ok((d, seen))
+    }
+
+    /// Drains every unpublished row with the polling relay.
+    pub async fn drain_poller(&self, rows: u64) -> anyhow::Result<Drain> {
+        let wal0 = self.wal_lsn().await?;
+        let dead0 = self.dead_tuples().await?;
+        let mut poller = poller::Poller::connect(&self.url, &self.broker.bootstrap()).await?;
+        let cpu0 = procs::postgres_cpu_seconds(self.cluster.data_dir());
+        let t0 = Instant::now();
+        let published = poller.drain().await?;
+        let elapsed = t0.elapsed();
+        let pg_cpu = procs::postgres_cpu_seconds(self.cluster.data_dir()) - cpu0;
+        if published != rows {
+            bail!("the polling relay published {published} of {rows} rows");
+        }
+        let wal_bytes = self.wal_lsn().await?.bytes_since(wal0);
+        poller.flush_stats().await?;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let d = Drain {
+            events: rows,
+            acked: elapsed,
+            confirmed: elapsed,
+            pg_cpu,
+            relay_cpu: None,
+            peak_rss: None,
+            wal_bytes,
+            dead_tuples: self.dead_tuples().await? - dead0,
+        };
+        eprintln!("polling relay: {:.0} events/s {d:?}", d.rate());
+        Ok(d)
+    }
+}
