@@ -9,6 +9,26 @@ use walbox::lsn::Lsn;
 use crate::procs::{self, WalboxChild};
 use crate::{poller, Bench, Drain, Switches, PUBLICATION};
 
+/// How many times each drain pair (walbox and `pg_recvlogical` on the same backlog) runs: the
+/// VM's speed moves within a run, and which of the two drains first is not what the ratio
+/// should measure.
+pub const DRAIN_PAIRS: usize = 4;
+
+/// The `pg_recvlogical` and walbox slots of pair `i` of `tag`.
+fn pair_slot_names(tag: &str, i: usize) -> (String, String) {
+    (format!("recv_{tag}_{i}"), format!("walbox_{tag}_{i}"))
+}
+
+/// Every slot [`Bench::drain_pairs`] drains for `tag`, to create before the backlog is loaded.
+pub fn pair_slots(tag: &str) -> Vec<String> {
+    (0..DRAIN_PAIRS)
+        .flat_map(|i| {
+            let (recv, walbox) = pair_slot_names(tag, i);
+            [recv, walbox]
+        })
+        .collect()
+}
+
 impl Bench {
     /// How long a drain of `rows` may take before the bench gives up.
     pub fn timeout(rows: u64) -> Duration {
@@ -26,21 +46,27 @@ impl Bench {
             .await
     }
 
-    /// walbox, then `pg_recvlogical`, on the slots `walbox_<tag>_b` and `recv_<tag>_b` of the
-    /// same backlog: the drain pair in the other order.
-    pub async fn drain_reversed(
+    /// The drain pair [`DRAIN_PAIRS`] times on the slots of [`pair_slots`], `pg_recvlogical`
+    /// first in even pairs and walbox first in odd ones: (walbox, `pg_recvlogical`) per pair.
+    pub async fn drain_pairs(
         &self,
         tag: &str,
         end: Lsn,
         rows: u64,
-    ) -> anyhow::Result<(Drain, Drain)> {
-        let wb = self
-            .drain_walbox(&format!("walbox_{tag}_b"), end, rows)
-            .await?;
-        let recv = self
-            .drain_recvlogical(&format!("recv_{tag}_b"), end, rows)
-            .await?;
-        Ok((wb, recv))
+    ) -> anyhow::Result<Vec<(Drain, Drain)>> {
+        let mut pairs = Vec::with_capacity(DRAIN_PAIRS);
+        for i in 0..DRAIN_PAIRS {
+            let (recv_slot, walbox_slot) = pair_slot_names(tag, i);
+            let pair = if i % 2 == 0 {
+                let recv = self.drain_recvlogical(&recv_slot, end, rows).await?;
+                (self.drain_walbox(&walbox_slot, end, rows).await?, recv)
+            } else {
+                let wb = self.drain_walbox(&walbox_slot, end, rows).await?;
+                (wb, self.drain_recvlogical(&recv_slot, end, rows).await?)
+            };
+            pairs.push(pair);
+        }
+        Ok(pairs)
     }
 
     /// Drains `slot` with the walbox binary until `rows` events are acked and the slot passed

@@ -8,7 +8,7 @@
 //! 2. backlog drain, 100-row and 1-row transactions: N rows loaded behind slots created at
 //!    the same LSN; `pg_recvlogical` drains one to `/dev/null`, the walbox binary (a child
 //!    process) another, until every event is acked and `confirmed_flush_lsn` passed the end;
-//!    then the pair again in the other order (walbox first) on two more slots;
+//!    the pair runs 4 times on slots of the same backlog, in alternating order;
 //! 3. the seeds' polling relay drains the same N rows to the same broker;
 //! 4. walbox's peak RSS on a 5×N-row backlog and on one N-row transaction;
 //! 5. live latency at fixed insert rates for walbox and the polling relay (100 ms and 1 s);
@@ -273,47 +273,41 @@ async fn run() -> anyhow::Result<()> {
     let n = bench.settings.rows;
     if bench.settings.runs("drain") {
         // 1. Backlog drain, 100-row transactions; then the polling relay on the same rows.
-        let end = bench
-            .backlog(
-                &[
-                    "recv_100",
-                    "walbox_100",
-                    "walbox_eos_100",
-                    "walbox_100_b",
-                    "recv_100_b",
-                ],
-                n,
-                100,
-            )
-            .await?;
-        let recv = bench.drain_recvlogical("recv_100", end, n).await?;
-        let wb = bench.drain_walbox("walbox_100", end, n).await?;
-        report.drain("100-row tx", &wb, &recv);
-        let (wb_b, recv_b) = bench.drain_reversed("100", end, n).await?;
-        report.drain_reversed((&wb, &recv), (&wb_b, &recv_b));
+        let pair_slots = drain::pair_slots("100");
+        let mut slots: Vec<&str> = pair_slots.iter().map(String::as_str).collect();
+        slots.push("walbox_eos_100");
+        let end = bench.backlog(&slots, n, 100).await?;
+        let pairs = bench.drain_pairs("100", end, n).await?;
+        let (wb, recv) = &pairs[0];
+        report.drain("100-row tx", wb, recv);
+        report.drain_pairs(&pairs);
         // The same backlog in exactly-once mode (Kafka transactions, default bounds).
         let eos = bench
             .drain_walbox_with("walbox_eos_100", end, n, &exactly_once())
             .await?;
-        report.exactly_once_drain("100-row tx", &eos, &wb, &recv);
+        report.exactly_once_drain("100-row tx", &eos, wb, recv);
         bench.drop_slots().await?;
         let poll = bench.drain_poller(n).await?;
-        report.poller(&wb, &poll, &recv);
-        report.memory(&format!("{} -row backlog (100-row tx)", fmt_n(n)), &wb);
+        report.poller(wb, &poll, recv);
+        report.memory(&format!("{} -row backlog (100-row tx)", fmt_n(n)), wb);
 
         // 2. Backlog drain, 1-row transactions.
-        let slots = ["recv_1", "walbox_1", "walbox_1_b", "recv_1_b"];
+        let pair_slots = drain::pair_slots("1");
+        let slots: Vec<&str> = pair_slots.iter().map(String::as_str).collect();
         let end = bench.backlog(&slots, n, 1).await?;
-        let recv1 = bench.drain_recvlogical("recv_1", end, n).await?;
-        let wb1 = bench.drain_walbox("walbox_1", end, n).await?;
-        report.drain("1-row tx", &wb1, &recv1);
-        let (wb1_b, recv1_b) = bench.drain_reversed("1", end, n).await?;
-        report.drain_reversed((&wb1, &recv1), (&wb1_b, &recv1_b));
-        report.memory(&format!("{} -row backlog (1-row tx)", fmt_n(n)), &wb1);
+        let pairs1 = bench.drain_pairs("1", end, n).await?;
+        let (wb1, recv1) = &pairs1[0];
+        report.drain("1-row tx", wb1, recv1);
+        report.drain_pairs(&pairs1);
+        report.memory(&format!("{} -row backlog (1-row tx)", fmt_n(n)), wb1);
         bench.drop_slots().await?;
-        // The producer alone, on the same number of events: the floor of walbox's relay CPU.
-        let floor = floor::run(&bench.broker.bootstrap(), n)?;
-        report.floor(&floor, &[("100-row", &wb, &recv), ("1-row", &wb1, &recv1)]);
+        // The producer alone, on the same number of events: the floor of walbox's relay CPU,
+        // fed flat out and paced at walbox's 100-row drain rate.
+        let brokers = bench.broker.bootstrap();
+        let floor = floor::run(&brokers, n, None)?;
+        let paced = floor::run(&brokers, n, Some(wb.rate()))?;
+        let drains = [("100-row", wb, recv), ("1-row", wb1, recv1)];
+        report.floor(&floor, &paced, &drains);
     }
 
     if bench.settings.runs("scaling") {
