@@ -9,8 +9,9 @@
 //! every event of an aggregate travels through the same shard, in commit order.
 //!
 //! Measured against a hash-partitioned outbox (one publication per partition), row filters cost
-//! the server more (every walsender evaluates the filter on every row: 40–44 % more CPU at 4
-//! shards in the last two runs, docs/performance.md "Shards"); they are used because
+//! the server more (every walsender evaluates the filter on every row: the partitioned outbox
+//! took 39–44 % less server CPU at 4 shards in the last three runs, docs/performance.md
+//! "Shards"); they are used because
 //! they need no change to the user's table and let `walbox reshard` change N without moving a
 //! row. Each walsender still decodes all of the WAL; only the output (pgoutput, network, relay)
 //! is divided, which bounds a sharded outbox at `1 / decode` (docs/performance.md, the cost
