@@ -14,7 +14,8 @@
 //! 5. live latency at fixed insert rates for walbox and the polling relay (100 ms and 1 s);
 //! 6. the primary's PostgreSQL CPU per 100k events with walbox decoding on the primary and on
 //!    a physical standby (PostgreSQL 16+, a separate pair of clusters; see `standby.rs`);
-//! 7. the producer's floor: walbox's producer alone on as many events (`floor.rs`);
+//! 7. the producer's floor: walbox's producer alone on as many events, flat out and paced at
+//!    walbox's drain rate (`floor.rs`);
 //! 8. scaling through shards: the backlogs drained through 1, 2 and 4 shards by walbox and by
 //!    as many `pg_recvlogical` processes, the hash-partitioned alternative, and the cost model
 //!    fitted to them (`shards.rs`);
