@@ -42,7 +42,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
-use crate::config::{Config, KafkaConfig, OnSlotBusy, LIBRDKAFKA_QUEUE_DEFAULT, QUEUE_PROPERTY};
+use crate::config::{Config, OnSlotBusy};
 use crate::failure::Classify;
 use crate::failure::{Failure, FatalError};
 use crate::health::monitor::{self, FatalSignal};
@@ -51,7 +51,7 @@ use crate::leader::{self, Leadership};
 use crate::metrics::{self, Health, Metrics, ShardMetrics};
 use crate::relay::{Relay, SessionEnd, Settings};
 use crate::retention;
-use crate::sink::kafka::{AckQueue, KafkaSink};
+use crate::sink::kafka::{AckQueue, KafkaSink, Lane};
 use crate::sink::topics::Topics;
 
 /// Handles the running relay shares with its caller.
@@ -175,18 +175,16 @@ impl SharedProducer {
         if config.kafka.exactly_once.is_some() {
             return Ok(None);
         }
-        let kafka = shared_producer_config(config, shards);
-        let lanes: Vec<Arc<AckQueue>> = (0..shards).map(|_| Arc::default()).collect();
-        let sinks = KafkaSink::shared(&kafka, lanes.clone()).map_err(|e| FatalError {
+        // The config sized the producer's queue for every shard's window.
+        let lanes = KafkaSink::shared(&config.kafka, shards).map_err(|e| FatalError {
             failure: Failure::Kafka,
             message: e.to_string(),
         })?;
-        let Some(owner) = sinks.first().cloned() else {
+        let Some((owner, _)) = lanes.first().cloned() else {
             return Ok(None);
         };
         let probe = probe_brokers(owner.clone(), config.kafka.brokers.clone());
-        let producer = SharedProducer { owner, probe };
-        Ok(Some((producer, sinks.into_iter().zip(lanes).collect())))
+        Ok(Some((SharedProducer { owner, probe }, lanes)))
     }
 
     /// Flushes the producer (every shard has stopped) and waits for the probe.
@@ -204,9 +202,6 @@ fn new_topics(config: &Config) -> Result<Topics, FatalError> {
     })
 }
 
-/// A handle on a shared producer and the queue of its delivery reports.
-pub type Lane = (KafkaSink, Arc<AckQueue>);
-
 /// Clients a relay borrows from its caller instead of making its own: the shards of one
 /// process share one producer (each with its own lane of delivery reports) and one admin
 /// client.
@@ -216,19 +211,6 @@ pub struct Borrowed {
     pub producer: Option<Lane>,
     /// A topic cache over a shared admin client.
     pub topics: Option<Topics>,
-}
-
-/// The shards' shared producer's settings: every shard's window of unacknowledged events
-/// (`relay.max_in_flight`) fits its queue, sized here unless the user set it (the config then
-/// checked that it holds them all).
-fn shared_producer_config(config: &Config, shards: usize) -> KafkaConfig {
-    let mut kafka = config.kafka.clone();
-    let windows = config.relay.max_in_flight * shards;
-    kafka
-        .properties
-        .entry(QUEUE_PROPERTY.to_owned())
-        .or_insert_with(|| windows.max(LIBRDKAFKA_QUEUE_DEFAULT).to_string());
-    kafka
 }
 
 /// Flushes the producer before it is dropped: at most `shutdown_timeout`, and never more than
@@ -513,42 +495,5 @@ impl Term {
         self.watcher.abort();
         let _ = self.raise.send(true);
         self.lost.load(Ordering::SeqCst)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(extra: &[(&str, &str)]) -> Config {
-        let env = [
-            ("WALBOX_POSTGRES_URL", "postgres://walbox@db/app"),
-            ("WALBOX_KAFKA_BROKERS", "k1:9092"),
-        ];
-        crate::config::load_from(
-            None,
-            &mut env
-                .iter()
-                .chain(extra)
-                .map(|(k, v)| (k.to_string(), v.to_string())),
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn the_shared_producers_queue_holds_every_shards_window() {
-        let queue = |c: &Config, shards| {
-            shared_producer_config(c, shards).properties[QUEUE_PROPERTY].clone()
-        };
-        // librdkafka's default while it is large enough, else every shard's window.
-        let c = config(&[]);
-        assert_eq!(queue(&c, 4), "100000");
-        assert_eq!(queue(&c, 64), "640000");
-        // A queue the user set is kept (the config checked it).
-        let c = config(&[(
-            "WALBOX_KAFKA_PROPERTY_QUEUE_BUFFERING_MAX_MESSAGES",
-            "2000000",
-        )]);
-        assert_eq!(queue(&c, 64), "2000000");
     }
 }

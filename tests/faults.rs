@@ -14,7 +14,8 @@ use walbox::sandbox::broker::TopicReader;
 use walbox::sandbox::postgres::PgCluster;
 
 use crate::support::events::{
-    assert_per_aggregate_commit_order, distinct_ids, write_txn, write_txns, Written,
+    assert_per_aggregate_commit_order, await_distinct, distinct_ids, stop_and_read_exactly,
+    write_txn, write_txns, Written,
 };
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::{
@@ -194,13 +195,11 @@ fn postgres_crashing_mid_stream_and_recovering_loses_nothing() {
 fn a_slow_broker_and_moving_partition_leaders_lose_nothing() {
     let db = TestDb::new("fault_kafka");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
+    let (topic, broker) = support::topic_on_broker(&db, 3);
     let Some(mock) = broker.mock_cluster() else {
         eprintln!("external broker: broker faults need the mock cluster; skipped");
         return;
     };
-    broker.create_topic(&topic, 3).expect("topic");
     db.create_slot_and_publication(&slot);
     let mut walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
     wait_until(WAIT, "walbox to stream", || db.streaming(&slot));
@@ -209,36 +208,16 @@ fn a_slow_broker_and_moving_partition_leaders_lose_nothing() {
     let mut ids = HashSet::new();
     ids.extend(write_txns(&db, &topic, &aggs, 10));
     // Every broker answers 300 ms late.
-    for b in 1..=3 {
-        mock.broker_round_trip_time(b, Duration::from_millis(300))
-            .unwrap();
-    }
+    support::delay_every_broker(mock, Duration::from_millis(300));
     ids.extend(write_txns(&db, &topic, &aggs, 10));
     assert!(reader.poll_until(WAIT, |r| distinct_ids(r).len() >= ids.len()));
     // Every partition's leader moves to the next broker while events are produced.
     ids.extend(write_txns(&db, &topic, &aggs, 10));
-    for p in 0..3 {
-        mock.partition_leader(&topic, p, Some((p + 1) % 3 + 1))
-            .unwrap();
-    }
+    support::move_partition_leaders(mock, &topic, 3);
     ids.extend(write_txns(&db, &topic, &aggs, 10));
-    for b in 1..=3 {
-        mock.broker_round_trip_time(b, Duration::ZERO).unwrap();
-    }
+    support::delay_every_broker(mock, Duration::ZERO);
     ids.extend(write_txns(&db, &topic, &aggs, 10));
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= ids.len()),
-        "{} of {} events arrived; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        ids.len(),
-        walbox.log()
-    );
-    assert_eq!(
-        distinct_ids(&reader.records),
-        ids,
-        "every committed event, nothing else"
-    );
+    await_distinct(&mut reader, ids.len(), &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &ids);
     assert_per_aggregate_commit_order(&reader.records);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }

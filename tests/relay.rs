@@ -207,13 +207,11 @@ fn sigkill_at_random_points_loses_nothing_and_never_confirms_unacked_events() {
 fn broker_outage_holds_the_slot_and_everything_arrives_after_recovery() {
     let db = TestDb::new("outage");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
+    let (topic, broker) = support::topic_on_broker(&db, 3);
     let Some(mock) = broker.mock_cluster() else {
         eprintln!("external broker: outage injection needs the mock cluster; skipped");
         return;
     };
-    broker.create_topic(&topic, 3).expect("topic");
     db.create_slot_and_publication(&slot);
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     // librdkafka's own account of the outage, printed if the test fails.

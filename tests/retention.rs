@@ -48,13 +48,11 @@ fn ids(out: &str) -> HashSet<i64> {
 fn old_rows_are_deleted_in_batches_only_once_confirmed_and_no_event_is_lost() {
     let db = TestDb::new("retention_rows");
     let slot = db.name.clone();
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
     let Some(mock) = broker.mock_cluster() else {
         eprintln!("external broker: holding acknowledgements back needs the mock cluster; skipped");
         return;
     };
-    broker.create_topic(&topic, 2).expect("topic");
     db.create_slot_and_publication(&slot);
     // 1,000 rows a day old and 10 young ones, all in the slot's stream.
     let old = ids(&db.sql(&format!(

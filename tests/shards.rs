@@ -509,13 +509,11 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
         return;
     }
     let db = TestDb::new("shards_faults");
-    let topic = format!("t_{}", db.name);
-    let broker = support::broker();
+    let (topic, broker) = support::topic_on_broker(&db, 3);
     let Some(mock) = broker.mock_cluster() else {
         eprintln!("external broker: broker faults need the mock cluster; skipped");
         return;
     };
-    broker.create_topic(&topic, 3).expect("topic");
     let (env, port, names) = served_shards(&db, &broker.bootstrap_servers(), 3);
     let mut walbox = start_streaming(&env, &db, &names);
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
@@ -530,15 +528,9 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
         &[E::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 8],
     );
     ids.extend(write_txns(&db, &topic, &aggs, 10));
-    for b in 1..=3 {
-        mock.broker_round_trip_time(b, std::time::Duration::from_millis(200))
-            .unwrap();
-    }
+    support::delay_every_broker(mock, std::time::Duration::from_millis(200));
     ids.extend(write_txns(&db, &topic, &aggs, 5));
-    for p in 0..3 {
-        mock.partition_leader(&topic, p, Some((p + 1) % 3 + 1))
-            .unwrap();
-    }
+    support::move_partition_leaders(mock, &topic, 3);
     ids.extend(write_txns(&db, &topic, &aggs, 5));
     // Every shard relayed part of it, through the one producer.
     wait_until(WAIT, "every shard to publish", || {
@@ -554,20 +546,10 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
         names.iter().all(|s| !db.slot_active(s))
     });
     ids.extend(write_txns(&db, &topic, &aggs, 5));
-    for b in 1..=3 {
-        mock.broker_round_trip_time(b, std::time::Duration::ZERO)
-            .unwrap();
-    }
+    support::delay_every_broker(mock, std::time::Duration::ZERO);
     walbox = start_streaming(&env, &db, &names);
     ids.extend(write_txns(&db, &topic, &aggs, 5));
-    let all: Vec<i64> = ids.iter().copied().collect();
-    await_distinct(&mut reader, all.len(), &walbox);
-    assert_eq!(
-        distinct_ids(&reader.records),
-        ids,
-        "every committed event, nothing else"
-    );
+    await_distinct(&mut reader, ids.len(), &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &ids);
     assert_per_aggregate_commit_order(&reader.records);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }

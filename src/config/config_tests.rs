@@ -477,6 +477,22 @@ fn max_in_flight_may_not_exceed_the_producers_queue() {
     assert_eq!(sharded("4", &queue(2000)).unwrap().postgres.shards, 4);
     // Unset, walbox sizes it: 64 shards of the default window are accepted.
     assert!(sharded("64", "").is_ok());
+    // librdkafka's default while it is large enough, else every shard's window; a queue the
+    // user set is kept; one relay keeps librdkafka's own default.
+    let sized = |c: Config| {
+        c.kafka
+            .properties
+            .get("queue.buffering.max.messages")
+            .cloned()
+    };
+    assert_eq!(sized(sharded("4", "").unwrap()).as_deref(), Some("100000"));
+    assert_eq!(sized(sharded("64", "").unwrap()).as_deref(), Some("640000"));
+    let set = "[kafka.properties]\n\"queue.buffering.max.messages\" = \"2000000\"\n";
+    assert_eq!(
+        sized(sharded("64", set).unwrap()).as_deref(),
+        Some("2000000")
+    );
+    assert_eq!(sized(over("").unwrap()), None);
 }
 
 #[test]

@@ -97,9 +97,9 @@ pub fn load_from(
 }
 
 /// librdkafka's bound on records waiting in the producer.
-pub const QUEUE_PROPERTY: &str = "queue.buffering.max.messages";
+const QUEUE_PROPERTY: &str = "queue.buffering.max.messages";
 /// [`QUEUE_PROPERTY`]'s default in librdkafka.
-pub const LIBRDKAFKA_QUEUE_DEFAULT: usize = 100_000;
+const LIBRDKAFKA_QUEUE_DEFAULT: usize = 100_000;
 
 impl RawConfig {
     /// Checks values and fills in defaults.
@@ -182,25 +182,30 @@ impl RawConfig {
             ));
         }
         // The relay must stop reading WAL before librdkafka's queue refuses records. Shards
-        // share one producer: a queue the user sized must hold every shard's window (walbox
-        // sizes it when the user did not, see `app::run_shards`).
-        let queue = self
+        // share one producer, whose queue must hold every shard's window: walbox sizes it when
+        // the user did not set it, and refuses a set queue that is too small.
+        let shards = self.postgres.shards.unwrap_or(1) as usize;
+        let windows = max_in_flight * shards;
+        let set_queue = self
             .kafka
             .properties
             .get(QUEUE_PROPERTY)
             .and_then(|v| v.trim().parse::<usize>().ok());
-        if max_in_flight > queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT) {
-            return Err(ConfigError::Invalid(format!(
-                "relay.max_in_flight ({max_in_flight}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {}): lower relay.max_in_flight or raise the queue",
-                queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT)
-            )));
-        }
-        let shards = self.postgres.shards.unwrap_or(1) as usize;
-        if let Some(queue) = queue.filter(|q| shards > 1 && max_in_flight * shards > *q) {
-            return Err(ConfigError::Invalid(format!(
-                "relay.max_in_flight × postgres.shards ({max_in_flight} × {shards}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {queue}), which the shards share: lower relay.max_in_flight, raise the queue, or leave it unset for walbox to size"
-            )));
-        }
+        let sized_queue = match set_queue {
+            Some(queue) if shards > 1 && windows > queue => {
+                return Err(ConfigError::Invalid(format!(
+                    "relay.max_in_flight × postgres.shards ({max_in_flight} × {shards}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {queue}), which the shards share: lower relay.max_in_flight, raise the queue, or leave it unset for walbox to size"
+                )));
+            }
+            None if shards > 1 => Some(windows.max(LIBRDKAFKA_QUEUE_DEFAULT)),
+            queue if max_in_flight > queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT) => {
+                return Err(ConfigError::Invalid(format!(
+                    "relay.max_in_flight ({max_in_flight}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {}): lower relay.max_in_flight or raise the queue",
+                    queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT)
+                )));
+            }
+            _ => None,
+        };
         let backoff_initial = self
             .relay
             .backoff_initial
@@ -358,7 +363,13 @@ impl RawConfig {
             outbox,
             kafka: KafkaConfig {
                 brokers,
-                properties: self.kafka.properties,
+                properties: {
+                    let mut properties = self.kafka.properties;
+                    if let Some(queue) = sized_queue {
+                        properties.insert(QUEUE_PROPERTY.to_owned(), queue.to_string());
+                    }
+                    properties
+                },
                 create_topics: self.kafka.create_topics.unwrap_or(false).then(|| {
                     (
                         self.kafka.topic_partitions.unwrap_or(-1),

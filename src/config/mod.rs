@@ -56,7 +56,7 @@ pub mod target;
 mod units;
 
 pub use alerts::{AlertsConfig, RawAlerts};
-pub use document::{load, load_from, Config, RawConfig, LIBRDKAFKA_QUEUE_DEFAULT, QUEUE_PROPERTY};
+pub use document::{load, load_from, Config, RawConfig};
 pub(crate) use env::{process_env, EnvLayout, Kind};
 pub use error::ConfigError;
 pub(crate) use kafka::{check_kafka_properties, scalar_properties};

@@ -3,8 +3,8 @@
 //!
 //! Invariants (checked by `RawConfig::validate`, in `document.rs`): `max_in_flight` is between
 //! 1 and 1,000,000 and at most the producer's queue (`queue.buffering.max.messages`; with
-//! shards, which share one producer, `max_in_flight × shards` is at most a queue the user set),
-//! and `0 < backoff_initial <= backoff_max`.
+//! shards, which share one producer, `max_in_flight × shards` is at most a queue the user set,
+//! and an unset queue is sized to hold it), and `0 < backoff_initial <= backoff_max`.
 
 use std::time::Duration;
 

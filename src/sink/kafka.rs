@@ -357,6 +357,10 @@ fn unpack_opaque(opaque: usize) -> (u64, usize, usize) {
     )
 }
 
+/// A handle on a producer shared by several relays ([`KafkaSink::shared`]) and the queue of its
+/// delivery reports.
+pub type Lane = (KafkaSink, Arc<AckQueue>);
+
 /// The producer; see the module docs. Clones share one librdkafka producer and its lane.
 #[derive(Clone)]
 pub struct KafkaSink {
@@ -387,22 +391,26 @@ impl KafkaSink {
         Self::with_defaults(config, vec![acks], &[]).map_err(SinkError::Config)
     }
 
-    /// One producer for several relays (the shards of one process): a handle per queue in
-    /// `lanes`, each handle's delivery reports going to its own queue. A client error the
-    /// producer cannot recover from fails every queue.
-    pub fn shared(config: &KafkaConfig, lanes: Vec<Arc<AckQueue>>) -> Result<Vec<Self>, SinkError> {
-        if lanes.len() > MAX_LANES {
+    /// One producer for `relays` relays (the shards of one process): a handle per relay, with
+    /// its own queue of delivery reports. A client error the producer cannot recover from fails
+    /// every queue.
+    pub fn shared(config: &KafkaConfig, relays: usize) -> Result<Vec<Lane>, SinkError> {
+        if relays > MAX_LANES {
             return Err(SinkError::Config(KafkaError::ClientCreation(format!(
-                "one kafka producer serves at most {MAX_LANES} relays, not {}",
-                lanes.len()
+                "one kafka producer serves at most {MAX_LANES} relays, not {relays}"
             ))));
         }
-        let n = lanes.len();
-        let sink = Self::with_defaults(config, lanes, &[]).map_err(SinkError::Config)?;
-        Ok((0..n)
-            .map(|lane| KafkaSink {
-                producer: sink.producer.clone(),
-                lane,
+        let queues: Vec<Arc<AckQueue>> = (0..relays).map(|_| Arc::default()).collect();
+        let sink = Self::with_defaults(config, queues.clone(), &[]).map_err(SinkError::Config)?;
+        Ok(queues
+            .into_iter()
+            .enumerate()
+            .map(|(lane, acks)| {
+                let handle = KafkaSink {
+                    producer: sink.producer.clone(),
+                    lane,
+                };
+                (handle, acks)
             })
             .collect())
     }
@@ -577,12 +585,9 @@ mod tests {
         use rdkafka::producer::DefaultProducerContext;
         let cluster = MockCluster::<DefaultProducerContext>::new(1).unwrap();
         cluster.create_topic("orders", 2, 1).unwrap();
-        let lanes: Vec<Arc<AckQueue>> = (0..3).map(|_| Arc::default()).collect();
-        let sinks = KafkaSink::shared(
-            &KafkaConfig::for_brokers(cluster.bootstrap_servers()),
-            lanes.clone(),
-        )
-        .unwrap();
+        let config = KafkaConfig::for_brokers(cluster.bootstrap_servers());
+        let (sinks, lanes): (Vec<KafkaSink>, Vec<Arc<AckQueue>>) =
+            KafkaSink::shared(&config, 3).unwrap().into_iter().unzip();
         const PER_LANE: u64 = 50;
         for (lane, sink) in sinks.iter().enumerate() {
             for i in 0..PER_LANE {
@@ -651,8 +656,7 @@ mod tests {
 
     #[test]
     fn one_producer_serves_at_most_max_lanes_relays() {
-        let lanes = (0..=MAX_LANES).map(|_| Arc::default()).collect();
-        let e = KafkaSink::shared(&KafkaConfig::for_brokers("127.0.0.1:9"), lanes)
+        let e = KafkaSink::shared(&KafkaConfig::for_brokers("127.0.0.1:9"), MAX_LANES + 1)
             .err()
             .expect("too many lanes are refused");
         assert!(e.to_string().contains("at most 64 relays"), "{e}");

@@ -224,9 +224,32 @@ impl TestDb {
     }
 }
 
+/// Brokers in the mock cluster of [`broker`].
+pub const MOCK_BROKERS: i32 = 3;
+
+/// The mock cluster behind [`broker`], for fault injection.
+pub type Mock = rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>;
+
 /// The test's broker.
 pub fn broker() -> Broker {
-    Broker::from_env_or_mock("WALBOX_TEST_KAFKA_BROKERS", 3).expect("start the mock Kafka cluster")
+    Broker::from_env_or_mock("WALBOX_TEST_KAFKA_BROKERS", MOCK_BROKERS)
+        .expect("start the mock Kafka cluster")
+}
+
+/// Every broker of the mock cluster answers `rtt` late (`Duration::ZERO`: on time again).
+pub fn delay_every_broker(mock: &Mock, rtt: Duration) {
+    for b in 1..=MOCK_BROKERS {
+        mock.broker_round_trip_time(b, rtt)
+            .expect("set a mock broker's round trip time");
+    }
+}
+
+/// Moves the leader of each of `topic`'s `partitions` partitions to the next broker.
+pub fn move_partition_leaders(mock: &Mock, topic: &str, partitions: i32) {
+    for p in 0..partitions {
+        mock.partition_leader(topic, p, Some((p + 1) % MOCK_BROKERS + 1))
+            .expect("move a partition's leader");
+    }
 }
 
 /// The test's broker with a topic of `partitions` named after `db` (`t_<database>`).
@@ -497,17 +520,13 @@ impl WebhookReceiver {
 /// [`restore_produce`] — an outage that librdkafka's idempotent producer rides out by retrying.
 /// (Taking mock brokers down instead re-binds their ports, which can race with other sockets of
 /// the test process and abort it.)
-pub fn fail_every_produce(
-    mock: &rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
-) {
+pub fn fail_every_produce(mock: &Mock) {
     use rdkafka::types::RDKafkaRespErr;
     let errors = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 100_000];
     mock.request_errors(rdkafka::types::RDKafkaApiKey::Produce, &errors);
 }
 
 /// Ends [`fail_every_produce`].
-pub fn restore_produce(
-    mock: &rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
-) {
+pub fn restore_produce(mock: &Mock) {
     mock.clear_request_errors(rdkafka::types::RDKafkaApiKey::Produce);
 }
