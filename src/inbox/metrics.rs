@@ -20,6 +20,10 @@ pub struct InboxMetrics {
     pub effect_errors: IntCounter,
     /// `walbox_inbox_dead_lettered_total`: records produced to the dead-letter topic.
     pub dead_lettered: IntCounter,
+    /// `walbox_inbox_database_errors_total`: failed attempts that were the database's fault
+    /// (connection, resources, restart, conflict), retried without counting against
+    /// `effect.retries`.
+    pub database_errors: IntCounter,
     /// `walbox_inbox_consumer_lag_records`: records behind the high watermark, summed over the
     /// assigned partitions (from librdkafka statistics).
     pub consumer_lag: IntGauge,
@@ -65,6 +69,10 @@ impl InboxMetrics {
             dead_lettered: counter(
                 "walbox_inbox_dead_lettered_total",
                 "Records produced to the dead-letter topic.",
+            ),
+            database_errors: counter(
+                "walbox_inbox_database_errors_total",
+                "Failed attempts that were the database's fault (connection, resources, restart, conflict), retried.",
             ),
             consumer_lag: register(
                 &r,
@@ -131,6 +139,7 @@ mod tests {
             "walbox_inbox_duplicates_total 1",
             "walbox_inbox_effects_applied_total",
             "walbox_inbox_effect_errors_total",
+            "walbox_inbox_database_errors_total",
             "walbox_inbox_consumer_lag_records",
             "walbox_inbox_batch_records_bucket",
         ] {
