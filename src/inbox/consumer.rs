@@ -636,12 +636,21 @@ mod tests {
         // Committed: librdkafka's own lag.
         assert_eq!(partition_lag(&stats(30, 10, 50), Reset::Earliest, None), 20);
         // Nothing committed (librdkafka reports -1001 and a lag of -1): from the log start…
-        assert_eq!(partition_lag(&stats(-1001, 10, 50), Reset::Earliest, Some(12)), 40);
+        assert_eq!(
+            partition_lag(&stats(-1001, 10, 50), Reset::Earliest, Some(12)),
+            40
+        );
         // … or, under `latest`, from the first record received (none yet: nothing behind).
-        assert_eq!(partition_lag(&stats(-1001, 10, 50), Reset::Latest, Some(45)), 5);
+        assert_eq!(
+            partition_lag(&stats(-1001, 10, 50), Reset::Latest, Some(45)),
+            5
+        );
         assert_eq!(partition_lag(&stats(-1001, 10, 50), Reset::Latest, None), 0);
         // Not fetched yet, or not consumed by this member: nothing known.
-        assert_eq!(partition_lag(&stats(-1001, -1001, -1001), Reset::Earliest, None), 0);
+        assert_eq!(
+            partition_lag(&stats(-1001, -1001, -1001), Reset::Earliest, None),
+            0
+        );
         let elsewhere = rdkafka::statistics::Partition {
             fetch_state: "none".into(),
             ..stats(-1001, 10, 50)

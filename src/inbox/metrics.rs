@@ -24,8 +24,9 @@ pub struct InboxMetrics {
     /// (connection, resources, restart, conflict), retried without counting against
     /// `effect.retries`.
     pub database_errors: IntCounter,
-    /// `walbox_inbox_consumer_lag_records`: records behind the high watermark, summed over the
-    /// assigned partitions (from librdkafka statistics).
+    /// `walbox_inbox_consumer_lag_records`: records behind the end of the log, summed over the
+    /// assigned partitions (from librdkafka statistics), counted from where the group would
+    /// start again (see [`super::consumer`]).
     pub consumer_lag: IntGauge,
     /// `walbox_inbox_retention_deleted_total`: inbox rows removed by the clean-up job.
     pub retention_deleted: IntCounter,
@@ -78,7 +79,7 @@ impl InboxMetrics {
                 &r,
                 IntGauge::new(
                     "walbox_inbox_consumer_lag_records",
-                    "Records behind the high watermark, summed over assigned partitions.",
+                    "Records behind the end of the log, from the committed offset (or where auto.offset.reset starts), summed over assigned partitions.",
                 )
                 .expect("valid metric"),
             ),

@@ -557,7 +557,9 @@ mod tests {
     #[test]
     fn data_errors_are_the_records_and_missing_objects_the_databases() {
         // The record's: data, constraints, raised exceptions, user-defined codes.
-        for code in ["22P02", "22003", "23505", "23503", "P0001", "P0004", "U0001"] {
+        for code in [
+            "22P02", "22003", "23505", "23503", "P0001", "P0004", "U0001",
+        ] {
             assert_eq!(class(code), ErrorClass::Effect, "{code}");
         }
         // The database's, fatal: a renamed table or function, a revoked privilege.

@@ -37,7 +37,10 @@ fn a_new_group_that_processes_nothing_shows_its_whole_backlog_as_lag() {
         metric(port, "walbox_inbox_effect_errors_total").is_some_and(|n| n >= 2.0),
         "the records are being retried"
     );
-    assert_eq!(metric(port, "walbox_inbox_records_consumed_total"), Some(0.0));
+    assert_eq!(
+        metric(port, "walbox_inbox_records_consumed_total"),
+        Some(0.0)
+    );
     w.terminate();
     assert!(w.wait_exit(WAIT).success(), "{}", w.log());
     assert_eq!(committed(&brokers, &group, &topic, 2), [None, None]);
