@@ -90,7 +90,7 @@ impl Failure {
             "55000" if message.contains("can no longer get changes") => Some(Failure::SlotLost),
             "55000" => Some(Failure::Schema),
             "42501" => Some(Failure::Auth),
-            "3D000" | "42704" | "42P01" | "42703" | "0A000" => Some(Failure::Schema),
+            "3D000" | "3F000" | "42704" | "42P01" | "42703" | "0A000" => Some(Failure::Schema),
             c if c.starts_with("28") => Some(Failure::Auth),
             c if c.starts_with("42") => Some(Failure::Schema),
             _ => None,

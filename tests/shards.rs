@@ -181,6 +181,29 @@ fn below_15_shards_are_refused_with_the_version_they_need() {
 }
 
 #[test]
+fn reshard_without_slots_never_claims_a_layout_that_does_not_exist() {
+    let db = TestDb::new("reshard_none");
+    let broker = support::broker();
+    let env = sharded_env(&db, &broker.bootstrap_servers(), 2);
+    let (code, out) = walbox_cmd(&["reshard", "--to", "2"], &env);
+    assert!(!out.contains("already"), "{out}");
+    if sharding_supported() {
+        // Nothing to move: walbox run makes the slots.
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("no slot of postgres.slot"), "{out}");
+    } else {
+        // Below 15 shards cannot exist: refused as `walbox run` refuses them.
+        assert_eq!(code, 5, "{out}");
+        assert!(
+            out.contains("shards need PostgreSQL 15 or newer (publication row filters)")
+                && out.contains("keep postgres.shards = 1"),
+            "{out}"
+        );
+    }
+    assert!(slots(&db, &db.name).is_empty(), "no slot was made");
+}
+
+#[test]
 fn four_shards_relay_every_event_in_per_aggregate_order_through_sigkills() {
     if !sharding_supported() {
         return;

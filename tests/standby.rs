@@ -10,7 +10,8 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
-use walbox::sandbox::postgres::PgCluster;
+use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+use walbox::sandbox::standby::StandbyOptions;
 
 use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, write_txn, Written};
 use crate::support::standby::{clusters, old_pair};
@@ -437,4 +438,61 @@ fn a_slot_the_standby_invalidates_stops_walbox_with_exit_7() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(replica.sql(&wal_status), "reserved");
+}
+
+/// `walbox_heartbeats_received_total` on `port` (0 while the listener is not up).
+fn heartbeats_received(port: u16) -> f64 {
+    support::http_get(port, "/metrics")
+        .and_then(|(_, body)| support::metric(&body, "walbox_heartbeats_received_total"))
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn after_the_standby_is_promoted_heartbeats_go_to_it_not_to_the_old_primary() {
+    // Its own pair: the standby is promoted, the primary crashed.
+    let major = crate::support::standby::standby_major();
+    let primary: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            major: Some(major),
+            watchdog: true,
+            ..Default::default()
+        })));
+    let standby: &'static PgCluster = Box::leak(Box::new(
+        primary
+            .start_standby(StandbyOptions {
+                watchdog: true,
+                ..Default::default()
+            })
+            .expect("start the standby"),
+    ));
+    let (db, replica) = database_on(primary, standby, "promoted");
+    let slot = db.name.clone();
+    let broker = support::broker();
+    let port = support::free_port();
+    let mut env = walbox_env(&replica, &slot, &broker.bootstrap_servers());
+    env.push(("WALBOX_POSTGRES_PRIMARY_URL".into(), db.url()));
+    env.push(("WALBOX_SLOT_HEARTBEAT_INTERVAL".into(), "100ms".into()));
+    set(&mut env, "WALBOX_SLOT_CHECK_INTERVAL", "100ms".into());
+    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
+    let walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "heartbeats through the primary", || {
+        replica.streaming(&slot) && heartbeats_received(port) >= 2.0
+    });
+
+    primary.crash().expect("crash the primary");
+    standby.promote().expect("promote the standby");
+    wait_until(WAIT, "the standby to leave recovery", || {
+        replica.sql("SELECT pg_is_in_recovery()") == "f"
+    });
+    // Heartbeats written on the new primary come back through its slot.
+    let before = heartbeats_received(port);
+    wait_until(WAIT, "heartbeats through the promoted standby", || {
+        heartbeats_received(port) >= before + 3.0
+    });
+    let log = walbox.log();
+    assert_eq!(
+        log.matches("postgres.url is no longer a standby").count(),
+        1,
+        "said once; log:\n{log}"
+    );
 }

@@ -28,6 +28,11 @@
 //! standby, which is read-only, the message is written on the primary and reaches the standby's
 //! slot through physical replication. On a standby without `primary_url` no heartbeat is
 //! written (a warning says so once) and the slot advances on keepalives alone.
+//!
+//! `primary_url` is used only while `postgres.url` is in recovery. When a reading finds it is
+//! not (the standby was promoted: `pg_is_in_recovery()` turned false), heartbeats go to
+//! `postgres.url` itself, the one server whose WAL the slot decodes, and a warning says so once;
+//! the old primary, gone or diverged, is never written again.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -141,6 +146,8 @@ struct Monitor {
     primary_client: Option<tokio_postgres::Client>,
     /// Whether `postgres.url` is a standby, once known (from a reading, or asked).
     on_standby: Option<bool>,
+    /// `postgres.url` was seen in recovery, then not: promoted (logged once).
+    promoted: bool,
     warned_no_heartbeat: bool,
     level: Option<AlertLevel>,
     seen_slot: bool,
@@ -178,11 +185,16 @@ impl Monitor {
         self.on_standby.unwrap_or(false)
     }
 
-    /// Writes one heartbeat: through `postgres.primary_url` when set (a standby is read-only),
-    /// else through `postgres.url`; on a standby without `primary_url`, none (logged once).
+    /// Writes one heartbeat: through `postgres.primary_url` while `postgres.url` is a standby
+    /// (read-only), else through `postgres.url`; on a standby without `primary_url`, none
+    /// (logged once).
     async fn heartbeat(&mut self) {
         let metrics = self.metrics.clone();
-        let c = match self.primary.clone() {
+        let primary = match self.primary.clone() {
+            Some(info) if self.on_standby().await => Some(info),
+            _ => None,
+        };
+        let c = match primary {
             Some(info) => {
                 if self.primary_client.as_ref().is_none_or(|c| c.is_closed()) {
                     match connect_control(&info).await {
@@ -255,6 +267,16 @@ impl Monitor {
         };
         self.metrics.slot_checks.inc();
         if let Some(h) = &health {
+            if self.on_standby == Some(true) && !h.in_recovery && !self.promoted {
+                self.promoted = true;
+                self.primary_client = None;
+                if self.primary.is_some() {
+                    tracing::warn!(
+                        slot = %slot_name,
+                        "postgres.url is no longer a standby (it was promoted: pg_is_in_recovery() is false): heartbeats are now written there, no longer through postgres.primary_url; remove postgres.primary_url, or point it to the new primary"
+                    );
+                }
+            }
             self.on_standby = Some(h.in_recovery);
         }
         if health.is_none() && !self.seen_slot {
@@ -342,6 +364,7 @@ pub async fn run(
         primary: postgres.primary,
         primary_client: None,
         on_standby: None,
+        promoted: false,
         warned_no_heartbeat: false,
         slot_name: postgres.slot,
         slot,

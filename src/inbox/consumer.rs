@@ -25,6 +25,11 @@
 //!   owner therefore starts exactly after the last committed transaction, except when the
 //!   process dies in between, which the inbox absorbs.
 //! - Offsets are also committed asynchronously every `kafka.commit_interval`.
+//! - `walbox_inbox_consumer_lag_records` counts, per partition, the records from where the group
+//!   would start again to the end of the log: the committed offset, or, for a partition the
+//!   group never committed, the start `auto.offset.reset` implies (the log start under
+//!   `earliest`, walbox's default; the first record this process received under `latest`). A
+//!   new group that processes nothing shows its whole backlog, never 0.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -126,11 +131,62 @@ struct State {
     workers: HashMap<Tp, Worker>,
     pending: HashMap<Tp, Backlog>,
     paused: HashSet<Tp>,
+    /// The first offset received per partition since it was assigned (for the lag of a
+    /// partition with nothing committed under `auto.offset.reset = latest`).
+    first: HashMap<Tp, i64>,
+}
+
+/// Where a partition the group never committed starts again: what `auto.offset.reset` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reset {
+    /// `earliest` (walbox's default), `smallest`, `beginning`: the log start.
+    Earliest,
+    /// `latest`, `largest`, `end`, `error`: the end of the log when it was assigned.
+    Latest,
+}
+
+impl Reset {
+    fn of(properties: &std::collections::BTreeMap<String, String>) -> Reset {
+        let value = properties
+            .get("auto.offset.reset")
+            .map(|v| v.trim().to_ascii_lowercase());
+        match value.as_deref() {
+            None | Some("earliest" | "smallest" | "beginning") => Reset::Earliest,
+            Some(_) => Reset::Latest,
+        }
+    }
+}
+
+/// Records behind on one partition (librdkafka statistics): from the committed offset to the
+/// end of the log (the last stable offset, as `isolation.level = read_committed`); with nothing
+/// committed, from where [`Reset`] starts, `first` being the first offset received.
+fn partition_lag(p: &rdkafka::statistics::Partition, reset: Reset, first: Option<i64>) -> i64 {
+    if p.consumer_lag >= 0 {
+        return p.consumer_lag;
+    }
+    // Committed, or not consumed here (another member's, or not fetched yet): librdkafka's -1.
+    if p.committed_offset >= 0 || p.fetch_state != "active" {
+        return 0;
+    }
+    let end = if p.ls_offset >= 0 {
+        p.ls_offset
+    } else {
+        p.hi_offset
+    };
+    let start = match reset {
+        Reset::Earliest => p.lo_offset,
+        Reset::Latest => first.unwrap_or(end),
+    };
+    if start < 0 || end < 0 {
+        return 0;
+    }
+    (end - start).max(0)
 }
 
 /// Shared by the polling thread and librdkafka's callbacks (which run on that thread).
 struct Shared {
     runtime: tokio::runtime::Handle,
+    reset: Reset,
     env: Arc<WorkerEnv>,
     metrics: Arc<InboxMetrics>,
     state: Mutex<State>,
@@ -140,12 +196,16 @@ struct Ctx(Arc<Shared>);
 
 impl ClientContext for Ctx {
     fn stats(&self, statistics: Statistics) {
+        let st = self.0.lock();
         let lag: i64 = statistics
             .topics
-            .values()
-            .flat_map(|t| t.partitions.values())
-            .filter(|p| p.partition >= 0 && p.consumer_lag > 0)
-            .map(|p| p.consumer_lag)
+            .iter()
+            .flat_map(|(topic, t)| t.partitions.values().map(move |p| (topic, p)))
+            .filter(|(_, p)| p.partition >= 0)
+            .map(|(topic, p)| {
+                let first = st.first.get(&(topic.clone(), p.partition)).copied();
+                partition_lag(p, self.0.reset, first)
+            })
             .sum();
         self.0.metrics.consumer_lag.set(lag);
     }
@@ -193,6 +253,7 @@ impl Shared {
             let mut st = self.lock();
             for tp in tps {
                 st.pending.remove(tp);
+                st.first.remove(tp);
                 if st.paused.remove(tp) {
                     resume.add_partition(&tp.0, tp.1);
                 }
@@ -247,6 +308,7 @@ impl Shared {
     fn dispatch(&self, consumer: &BaseConsumer<Ctx>, record: Record) {
         let tp = (record.topic.clone(), record.partition);
         let mut st = self.lock();
+        st.first.entry(tp.clone()).or_insert(record.offset);
         let record = match st.pending.get_mut(&tp) {
             Some(q) => {
                 q.push_back(record);
@@ -290,6 +352,7 @@ impl Shared {
             workers,
             pending,
             paused,
+            ..
         } = &mut *st;
         let mut drained = Vec::new();
         let mut resumed = Vec::new();
@@ -450,6 +513,7 @@ impl ConsumerLoop {
         }
         let shared = Arc::new(Shared {
             runtime,
+            reset: Reset::of(&kafka.properties),
             env,
             metrics,
             state: Mutex::new(State::default()),
@@ -552,6 +616,51 @@ mod tests {
         assert!(b.full() && !b.half());
         b.clear();
         assert!(b.is_empty() && b.half() && b.bytes == 0);
+    }
+
+    fn stats(committed: i64, lo: i64, ls: i64) -> rdkafka::statistics::Partition {
+        rdkafka::statistics::Partition {
+            partition: 0,
+            fetch_state: "active".into(),
+            committed_offset: committed,
+            consumer_lag: if committed >= 0 { ls - committed } else { -1 },
+            lo_offset: lo,
+            hi_offset: ls,
+            ls_offset: ls,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_partition_the_group_never_committed_lags_from_where_it_would_start_again() {
+        // Committed: librdkafka's own lag.
+        assert_eq!(partition_lag(&stats(30, 10, 50), Reset::Earliest, None), 20);
+        // Nothing committed (librdkafka reports -1001 and a lag of -1): from the log start…
+        assert_eq!(
+            partition_lag(&stats(-1001, 10, 50), Reset::Earliest, Some(12)),
+            40
+        );
+        // … or, under `latest`, from the first record received (none yet: nothing behind).
+        assert_eq!(
+            partition_lag(&stats(-1001, 10, 50), Reset::Latest, Some(45)),
+            5
+        );
+        assert_eq!(partition_lag(&stats(-1001, 10, 50), Reset::Latest, None), 0);
+        // Not fetched yet, or not consumed by this member: nothing known.
+        assert_eq!(
+            partition_lag(&stats(-1001, -1001, -1001), Reset::Earliest, None),
+            0
+        );
+        let elsewhere = rdkafka::statistics::Partition {
+            fetch_state: "none".into(),
+            ..stats(-1001, 10, 50)
+        };
+        assert_eq!(partition_lag(&elsewhere, Reset::Earliest, None), 0);
+        let reset = |v: &str| Reset::of(&[("auto.offset.reset".to_owned(), v.to_owned())].into());
+        assert_eq!(Reset::of(&Default::default()), Reset::Earliest);
+        assert_eq!(reset("smallest"), Reset::Earliest);
+        assert_eq!(reset("Latest"), Reset::Latest);
+        assert_eq!(reset("error"), Reset::Latest);
     }
 
     #[test]

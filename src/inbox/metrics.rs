@@ -20,8 +20,13 @@ pub struct InboxMetrics {
     pub effect_errors: IntCounter,
     /// `walbox_inbox_dead_lettered_total`: records produced to the dead-letter topic.
     pub dead_lettered: IntCounter,
-    /// `walbox_inbox_consumer_lag_records`: records behind the high watermark, summed over the
-    /// assigned partitions (from librdkafka statistics).
+    /// `walbox_inbox_database_errors_total`: failed attempts that were the database's fault
+    /// (connection, resources, restart, conflict), retried without counting against
+    /// `effect.retries`.
+    pub database_errors: IntCounter,
+    /// `walbox_inbox_consumer_lag_records`: records behind the end of the log, summed over the
+    /// assigned partitions (from librdkafka statistics), counted from where the group would
+    /// start again (see [`super::consumer`]).
     pub consumer_lag: IntGauge,
     /// `walbox_inbox_retention_deleted_total`: inbox rows removed by the clean-up job.
     pub retention_deleted: IntCounter,
@@ -66,11 +71,15 @@ impl InboxMetrics {
                 "walbox_inbox_dead_lettered_total",
                 "Records produced to the dead-letter topic.",
             ),
+            database_errors: counter(
+                "walbox_inbox_database_errors_total",
+                "Failed attempts that were the database's fault (connection, resources, restart, conflict), retried.",
+            ),
             consumer_lag: register(
                 &r,
                 IntGauge::new(
                     "walbox_inbox_consumer_lag_records",
-                    "Records behind the high watermark, summed over assigned partitions.",
+                    "Records behind the end of the log, from the committed offset (or where auto.offset.reset starts), summed over assigned partitions.",
                 )
                 .expect("valid metric"),
             ),
@@ -131,6 +140,7 @@ mod tests {
             "walbox_inbox_duplicates_total 1",
             "walbox_inbox_effects_applied_total",
             "walbox_inbox_effect_errors_total",
+            "walbox_inbox_database_errors_total",
             "walbox_inbox_consumer_lag_records",
             "walbox_inbox_batch_records_bucket",
         ] {

@@ -147,14 +147,21 @@ async fn run_inner(
                         _ = stop_rx.wait_for(|s| *s) => return Ok(()),
                     }
                 }
-                ErrorClass::Fatal(f) => {
-                    return Err(fatal(f, format!("inbox {}: {e}", statements.table())))
-                }
-                ErrorClass::Effect | ErrorClass::Invalid => {
+                // Preparing checks names and privileges: whatever fails now is the schema's.
+                ErrorClass::Fatal(_) | ErrorClass::Effect | ErrorClass::Invalid => {
+                    let failure = match e.class() {
+                        ErrorClass::Fatal(f) => f,
+                        _ => Failure::Schema,
+                    };
                     return Err(fatal(
-                        Failure::Schema,
-                        format!("preparing the effect statement: {e}"),
-                    ))
+                        failure,
+                        match e {
+                            store::StoreError::Effect(_) => {
+                                format!("preparing the effect statement: {e}")
+                            }
+                            _ => format!("inbox {}: {e}", statements.table()),
+                        },
+                    ));
                 }
             },
         }

@@ -54,18 +54,26 @@ pub enum StoreError {
     Invalid(#[from] InvalidRecord),
 }
 
-/// How the caller treats a [`StoreError`].
+/// How the caller treats a [`StoreError`]: whose fault it is, the record's or the database's.
+///
+/// | SQLSTATE | class | whose | what happens |
+/// |---|---|---|---|
+/// | `08…` connection, `53…` resources, `57P…` shutdown/restart, `58…` system, `XX…` internal, `40001`, `40P01`, `55P03` | [`ErrorClass::Transient`] | the database's | retried with backoff, indefinitely, not counted against `effect.retries` |
+/// | `42…` missing object, syntax, `42501` privilege, `28…`, `3D000`, `0A000`, `55000` (what [`Failure::from_sqlstate`] calls fatal) | [`ErrorClass::Fatal`] | the database's | walbox stops (exit 5 or 4), the offset uncommitted; at start-up and at run time alike |
+/// | any other: `22…` data, `23…` constraint, `P0001` raised exception, user-defined codes | [`ErrorClass::Effect`] | the record's | counted retries, then `effect.on_error` |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
-    /// Connection lost, server restarting, serialization failure, deadlock: retry without
-    /// counting against the effect's retries.
+    /// The database cannot process records now (connection lost, server restarting, out of
+    /// resources, serialization failure, deadlock): retry without counting against the effect's
+    /// retries.
     Transient,
-    /// The effect (or, in the stored form, the record's values) failed: counted retries, then
-    /// `effect.on_error`.
+    /// The effect (or, in the stored form, the record's values) failed because of the record:
+    /// counted retries, then `effect.on_error`.
     Effect,
     /// The record can never be processed: `effect.on_invalid`.
     Invalid,
-    /// walbox cannot go on (schema, authentication).
+    /// walbox cannot go on (a missing object, a privilege, authentication): never the record's
+    /// fault, so never dead-lettered.
     Fatal(Failure),
 }
 
@@ -81,9 +89,34 @@ fn transient_sqlstate(code: &SqlState) -> bool {
     c.starts_with("08")
         || c.starts_with("53")
         || c.starts_with("57P")
+        || c.starts_with("58")
+        || c.starts_with("XX")
         || *code == SqlState::T_R_SERIALIZATION_FAILURE
         || *code == SqlState::T_R_DEADLOCK_DETECTED
         || *code == SqlState::LOCK_NOT_AVAILABLE
+}
+
+/// The class of a statement's error (see [`ErrorClass`]): transient, then what walbox's one
+/// fatal classification ([`Failure::from_sqlstate`]) calls a schema or authentication failure,
+/// else the record's. Its replication-only failures (slot in use, slot lost) mean nothing
+/// here: the database's, retried.
+fn sqlstate_class(e: &tokio_postgres::Error) -> ErrorClass {
+    match e.code() {
+        Some(code) => code_class(code, e.as_db_error().map_or("", |d| d.message())),
+        // No SQLSTATE: the connection failed.
+        None => ErrorClass::Transient,
+    }
+}
+
+fn code_class(code: &SqlState, message: &str) -> ErrorClass {
+    if transient_sqlstate(code) {
+        return ErrorClass::Transient;
+    }
+    match Failure::from_sqlstate(code.code(), message) {
+        Some(f @ (Failure::Schema | Failure::Auth)) => ErrorClass::Fatal(f),
+        Some(_) => ErrorClass::Transient,
+        None => ErrorClass::Effect,
+    }
 }
 
 impl StoreError {
@@ -97,18 +130,10 @@ impl StoreError {
                 Some(f) => ErrorClass::Fatal(f),
                 None => ErrorClass::Transient,
             },
-            StoreError::Inbox(e) => match e.code() {
-                None => ErrorClass::Transient,
-                Some(c) if transient_sqlstate(c) => ErrorClass::Transient,
-                Some(c) if c.code().starts_with("42") => ErrorClass::Fatal(Failure::Schema),
-                // Data errors (a stored payload that is not JSON, …) are the record's fault.
-                Some(_) => ErrorClass::Effect,
-            },
-            StoreError::Effect(e) => match e.code() {
-                None => ErrorClass::Transient,
-                Some(c) if transient_sqlstate(c) => ErrorClass::Transient,
-                Some(_) => ErrorClass::Effect,
-            },
+            // Data errors (a stored payload that is not JSON, a failing effect) are the
+            // record's; a renamed table or a revoked privilege is not, whichever statement
+            // meets it.
+            StoreError::Inbox(e) | StoreError::Effect(e) => sqlstate_class(e),
         }
     }
 
@@ -519,4 +544,37 @@ async fn rollback(client: &Client) -> Result<(), StoreError> {
         .batch_execute("ROLLBACK")
         .await
         .map_err(StoreError::Inbox)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(code: &str) -> ErrorClass {
+        code_class(&SqlState::from_code(code), "")
+    }
+
+    #[test]
+    fn data_errors_are_the_records_and_missing_objects_the_databases() {
+        // The record's: data, constraints, raised exceptions, user-defined codes.
+        for code in [
+            "22P02", "22003", "23505", "23503", "P0001", "P0004", "U0001",
+        ] {
+            assert_eq!(class(code), ErrorClass::Effect, "{code}");
+        }
+        // The database's, fatal: a renamed table or function, a revoked privilege.
+        for code in ["42P01", "42883", "42703", "3D000", "3F000", "0A000"] {
+            assert_eq!(class(code), ErrorClass::Fatal(Failure::Schema), "{code}");
+        }
+        for code in ["42501", "28P01"] {
+            assert_eq!(class(code), ErrorClass::Fatal(Failure::Auth), "{code}");
+        }
+        // The database's, retried: connections, resources, restarts, I/O, conflicts.
+        for code in [
+            "08006", "53300", "53100", "57P01", "58030", "XX000", "40001", "40P01", "55P03",
+            "55006",
+        ] {
+            assert_eq!(class(code), ErrorClass::Transient, "{code}");
+        }
+    }
 }

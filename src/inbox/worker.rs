@@ -13,6 +13,10 @@
 //!   follows `effect.on_error`; the records after it go on in batches. When the transaction
 //!   fails without naming a record (a stored payload that is not JSON), the batch is applied
 //!   record by record, so the same holds.
+//! - Only the record's errors ([`ErrorClass::Effect`]: data, constraints, raised exceptions)
+//!   are counted against `effect.retries` and reach `effect.on_error`; the database's (a missing
+//!   object or privilege: fatal; a lost connection, resources, conflicts: retried with backoff,
+//!   indefinitely) never dead-letter a record.
 //! - [`Progress`] (the next offset to commit) moves only after a transaction committed, to just
 //!   past its last record, or after the dead-letter topic acknowledged a record. It never moves
 //!   past a record that failed under `fail`: that record's offset is never committed.
@@ -254,15 +258,20 @@ async fn apply(
         let head = describe(&chunk[0].record);
         match err.error.class() {
             ErrorClass::Transient => {
-                tracing::warn!(record = %head, records = chunk.len(), error = %err.error, "postgres unavailable; retrying");
-                if !pause(backoff.next_delay(), cancel).await {
+                env.metrics.database_errors.inc();
+                let delay = backoff.next_delay();
+                tracing::warn!(record = %head, records = chunk.len(), error = %err.error, retry_in = ?delay, "postgres cannot process records now (not the records' fault, not counted against effect.retries); retrying");
+                if !pause(delay, cancel).await {
                     return false;
                 }
             }
             ErrorClass::Fatal(failure) => {
                 let _ = env.fatal.send(FatalError {
                     failure,
-                    message: format!("processing {head}: {}", err.error),
+                    message: format!(
+                        "processing {head}: {}; the database's error, not the record's: nothing was dead-lettered and the offset is not committed; fix it (a renamed or dropped table or function, a privilege, the credentials), then restart",
+                        err.error
+                    ),
                 });
                 return false;
             }

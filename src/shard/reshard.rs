@@ -67,6 +67,14 @@ pub enum ReshardError {
     /// `--to` out of range.
     #[error("--to must be between 1 and {MAX_SHARDS}")]
     Target,
+    /// More than one shard on a server without publication row filters.
+    #[error("walbox reshard --to {to}: shards need PostgreSQL 15 or newer (publication row filters); this server is {version}: keep postgres.shards = 1")]
+    NeedsRowFilters {
+        /// `--to`.
+        to: u32,
+        /// `server_version`.
+        version: String,
+    },
     /// The server is a standby.
     #[error("walbox reshard writes the reshard point and makes slots: run it against the primary (postgres.url points to a standby)")]
     Standby,
@@ -119,6 +127,8 @@ impl Classify for ReshardError {
             ReshardError::Target | ReshardError::Standby | ReshardError::Unfinished { .. } => {
                 Some(Failure::Config)
             }
+            // As `walbox run` with `postgres.shards > 1` on that server.
+            ReshardError::NeedsRowFilters { .. } => Some(Failure::Schema),
             ReshardError::Concurrent(_) | ReshardError::Active(_) => Some(Failure::SlotInUse),
             ReshardError::Advance { .. } | ReshardError::Undrained { .. } => None,
         }
@@ -155,6 +165,17 @@ pub async fn reshard(
     if standby::role(&client).await.map_err(|e| fatal(e.into()))? == Role::Standby {
         return Err(fatal(ReshardError::Standby));
     }
+    if to > 1 {
+        let server = catalog::server(&client)
+            .await
+            .map_err(|e| fatal(e.into()))?;
+        if server.version_num < super::MIN_SERVER_VERSION {
+            return Err(fatal(ReshardError::NeedsRowFilters {
+                to,
+                version: server.version,
+            }));
+        }
+    }
     let base = config.postgres.base_slot().to_owned();
     let locked: bool = client
         .query_one(
@@ -167,12 +188,19 @@ pub async fn reshard(
     if !locked {
         return Err(fatal(ReshardError::Concurrent(base)));
     }
-    let Some(plan) = plan(&client, &config.postgres, to).await.map_err(fatal)? else {
-        drop_stale_publications(&client, &config.postgres, to)
-            .await
-            .map_err(|e| fatal(e.into()))?;
-        println!("the outbox is relayed through {to} shard(s) already: set postgres.shards = {to} and start walbox");
-        return Ok(());
+    let plan = match plan(&client, &config.postgres, to).await.map_err(fatal)? {
+        Found::Move(plan) => plan,
+        found => {
+            drop_stale_publications(&client, &config.postgres, to)
+                .await
+                .map_err(|e| fatal(e.into()))?;
+            if matches!(found, Found::NoSlot) {
+                println!("no slot of postgres.slot {base:?} exists yet: there is nothing to move; set postgres.shards = {to} and start walbox, which creates the {to} slot(s)");
+            } else {
+                println!("the outbox is relayed through {to} shard(s) already: set postgres.shards = {to} and start walbox");
+            }
+            return Ok(());
+        }
     };
     println!("resharding slot {base:?}: {} → {to} shard(s)", plan.from);
     let point = if plan.old_whole {
@@ -231,9 +259,18 @@ pub async fn reshard(
     Ok(())
 }
 
-/// Reads the layout; `None` when the outbox is relayed through `to` shards already (or no slot
-/// exists yet: `walbox run` makes them).
-async fn plan(client: &Client, pg: &PostgresConfig, to: u32) -> Result<Option<Plan>, ReshardError> {
+/// What [`plan`] found.
+enum Found {
+    /// No slot exists yet: `walbox run` makes them.
+    NoSlot,
+    /// The outbox is relayed through `to` shards already.
+    Already,
+    /// Slots of another layout: move them.
+    Move(Plan),
+}
+
+/// Reads the layout.
+async fn plan(client: &Client, pg: &PostgresConfig, to: u32) -> Result<Found, ReshardError> {
     let found = find_slots(client, pg.base_slot()).await?;
     if let Some(active) = found.iter().find(|s| s.active) {
         return Err(ReshardError::Active(active.name.clone()));
@@ -241,8 +278,8 @@ async fn plan(client: &Client, pg: &PostgresConfig, to: u32) -> Result<Option<Pl
     let mut layouts: Vec<u32> = found.iter().map(FoundSlot::count).collect();
     layouts.dedup();
     let from = match layouts.as_slice() {
-        [] => return Ok(None),
-        [one] if *one == to => return Ok(None),
+        [] => return Ok(Found::NoSlot),
+        [one] if *one == to => return Ok(Found::Already),
         [one] => *one,
         [a, b] if *a == to || *b == to => {
             if *a == to {
@@ -291,7 +328,7 @@ async fn plan(client: &Client, pg: &PostgresConfig, to: u32) -> Result<Option<Pl
             finish: to,
         });
     }
-    Ok(Some(Plan {
+    Ok(Found::Move(Plan {
         from,
         old,
         new: pg.layout(to),

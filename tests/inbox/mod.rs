@@ -4,6 +4,8 @@
 //! retention guard, and an end-to-end run of both halves under SIGKILL.
 
 mod batch;
+mod lag;
+mod schema_change;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
