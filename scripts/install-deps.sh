@@ -9,7 +9,9 @@
 #   no psql: the tests use Debian's), exact versions and checksums pinned below,
 #   into the version cache `$WALBOX_PG_CACHE` (default
 #   /var/cache/walbox/postgresql), one directory per major. Never inside the
-#   repository. `WALBOX_PG_MAJORS="13 18"` installs only those ("" for none).
+#   repository. `WALBOX_PG_MAJORS="13 18"` installs only those ("" for none);
+# - the pinned Apache Kafka broker of the real-Kafka test lane, with Debian's
+#   JRE and Maven when missing (scripts/install-kafka.sh).
 #
 # Idempotent: does nothing when everything is installed (each cached major has
 # a marker file naming its package version). Non-interactive; downloads are
@@ -169,4 +171,5 @@ else
     fi
   done
 fi
+bash "$(dirname "${BASH_SOURCE[0]}")/install-kafka.sh"
 echo "install-deps: done"

@@ -24,6 +24,12 @@ pub fn pg_micros_to_unix_micros(pg: i64) -> i64 {
     pg.saturating_add(PG_EPOCH_OFFSET_MICROS)
 }
 
+/// Unix microseconds to PostgreSQL microseconds (since 2000-01-01), the inverse of
+/// [`pg_micros_to_unix_micros`].
+pub fn unix_micros_to_pg_micros(unix: i64) -> i64 {
+    unix.saturating_sub(PG_EPOCH_OFFSET_MICROS)
+}
+
 /// PostgreSQL microseconds → Unix milliseconds.
 pub fn pg_micros_to_unix_ms(pg: i64) -> i64 {
     pg_micros_to_unix_micros(pg).div_euclid(1000)

@@ -4,8 +4,11 @@
 //! over TLS with a CA file, and mutual TLS with a client certificate whose key is encrypted
 //! with the passphrase from a file (a wrong passphrase is refused, without being shown).
 //!
-//! The mock cluster speaks neither TLS nor SASL, so no handshake happens here; the README says
-//! what that leaves to `scripts/real-broker.sh` and to `walbox check` against the real cluster.
+//! The mock cluster speaks neither TLS nor SASL; the handshakes run against the Apache Kafka
+//! broker of the real-Kafka lane (`WALBOX_TEST_KAFKA=apache`, `scripts/real-kafka.sh`), whose
+//! SCRAM user is written at format time: SCRAM-SHA-512 over TLS relays events, and a wrong
+//! SCRAM-SHA-256 password stops walbox with exit 4 without showing it. Without that broker these
+//! two tests say so and return.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -117,6 +120,113 @@ fn brokers_refusing_the_credentials_stop_walbox_with_exit_4_without_the_password
     ] {
         env.push((k.to_owned(), v.to_owned()));
     }
+    let mut walbox = Walbox::spawn(&env);
+    let status = walbox.wait_exit(WAIT);
+    let log = walbox.log();
+    assert_eq!(status.code(), Some(4), "{log}");
+    assert!(
+        walbox
+            .last_line()
+            .contains("kafka producer cannot continue"),
+        "{}",
+        walbox.last_line()
+    );
+    assert!(!log.contains(KAFKA_PASSWORD), "{log}");
+}
+
+/// A walbox relaying to the Apache Kafka broker's SASL listener `servers` with the SCRAM
+/// `mechanism` and `password`, and `more` Kafka properties; `None` without that broker.
+fn scram_env(
+    db: &crate::support::TestDb,
+    servers: impl FnOnce(&walbox::sandbox::kafka::KafkaServer) -> Option<String>,
+    mechanism: &str,
+    password: &str,
+    more: &[(&str, String)],
+) -> Option<Vec<(String, String)>> {
+    use crate::support::{kafka, walbox_env};
+    let Some(server) = kafka::apache() else {
+        eprintln!("no Apache Kafka broker (WALBOX_TEST_KAFKA=apache): no handshake; skipped");
+        return None;
+    };
+    let servers = servers(server).expect("the broker's SASL listeners");
+    let mut env = walbox_env(db, &db.name, &servers);
+    for (k, v) in [
+        (
+            "WALBOX_KAFKA_PROPERTY_SASL_MECHANISMS",
+            mechanism.to_owned(),
+        ),
+        (
+            "WALBOX_KAFKA_PROPERTY_SASL_USERNAME",
+            kafka::SCRAM_USER.0.to_owned(),
+        ),
+        ("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", password.to_owned()),
+    ] {
+        env.push((k.to_owned(), v));
+    }
+    env.extend(more.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    Some(env)
+}
+
+#[test]
+fn scram_sha_512_over_tls_relays_to_apache_kafka() {
+    use crate::support::events::{await_distinct, outbox_ids, stop_and_read_exactly, write_txns};
+    use crate::support::{self, kafka, TestDb, Walbox, WAIT};
+    use walbox::sandbox::broker::TopicReader;
+    let db = TestDb::new("scram_tls");
+    let Some(ca) = kafka::apache().and_then(|s| s.ca_file()) else {
+        eprintln!("no Apache Kafka broker (WALBOX_TEST_KAFKA=apache): no handshake; skipped");
+        return;
+    };
+    let (topic, broker) = support::topic_on_broker(&db, 2);
+    let Some(env) = scram_env(
+        &db,
+        |s| s.sasl_ssl_servers(),
+        "SCRAM-SHA-512",
+        kafka::SCRAM_USER.1,
+        &[
+            (
+                "WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL",
+                "SASL_SSL".to_owned(),
+            ),
+            (
+                "WALBOX_KAFKA_PROPERTY_SSL_CA_LOCATION",
+                ca.display().to_string(),
+            ),
+        ],
+    ) else {
+        return;
+    };
+    db.create_slot_and_publication(&db.name);
+    let aggregates: Vec<String> = (0..10).map(|i| format!("agg-{i}")).collect();
+    let mut walbox = Walbox::spawn(&env);
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    write_txns(&db, &topic, &aggregates, 3);
+    let all = outbox_ids(&db);
+    await_distinct(&mut reader, all.len(), &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+    assert!(
+        !walbox.log().contains(kafka::SCRAM_USER.1),
+        "{}",
+        walbox.log()
+    );
+}
+
+#[test]
+fn a_wrong_scram_password_stops_walbox_with_exit_4_on_apache_kafka_without_showing_it() {
+    use crate::support::{TestDb, Walbox, WAIT};
+    let db = TestDb::new("scram_refused");
+    let Some(env) = scram_env(
+        &db,
+        |s| s.sasl_plaintext_servers(),
+        "SCRAM-SHA-256",
+        KAFKA_PASSWORD,
+        &[(
+            "WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL",
+            "SASL_PLAINTEXT".to_owned(),
+        )],
+    ) else {
+        return;
+    };
     let mut walbox = Walbox::spawn(&env);
     let status = walbox.wait_exit(WAIT);
     let log = walbox.log();

@@ -552,9 +552,44 @@ fn exactly_once_is_off_by_default_and_its_bounds_need_it() {
         tuned.kafka.exactly_once,
         Some(ExactlyOnce {
             max_events: 500,
-            interval: Duration::from_secs(1)
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(60),
         })
     );
+    // The interval must be shorter than the transaction timeout (librdkafka's default 60 s).
+    for (interval, timeout) in [
+        ("60s", None),
+        ("10s", Some("10000")),
+        ("11s", Some("10000")),
+    ] {
+        let mut pairs = vec![
+            ("WALBOX_KAFKA_EXACTLY_ONCE", "true"),
+            ("WALBOX_KAFKA_TRANSACTION_INTERVAL", interval),
+        ];
+        pairs.extend(timeout.map(|t| ("WALBOX_KAFKA_PROPERTY_TRANSACTION_TIMEOUT_MS", t)));
+        let e = load(&pairs).unwrap_err().to_string();
+        assert!(
+            e.contains("must be shorter than the kafka transaction timeout"),
+            "{e}"
+        );
+    }
+    let short = load(&[
+        ("WALBOX_KAFKA_EXACTLY_ONCE", "true"),
+        ("WALBOX_KAFKA_TRANSACTION_INTERVAL", "9s"),
+        ("WALBOX_KAFKA_PROPERTY_TRANSACTION_TIMEOUT_MS", "10000"),
+    ])
+    .unwrap();
+    assert_eq!(
+        short.kafka.exactly_once.map(|e| e.timeout),
+        Some(Duration::from_secs(10))
+    );
+    let e = load(&[
+        ("WALBOX_KAFKA_EXACTLY_ONCE", "true"),
+        ("WALBOX_KAFKA_PROPERTY_TRANSACTION_TIMEOUT_MS", "soon"),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("transaction.timeout.ms"), "{e}");
     let e = load(&[("WALBOX_KAFKA_TRANSACTION_INTERVAL", "1s")])
         .unwrap_err()
         .to_string();

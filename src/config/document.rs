@@ -307,9 +307,31 @@ impl RawConfig {
                         "kafka.transaction_interval must be between 1ms and 60s".into(),
                     ));
                 }
+                let timeout_ms = self
+                    .kafka
+                    .properties
+                    .get("transaction.timeout.ms")
+                    .map_or(crate::config::TRANSACTION_TIMEOUT_MS, String::as_str);
+                let timeout = timeout_ms
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| *ms > 0)
+                    .map(Duration::from_millis)
+                    .ok_or_else(|| {
+                        ConfigError::Invalid(format!(
+                            "kafka.properties.transaction.timeout.ms = {timeout_ms:?} is not a number of milliseconds above 0"
+                        ))
+                    })?;
+                if interval >= timeout {
+                    return Err(ConfigError::Invalid(format!(
+                        "kafka.transaction_interval ({interval:?}) must be shorter than the kafka transaction timeout (kafka.properties.transaction.timeout.ms = {timeout_ms}), after which the coordinator aborts the transaction: lower the interval or raise the timeout"
+                    )));
+                }
                 Some(ExactlyOnce {
                     max_events,
                     interval,
+                    timeout,
                 })
             }
             _ if self.kafka.transaction_max_events.is_some()

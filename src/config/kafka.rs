@@ -87,13 +87,22 @@ pub struct ExactlyOnce {
     pub max_events: usize,
     /// … or after this long since it began (at the next PostgreSQL commit, or when idle).
     pub interval: std::time::Duration,
+    /// `transaction.timeout.ms`: the coordinator aborts a transaction open this long; always
+    /// longer than `interval`.
+    pub timeout: std::time::Duration,
 }
+
+/// `transaction.timeout.ms` of exactly-once mode unless `[kafka.properties]` sets it: the
+/// coordinator aborts a transaction left open this long (a killed walbox's, when no successor
+/// fences it first).
+pub const TRANSACTION_TIMEOUT_MS: &str = "60000";
 
 impl Default for ExactlyOnce {
     fn default() -> Self {
         ExactlyOnce {
             max_events: 10_000,
             interval: std::time::Duration::from_millis(100),
+            timeout: std::time::Duration::from_secs(60),
         }
     }
 }

@@ -60,7 +60,9 @@ pub use document::{load, load_from, Config, RawConfig};
 pub(crate) use env::{process_env, EnvLayout, Kind};
 pub use error::ConfigError;
 pub(crate) use kafka::{check_kafka_properties, scalar_properties};
-pub use kafka::{valid_topic, ExactlyOnce, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC};
+pub use kafka::{
+    valid_topic, ExactlyOnce, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC, TRANSACTION_TIMEOUT_MS,
+};
 pub(crate) use layers::{deserialize, read_layers};
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
 pub use outbox::{

@@ -28,7 +28,11 @@
 //!   on a broker that does not, it still loses nothing, because a transaction's progress
 //!   record is sent only after every one of its events was acknowledged.
 //! - An aborted transaction confirms nothing; the session ends and the next one starts over from
-//!   the slot and the progress record. A fenced producer stops the process.
+//!   the slot and the progress record. A fenced producer stops the process: as a takeover by
+//!   another walbox, unless the session's transaction had been open `transaction.timeout.ms`,
+//!   in which case the coordinator aborted it and walbox stops as a timed-out transaction (the
+//!   configuration cannot relay that PostgreSQL transaction; `kafka.transaction_interval` is
+//!   always shorter than the timeout).
 //! - Intake is bounded by records not yet delivered (`relay.max_in_flight`), not by records not
 //!   yet committed, so a PostgreSQL transaction larger than the cap streams through; the
 //!   checkpoint keeps one byte per uncommitted event.
@@ -77,8 +81,11 @@ pub(super) struct KafkaTxn {
     /// The commit end LSN and commit time (PostgreSQL microseconds) of the last whole
     /// PostgreSQL transaction in the open Kafka transaction.
     last_commit: Option<(Lsn, Option<i64>)>,
-    /// PostgreSQL transactions whose commit LSN is below this are in Kafka already.
+    /// PostgreSQL transactions whose commit LSN is below this are in Kafka already: the
+    /// position of the progress record read at start-up.
     pub skip_below: Lsn,
+    /// That record's commit time (PostgreSQL microseconds), when it has one.
+    skip_commit_time: Option<i64>,
     /// The PostgreSQL transaction being received is one of those.
     pub skipping: bool,
     /// Delivery reports of sequence numbers below this belong to an aborted transaction.
@@ -97,6 +104,16 @@ impl KafkaTxn {
     /// When the open transaction reaches its age bound.
     pub fn deadline(&self) -> Instant {
         self.started + self.bounds.interval
+    }
+
+    /// How long the open transaction has been open (`None` when none is).
+    pub fn open_for(&self) -> Option<Duration> {
+        self.open.then(|| self.started.elapsed())
+    }
+
+    /// `transaction.timeout.ms`.
+    pub fn timeout(&self) -> Duration {
+        self.bounds.timeout
     }
 
     /// Whether a transaction is open and holds a whole PostgreSQL transaction.
@@ -136,7 +153,12 @@ impl Relay {
             ))
         })
         .map_err(|e| RelayError::Transaction(TxnError::Progress(e)))?;
-        let skip_below = record.map_or(Lsn::ZERO, |r| r.confirmed_lsn);
+        let (skip_below, skip_commit_time) = record.map_or((Lsn::ZERO, None), |r| {
+            let time = r
+                .confirmed_commit_time_us
+                .map(crate::timestamp::unix_micros_to_pg_micros);
+            (r.confirmed_lsn, time)
+        });
         tracing::info!(transactional_id = %id, committed = %skip_below, "exactly-once mode: kafka transactions ready");
         Ok(KafkaTxn {
             id,
@@ -146,6 +168,7 @@ impl Relay {
             events: 0,
             last_commit: None,
             skip_below,
+            skip_commit_time,
             skipping: false,
             discard_below: 0,
         })
@@ -344,7 +367,11 @@ impl Relay {
     }
 
     /// Writes the session's first progress record in a transaction of its own (exactly-once
-    /// mode cannot write outside one): the evidence that the slot exists.
+    /// mode cannot write outside one): the evidence that the slot exists. Its position is the
+    /// session's `start` (the slot's confirmed position), or the position read at start-up
+    /// when that is further, with that record's commit time: the progress record never moves
+    /// backwards, or a crash before the next commit would make the next session send again
+    /// what lies between the two.
     pub(super) async fn eos_start_record(
         &mut self,
         s: &mut Session,
@@ -354,7 +381,11 @@ impl Relay {
             return Ok(());
         };
         self.open_kafka_txn(txn)?;
-        txn.last_commit = Some((start, self.confirmed_commit_time));
+        txn.last_commit = Some(if txn.skip_below > start {
+            (txn.skip_below, txn.skip_commit_time)
+        } else {
+            (start, self.confirmed_commit_time)
+        });
         self.commit_kafka_txn(s).await
     }
 }

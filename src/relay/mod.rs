@@ -64,7 +64,7 @@ use crate::outbox::{EventPosition, OutboxMapper};
 use crate::sink::kafka::{Ack, AckQueue, KafkaSink, SinkError};
 use crate::sink::progress::{self, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
 use crate::sink::topics::Topics;
-use crate::sink::transaction::{is_fencing, transactional_id, TxnError};
+use crate::sink::transaction::{self, is_fencing, transactional_id, TxnError};
 use crate::source::catalog::CatalogError;
 use crate::source::pgoutput::{self, LogicalMessage};
 use crate::source::replication::{ReplicationError, ReplicationMessage, ReplicationStream};
@@ -420,10 +420,18 @@ impl Relay {
             Ok(()) => self.stream_loop(&mut session, shutdown).await,
             Err(e) => Err(e),
         };
+        let open_txn = session.eos.as_ref().map(|t| (t.open_for(), t.timeout()));
         let result = match self.end_kafka_txn(&mut session, result.is_ok()).await {
             // Fenced (or worse): that is why nothing more can be relayed.
             Err(e) => Err(e),
             Ok(()) => result,
+        };
+        // Fenced with a transaction open past its timeout: the coordinator aborted it.
+        let result = match (result, open_txn) {
+            (Err(RelayError::Transaction(e)), Some((age, timeout))) => Err(
+                RelayError::Transaction(transaction::timed_out_or(e, age, timeout)),
+            ),
+            (result, _) => result,
         };
         self.health.set_ready(false);
         self.metrics.streaming.set(0);

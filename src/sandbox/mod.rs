@@ -4,6 +4,7 @@
 
 pub mod broker;
 pub mod demo;
+pub mod kafka;
 pub mod postgres;
 mod programs;
 pub mod standby;

@@ -369,11 +369,6 @@ pub struct KafkaSink {
     lane: usize,
 }
 
-/// `transaction.timeout.ms` of exactly-once mode unless `[kafka.properties]` sets it: the
-/// coordinator aborts a transaction left open this long (a killed walbox's, when no successor
-/// fences it first).
-pub const TRANSACTION_TIMEOUT_MS: &str = "60000";
-
 /// walbox's producer defaults; user properties are applied over them.
 pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("enable.idempotence", "true"),
@@ -427,7 +422,7 @@ impl KafkaSink {
         let timeout = config
             .properties
             .get("transaction.timeout.ms")
-            .map_or(TRANSACTION_TIMEOUT_MS, String::as_str);
+            .map_or(crate::config::TRANSACTION_TIMEOUT_MS, String::as_str);
         Self::with_defaults(
             config,
             vec![acks],

@@ -47,6 +47,16 @@ pub enum TxnError {
         /// librdkafka's error.
         error: KafkaError,
     },
+    /// The transaction stayed open longer than `transaction.timeout.ms`: the coordinator
+    /// aborted it and bumped the epoch, which librdkafka reports as fenced. Replaying the same
+    /// PostgreSQL transaction would time out again, so this stops as a configuration error.
+    #[error("kafka transaction timed out: it was open {:.1} s, longer than transaction.timeout.ms ({} ms), and the coordinator aborted it (nothing of it is confirmed). One PostgreSQL transaction must be relayed within that timeout: raise kafka.properties.transaction.timeout.ms (at most the brokers' transaction.max.timeout.ms, 15 minutes by default), or write the outbox in smaller PostgreSQL transactions", age.as_secs_f64(), timeout.as_millis())]
+    TimedOut {
+        /// How long the transaction had been open.
+        age: Duration,
+        /// `transaction.timeout.ms`.
+        timeout: Duration,
+    },
     /// librdkafka refused the transactional producer's configuration.
     #[error("kafka transactional producer configuration refused: {0} (in exactly-once mode message.timeout.ms must not exceed transaction.timeout.ms, and neither may be 0)")]
     Config(KafkaError),
@@ -65,7 +75,7 @@ impl Classify for TxnError {
     fn failure(&self) -> Option<Failure> {
         match self {
             TxnError::Retriable(_) | TxnError::Abortable(_) | TxnError::Progress(_) => None,
-            TxnError::Config(_) => Some(Failure::Config),
+            TxnError::Config(_) | TxnError::TimedOut { .. } => Some(Failure::Config),
             TxnError::Fenced { .. } => Some(Failure::Fenced),
             TxnError::Unsupported(_) => Some(Failure::Kafka),
             TxnError::Fatal(e) if is_auth(e) => Some(Failure::Auth),
@@ -96,6 +106,18 @@ pub fn is_fencing(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::ProducerFenced
             | RDKafkaErrorCode::InvalidProducerEpoch
     )
+}
+
+/// `e`, or [`TxnError::TimedOut`] when it says fenced while the session's transaction had
+/// been open `age`, at least `timeout`: the coordinator's abort of a timed-out transaction
+/// fences the producer the same way a newer walbox does.
+pub fn timed_out_or(e: TxnError, age: Option<Duration>, timeout: Duration) -> TxnError {
+    match (e, age) {
+        (TxnError::Fenced { .. }, Some(age)) if age >= timeout => {
+            TxnError::TimedOut { age, timeout }
+        }
+        (e, _) => e,
+    }
 }
 
 /// Sorts a transactional call's error (see [`TxnError`]). `sink` answers what librdkafka's
@@ -193,6 +215,20 @@ mod tests {
             RDKafkaErrorCode::InvalidTransactionalState,
         ));
         assert_eq!(aborted.failure(), None);
+        let fenced = || TxnError::Fenced {
+            id: "walbox/x".into(),
+            error: KafkaError::Global(RDKafkaErrorCode::Fenced),
+        };
+        let timeout = Duration::from_secs(10);
+        let late = timed_out_or(fenced(), Some(Duration::from_secs(11)), timeout);
+        assert_eq!(late.failure(), Some(Failure::Config));
+        assert!(late.to_string().contains("transaction timed out"), "{late}");
+        let early = timed_out_or(fenced(), Some(Duration::from_secs(9)), timeout);
+        assert_eq!(early.failure(), Some(Failure::Fenced));
+        assert_eq!(
+            timed_out_or(fenced(), None, timeout).failure(),
+            Some(Failure::Fenced)
+        );
         let refused = TxnError::Config(KafkaError::ClientCreation("message.timeout.ms".into()));
         assert_eq!(refused.failure(), Some(Failure::Config));
         assert!(

@@ -1,5 +1,6 @@
 //! Test support: one throwaway PostgreSQL cluster per test binary, one database + slot per test,
-//! a Kafka-protocol broker per test (librdkafka's mock cluster, or the external brokers in
+//! a Kafka-protocol broker per test (librdkafka's mock cluster, one Apache Kafka broker shared by
+//! the whole binary with `WALBOX_TEST_KAFKA=apache`, or the external brokers in
 //! `WALBOX_TEST_KAFKA_BROKERS`), and the `walbox` binary as a child process.
 //!
 //! Waiting is always on a condition with a deadline ([`wait_until`]); a test that times out
@@ -8,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod events;
+pub mod kafka;
 pub mod proxy;
 pub mod standby;
 
@@ -230,8 +232,20 @@ pub const MOCK_BROKERS: i32 = 3;
 /// The mock cluster behind [`broker`], for fault injection.
 pub type Mock = rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>;
 
-/// The test's broker.
+/// The test's broker: the cluster in `WALBOX_TEST_KAFKA_BROKERS` when set, else the shared
+/// Apache Kafka broker with `WALBOX_TEST_KAFKA=apache` ([`kafka::apache`]), else a fresh mock
+/// cluster.
 pub fn broker() -> Broker {
+    let external = std::env::var("WALBOX_TEST_KAFKA_BROKERS").is_ok_and(|b| !b.trim().is_empty());
+    if !external {
+        if let Some(server) = kafka::apache() {
+            let broker = Broker::External(server.bootstrap_servers());
+            broker
+                .create_topic(walbox::config::DEFAULT_PROGRESS_TOPIC, 1)
+                .expect("create the progress topic on the Apache Kafka broker");
+            return broker;
+        }
+    }
     Broker::from_env_or_mock("WALBOX_TEST_KAFKA_BROKERS", MOCK_BROKERS)
         .expect("start the mock Kafka cluster")
 }

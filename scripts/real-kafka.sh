@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The real-Kafka lane: runs the integration tests that a stand-in broker cannot
+# prove against Apache Kafka itself (`WALBOX_TEST_KAFKA=apache`): one
+# single-node KRaft broker, started by the test binary from the jars that
+# scripts/install-kafka.sh puts in the Kafka cache, shared by every test with
+# topics and groups of their own, and killed when the binary exits.
+#
+#   bash scripts/real-kafka.sh                    # the lane's modules (below)
+#   bash scripts/real-kafka.sh exactly_once::     # only these test filters
+#
+# The lane: exactly-once (fencing, transaction markers, read_committed), the
+# inbox's consumer group (rebalances, restarts, the retention guard), the
+# progress topic and the start-up decision read from it, `walbox audit`,
+# SASL/SCRAM handshakes (plain and over TLS), routing with topic creation,
+# and the core relay's SIGKILL test. Ignored tests (those needing a real
+# broker) run too. Tests that inject broker faults need the mock cluster and
+# say "external broker: … skipped" here.
+#
+# The broker logs to a file; its last lines are printed when a test fails.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/install-kafka.sh >/dev/null
+
+if [ "$#" -eq 0 ]; then
+  set -- exactly_once:: inbox:: progress:: audit:: kafka_security:: routing:: \
+    relay::sigkill_at_random_points
+fi
+
+log=$(mktemp -t walbox-kafka-broker.XXXXXX.log)
+trap 'rm -f "$log"' EXIT
+start=$(date +%s)
+if ! WALBOX_TEST_KAFKA=apache WALBOX_TEST_KAFKA_LOG="$log" \
+  cargo test --locked --features failpoints --test main -- --include-ignored "$@"; then
+  echo "real-kafka: tests failed; the Apache Kafka broker's log ($log), last 50 lines:" >&2
+  tail -n 50 "$log" >&2
+  trap - EXIT
+  exit 1
+fi
+echo "real-kafka: lane passed in $(($(date +%s) - start)) s"
