@@ -84,7 +84,7 @@ pub fn dead_letter(
                 Bytes::copy_from_slice(reason.as_bytes()),
             ),
             (
-                HeaderName::Static("walbox.source"),
+                HeaderName::Static(super::SOURCE_HEADER),
                 Bytes::copy_from_slice(rejected.source.as_bytes()),
             ),
             (

@@ -43,6 +43,11 @@ use envelope::{Payload, PayloadKind};
 pub use event::{EventPosition, HeaderName, Headers, OutboxEvent};
 use template::{Template, Vars};
 
+/// The header naming the route an event (or its dead letter) comes from: `schema.table`, or
+/// `message:<prefix>` for the table-less outbox. With `id` it identifies an event of this
+/// outbox (`walbox audit` matches on both; ids of different tables may be equal).
+pub const SOURCE_HEADER: &str = "walbox.source";
+
 /// Type OIDs with a special meaning for payloads.
 const BYTEA_OID: u32 = 17;
 const JSON_OID: u32 = 114;
@@ -142,6 +147,8 @@ struct Row<'a> {
 #[derive(Debug)]
 pub struct OutboxMapper {
     routes: Vec<Route>,
+    /// Each route's name as the `walbox.source` header value.
+    sources: Vec<Bytes>,
     templates: Vec<(Template, Option<Template>)>,
     messages: Option<usize>,
     /// `None` for relations that are not outbox tables.
@@ -179,8 +186,13 @@ impl OutboxMapper {
                 )
             })
             .collect();
+        let sources = routes
+            .iter()
+            .map(|r| Bytes::copy_from_slice(r.name.as_bytes()))
+            .collect();
         OutboxMapper {
             routes,
+            sources,
             templates,
             messages,
             relations: HashMap::new(),
@@ -597,6 +609,10 @@ impl OutboxMapper {
         headers.push((
             HeaderName::Static("walbox.index"),
             self.scratch.borrow_mut().texts.text(position.index),
+        ));
+        headers.push((
+            HeaderName::Static(SOURCE_HEADER),
+            self.sources[route].clone(),
         ));
         let value = match (&row.payload, r.format) {
             (None, _) => None,
