@@ -44,6 +44,11 @@ impl HeaderName {
     }
 }
 
+/// The header naming the route an event (or its dead letter) comes from: `schema.table`, or
+/// `message:<prefix>` for the table-less outbox. With `id` it identifies an event of this
+/// outbox (`walbox audit` matches on both; ids of different tables may be equal).
+pub const SOURCE_HEADER: &str = "walbox.source";
+
 /// Headers held inline up to walbox's own five and two configured ones: no allocation per
 /// event (CloudEvents headers spill to the heap).
 pub type Headers = smallvec::SmallVec<[(HeaderName, Bytes); 7]>;

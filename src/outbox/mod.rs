@@ -40,13 +40,8 @@ use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
 use crate::timestamp::{self, pg_micros_to_unix_micros, pg_micros_to_unix_ms};
 pub use dead_letter::{dead_letter, Rejected};
 use envelope::{Payload, PayloadKind};
-pub use event::{EventPosition, HeaderName, Headers, OutboxEvent};
+pub use event::{EventPosition, HeaderName, Headers, OutboxEvent, SOURCE_HEADER};
 use template::{Template, Vars};
-
-/// The header naming the route an event (or its dead letter) comes from: `schema.table`, or
-/// `message:<prefix>` for the table-less outbox. With `id` it identifies an event of this
-/// outbox (`walbox audit` matches on both; ids of different tables may be equal).
-pub const SOURCE_HEADER: &str = "walbox.source";
 
 /// Type OIDs with a special meaning for payloads.
 const BYTEA_OID: u32 = 17;

@@ -17,8 +17,9 @@
 //!   flushed and decoded, and the relay confirms past it ([`confirm`]).
 //! - Deletions are not events: the publication publishes inserts only, and dropping a partition
 //!   is DDL, which pgoutput does not send.
-//! - Retention runs only in the active process (a term of `crate::app`), on its own control
-//!   connection, and stops with the term. A failed pass is logged and counted
+//! - Retention runs only in the active process (a term of `crate::app`), on two control
+//!   connections of its own (the deletions', and the one [`confirm::nudge`] commits on), and
+//!   stops with the term. A failed pass is logged and counted
 //!   (`walbox_outbox_retention_errors_total`) and retried at the next interval; it never stops
 //!   the relay. Every table's counters exist from the first pass on, at 0. A default partition is never dropped.
 //! - A batch deletes by `ctid` within one relation (`DELETE FROM ONLY leaf`): a `ctid` is not
