@@ -241,15 +241,13 @@ impl Expected {
     }
 
     /// Counts a record of `topic` for the rows it belongs to (see the module docs).
-    fn count(
+    /// `header` gives the value of the record's first header of a name.
+    fn count<'h>(
         &mut self,
         topic: &str,
         key: Option<&[u8]>,
-        headers: Option<&rdkafka::message::BorrowedHeaders>,
+        header: impl Fn(&str) -> Option<&'h [u8]>,
     ) {
-        let header = |name: &str| {
-            headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-        };
         let Some(id) = header("id") else { return };
         let source = header(SOURCE_HEADER);
         if source.is_none() && header("walbox.commit_lsn").is_none() {
@@ -462,7 +460,10 @@ fn count_records(
         last_progress = Instant::now();
         read += 1;
         let key = (m.topic().to_owned(), m.partition());
-        expected.count(m.topic(), m.key(), m.headers());
+        let headers = m.headers();
+        expected.count(m.topic(), m.key(), |name| {
+            headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+        });
         if ends.get(&key).is_some_and(|end| m.offset() + 1 >= *end) {
             ends.remove(&key);
         }
@@ -526,6 +527,90 @@ mod tests {
             id: id.into(),
             records: 0,
         }
+    }
+
+    /// Rows `public.a` 1 and `public.b` 1 on topic `t` (key `k`), `public.a` with the
+    /// dead-letter topic `dlq`.
+    fn two_tables() -> Expected {
+        let mut expected = Expected::default();
+        for (source, dead_letter) in [("public.a", Some("dlq")), ("public.b", None)] {
+            let row = Row {
+                source: source.into(),
+                id: Bytes::from_static(b"1"),
+                topic: Some("t".into()),
+                dead_letter: dead_letter.map(Arc::from),
+                records: 0,
+                dead_letters: 0,
+            };
+            expected.add(row, Some(Bytes::from_static(b"k")));
+        }
+        expected
+    }
+
+    fn record(expected: &mut Expected, topic: &str, key: &str, headers: &[(&str, &str)]) {
+        expected.count(topic, Some(key.as_bytes()), |name| {
+            headers
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.as_bytes())
+        });
+    }
+
+    fn counts(expected: &Expected) -> Vec<(u32, u32)> {
+        expected
+            .rows
+            .iter()
+            .map(|r| (r.records, r.dead_letters))
+            .collect()
+    }
+
+    #[test]
+    fn a_record_counts_for_the_row_of_its_table_id_and_key() {
+        let mut e = two_tables();
+        let walbox = |source| {
+            [
+                ("id", "1"),
+                ("walbox.commit_lsn", "0/1"),
+                ("walbox.source", source),
+            ]
+        };
+        record(&mut e, "t", "k", &walbox("public.b"));
+        assert_eq!(counts(&e), [(0, 0), (1, 0)]);
+        // Another key, another topic, another table: not these rows.
+        record(&mut e, "t", "other", &walbox("public.a"));
+        record(&mut e, "u", "k", &walbox("public.a"));
+        record(&mut e, "t", "k", &walbox("public.c"));
+        assert_eq!(counts(&e), [(0, 0), (1, 0)]);
+        // Another producer's record with the same id counts for nothing.
+        record(&mut e, "t", "k", &[("id", "1")]);
+        assert_eq!(counts(&e), [(0, 0), (1, 0)]);
+        // A record written before walbox.source existed counts by topic, id and key.
+        record(
+            &mut e,
+            "t",
+            "k",
+            &[("id", "1"), ("walbox.commit_lsn", "0/1")],
+        );
+        assert_eq!(counts(&e), [(1, 0), (2, 0)]);
+    }
+
+    #[test]
+    fn a_dead_letter_counts_in_its_routes_dead_letter_topic_only() {
+        let mut e = two_tables();
+        let letter = |source| {
+            [
+                ("id", "1"),
+                ("walbox.error", "too large"),
+                ("walbox.source", source),
+                ("walbox.commit_lsn", "0/1"),
+            ]
+        };
+        record(&mut e, "dlq", "k", &letter("public.a"));
+        record(&mut e, "dlq", "k", &letter("public.b"));
+        assert_eq!(counts(&e), [(0, 1), (0, 0)]);
+        // A dead letter in the event's own topic is not a delivery.
+        record(&mut e, "t", "k", &letter("public.a"));
+        assert_eq!(counts(&e), [(0, 1), (0, 0)]);
     }
 
     #[test]
