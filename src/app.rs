@@ -11,8 +11,10 @@
 //! every second instead of exiting. The slot monitor runs beside the relay during a term,
 //! on its own connection; when it finds the slot lost it stops the relay the way shutdown does
 //! and walbox exits with the lost-slot status. A transient error ends the session and
-//! the next one starts after a capped exponential backoff with jitter; the backoff resets once a
-//! session reaches streaming.
+//! the next one starts after a capped exponential backoff with jitter; the backoff resets only
+//! once a session confirmed a new position (a session that streams and fails at the same place
+//! again made no progress). A data error the server reports at the same transaction session
+//! after session is permanent: the relay stops with exit 8 (`RelayError::Undecodable`).
 //!
 //! Shards (`postgres.shards` > 1, [`crate::shard`]): each shard is one such relay, with its own
 //! slot, checkpoint, slot monitor, leader lock and reconnect loop, all in this process. The
@@ -363,7 +365,7 @@ pub async fn run_slot(
             match relay.run_session(&mut term_stop).await {
                 Ok(SessionEnd::Shutdown | SessionEnd::Drained) => break Ok(()),
                 Err(e) => {
-                    if relay.reached_streaming {
+                    if relay.made_progress {
                         backoff.reset();
                     }
                     // The previous streamer's walsender still holds the slot: it lets go when it

@@ -1,43 +1,58 @@
 //! `walbox audit`: an independent check that every outbox row still in the table is in Kafka.
 //!
 //! The rows of the window (`--since-id`, `--since`, or all) are read in one `REPEATABLE READ`
-//! snapshot and mapped to `(topic, id)` by the relay's own mapper (the same code as `walbox
-//! republish`). The snapshot's first statement reads the WAL insert position L: every row it
-//! sees committed before L. The audit then waits (up to `--wait`) until the slot has confirmed
-//! L, so a row the relay has not had time to deliver is not reported missing, and reads each
-//! topic from its beginning to the high watermark it had then, counting the records whose `id`
-//! header is one of the rows' ids. A row with no such record is **missing**; one with several
-//! is **duplicated** (at-least-once delivery allows it; consumers drop duplicates by `id`).
+//! snapshot and mapped by the relay's own mapper (the same code as `walbox republish`). The
+//! snapshot's first statement reads the WAL insert position L: every row it sees committed
+//! before L. The audit then waits (up to `--wait`) until the slot has confirmed L, so a row the
+//! relay has not had time to deliver is not reported missing, and reads each topic (and each
+//! dead-letter topic) from its beginning to the high watermark it had then.
+//!
+//! An event of this outbox is identified by its table and its id (ids of two tables routed to
+//! one topic may be equal): a record counts for a row when it is in the row's topic and carries
+//! the row's `id` header, its key, and its table in the `walbox.source` header
+//! ([`SOURCE_HEADER`]). A record in the route's dead-letter topic (it carries `walbox.error`)
+//! counts as the row's dead letter. A row with no record and no dead letter is **missing**; one
+//! with a dead letter only is **dead-lettered** (republishing would only dead-letter it again);
+//! one with several records is **duplicated** (at-least-once delivery allows it; consumers drop
+//! duplicates by `id`).
 //!
 //! # Invariants
-//! - The exit status is 0 only when nothing is missing (duplicates are reported, not failed);
-//!   14 ([`Failure::Audit`]) when something is.
-//! - Memory is bounded by the rows of the window (an id and a count per row), not by the topics:
-//!   records are counted as they are read and not kept. Records of other producers, or of rows
-//!   already deleted, are read and ignored.
+//! - The exit status is 0 only when nothing is missing (duplicates and dead letters are
+//!   reported, not failed); 14 ([`Failure::Audit`]) when something is.
+//! - Records without an `id` header, or with neither `walbox.source` nor `walbox.commit_lsn`
+//!   (other producers), count for nothing. A walbox record without `walbox.source` (written
+//!   before walbox wrote that header) counts for the rows of its topic with its id and key.
+//! - Memory is bounded by the rows of the window (an id, a key and two counts per row), not by
+//!   the topics: records are counted as they are read and not kept.
+//! - Findings are listed in id order (numerically for integer ids), so the first missing one is
+//!   where `walbox republish --since-id` starts.
 //! - The consumer reads committed records only (`isolation.level=read_committed`), commits no
 //!   offsets and joins no group.
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures_util::StreamExt;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
+use smallvec::SmallVec;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 
-use crate::config::{Config, RouteSource};
+use crate::config::{Config, OnInvalid, RouteSource};
 use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
-use crate::outbox::{EventPosition, OutboxMapper};
+use crate::outbox::{EventPosition, OutboxError, OutboxMapper, SOURCE_HEADER};
 use crate::pg::control::connect_control;
 use crate::republish::{describe, insert_of, select, Window};
 
-/// At most this many missing or duplicated ids are listed; the counts are always complete.
+/// At most this many ids of each kind are listed; the counts are always complete.
 const LISTED: usize = 100;
 /// How long one poll of the topics waits.
 const POLL: Duration = Duration::from_millis(200);
@@ -52,14 +67,17 @@ fn fatal(failure: Failure, message: impl ToString) -> FatalError {
     }
 }
 
-/// One id found missing or duplicated.
+/// One row found missing, dead-lettered or duplicated.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Finding {
-    /// The topic the row maps to.
+    /// The topic the row maps to (its dead-letter topic for a dead-lettered row, or for a row
+    /// that cannot be mapped).
     pub topic: String,
+    /// The row's table (`schema.table`), as in the `walbox.source` header.
+    pub table: String,
     /// The row's id, as in the `id` header.
     pub id: String,
-    /// Records with this id (0: missing).
+    /// Records found in that topic (0: missing).
     pub records: u32,
 }
 
@@ -68,18 +86,22 @@ pub struct Finding {
 pub struct Report {
     /// Rows audited.
     pub rows: u64,
-    /// Rows that could not be mapped (they go to the dead-letter topic, or stop the relay).
+    /// Rows that cannot be mapped under `on_invalid = "fail"` (the relay stops at them).
     pub unmapped: u64,
     /// Records read from the topics.
     pub records_read: u64,
-    /// Rows with no record.
+    /// Rows with no record (and no dead letter).
     pub missing: u64,
     /// Rows with more than one record.
     pub duplicated: u64,
-    /// Up to 100 of the missing rows.
+    /// Rows found only in their dead-letter topic.
+    pub dead_lettered: u64,
+    /// Up to 100 of the missing rows, in id order.
     pub missing_ids: Vec<Finding>,
-    /// Up to 100 of the duplicated rows.
+    /// Up to 100 of the duplicated rows, in id order.
     pub duplicated_ids: Vec<Finding>,
+    /// Up to 100 of the dead-lettered rows, in id order.
+    pub dead_lettered_ids: Vec<Finding>,
     /// The slot had not confirmed every audited row when the topics were read: the newest
     /// missing ones may still be on their way.
     pub relay_behind: bool,
@@ -95,67 +117,171 @@ pub async fn audit(
     let mut client = connect_control(&config.postgres.conn)
         .await
         .map_err(|e| fatal(Failure::Unavailable, e))?;
-    let (expected, rows, unmapped, needed) = read_rows(&mut client, config, window).await?;
+    let (expected, unmapped, needed) = read_rows(&mut client, config, window).await?;
     let relay_behind = !confirmed(&client, &config.postgres.slot, needed, wait).await?;
     drop(client);
     let kafka = config.kafka.clone();
-    let (counts, records_read) =
+    let (expected, records_read) =
         tokio::task::spawn_blocking(move || count_records(&kafka, expected))
             .await
             .map_err(|e| fatal(Failure::Internal, format!("audit task: {e}")))??;
     let mut report = Report {
-        rows,
+        rows: expected.rows.len() as u64 + unmapped,
         unmapped,
         records_read,
         relay_behind,
         ..Report::default()
     };
-    let mut topics: Vec<_> = counts.into_iter().collect();
-    topics.sort_by(|a, b| a.0.cmp(&b.0));
-    for (topic, ids) in topics {
-        let mut ids: Vec<_> = ids.into_iter().collect();
-        ids.sort();
-        for (id, n) in ids {
-            let finding = || Finding {
-                topic: topic.clone(),
-                id: String::from_utf8_lossy(&id).into_owned(),
-                records: n,
-            };
-            if n == 0 {
-                report.missing += 1;
-                if report.missing_ids.len() < LISTED {
-                    report.missing_ids.push(finding());
-                }
-            } else if n > 1 {
-                report.duplicated += 1;
-                if report.duplicated_ids.len() < LISTED {
-                    report.duplicated_ids.push(finding());
+    let (mut missing, mut duplicated, mut dead_lettered) = (Vec::new(), Vec::new(), Vec::new());
+    for row in &expected.rows {
+        let finding = |topic: &Arc<str>, records: u32| Finding {
+            topic: topic.to_string(),
+            table: row.source.to_string(),
+            id: String::from_utf8_lossy(&row.id).into_owned(),
+            records,
+        };
+        let home = row.topic.as_ref().or(row.dead_letter.as_ref());
+        match (row.records, row.dead_letters, home) {
+            (0, 0, Some(topic)) => missing.push(finding(topic, 0)),
+            (0, n, _) => {
+                if let Some(dlq) = &row.dead_letter {
+                    dead_lettered.push(finding(dlq, n));
                 }
             }
+            (n, _, Some(topic)) if n > 1 => duplicated.push(finding(topic, n)),
+            _ => {}
         }
     }
+    for (list, count, listed) in [
+        (missing, &mut report.missing, &mut report.missing_ids),
+        (
+            duplicated,
+            &mut report.duplicated,
+            &mut report.duplicated_ids,
+        ),
+        (
+            dead_lettered,
+            &mut report.dead_lettered,
+            &mut report.dead_lettered_ids,
+        ),
+    ] {
+        *count = list.len() as u64;
+        *listed = in_id_order(list);
+    }
     print(&report, json);
-    if report.missing > 0 {
+    if let Some(first) = report.missing_ids.first() {
         return Err(fatal(
             Failure::Audit,
             format!(
-                "{} of {} outbox rows are not in Kafka; `walbox republish --since-id <the first missing id>` produces them again",
-                report.missing, report.rows
+                "{} of {} outbox rows are not in Kafka; `walbox republish --since-id {}` produces them again (from every table)",
+                report.missing, report.rows, first.id
             ),
         ));
     }
     Ok(report)
 }
 
-/// Ids expected per topic (each with a count of 0), how many rows were read, how many could
-/// not be mapped, and the WAL position every one of them committed before.
-type Expected = HashMap<String, HashMap<Vec<u8>, u32>>;
+/// The first [`LISTED`] of `findings` in id order (numerically for integer ids), then table
+/// and topic.
+fn in_id_order(mut findings: Vec<Finding>) -> Vec<Finding> {
+    findings.sort_by(|a, b| {
+        id_order(&a.id, &b.id)
+            .then_with(|| a.table.cmp(&b.table))
+            .then_with(|| a.topic.cmp(&b.topic))
+    });
+    findings.truncate(LISTED);
+    findings
+}
 
+/// Integer ids by value (before any other), other ids by their bytes.
+fn id_order(a: &str, b: &str) -> Ordering {
+    match (a.parse::<i128>(), b.parse::<i128>()) {
+        (Ok(x), Ok(y)) => x.cmp(&y),
+        (Ok(_), Err(_)) => Ordering::Less,
+        (Err(_), Ok(_)) => Ordering::Greater,
+        (Err(_), Err(_)) => a.cmp(b),
+    }
+}
+
+/// A row of the window, and what was found of it.
+struct Row {
+    /// Its route's name (`walbox.source`).
+    source: Arc<str>,
+    id: Bytes,
+    /// Its event's topic; `None` for a row that cannot be mapped (its dead letter is expected).
+    topic: Option<Arc<str>>,
+    /// Its route's dead-letter topic.
+    dead_letter: Option<Arc<str>>,
+    records: u32,
+    dead_letters: u32,
+}
+
+/// The rows (their places in [`Expected::rows`]) whose records carry an id and a key.
+type ByIdAndKey = HashMap<(Bytes, Option<Bytes>), SmallVec<[usize; 1]>>;
+
+/// The rows of the window, found by where their records are: topic, then (id, key).
+#[derive(Default)]
+struct Expected {
+    rows: Vec<Row>,
+    index: HashMap<Arc<str>, ByIdAndKey>,
+}
+
+impl Expected {
+    fn add(&mut self, row: Row, key: Option<Bytes>) {
+        let at = self.rows.len();
+        for topic in [&row.topic, &row.dead_letter].into_iter().flatten() {
+            self.index
+                .entry(topic.clone())
+                .or_default()
+                .entry((row.id.clone(), key.clone()))
+                .or_default()
+                .push(at);
+        }
+        self.rows.push(row);
+    }
+
+    /// Counts a record of `topic` for the rows it belongs to (see the module docs).
+    /// `header` gives the value of the record's first header of a name.
+    fn count<'h>(
+        &mut self,
+        topic: &str,
+        key: Option<&[u8]>,
+        header: impl Fn(&str) -> Option<&'h [u8]>,
+    ) {
+        let Some(id) = header("id") else { return };
+        let source = header(SOURCE_HEADER);
+        if source.is_none() && header("walbox.commit_lsn").is_none() {
+            return; // another producer's record
+        }
+        let dead_letter = header("walbox.error").is_some();
+        let Some(rows) = self.index.get(topic).and_then(|ids| {
+            ids.get(&(Bytes::copy_from_slice(id), key.map(Bytes::copy_from_slice)))
+        }) else {
+            return;
+        };
+        for &at in rows {
+            let row = &mut self.rows[at];
+            if source.is_some_and(|s| s != row.source.as_bytes()) {
+                continue;
+            }
+            if dead_letter {
+                if row.dead_letter.as_deref() == Some(topic) {
+                    row.dead_letters += 1;
+                }
+            } else if row.topic.as_deref() == Some(topic) {
+                row.records += 1;
+            }
+        }
+    }
+}
+
+/// The rows of the window, how many cannot be mapped under `on_invalid = "fail"`, and the WAL
+/// position every one of them committed before.
 async fn read_rows(
     client: &mut tokio_postgres::Client,
     config: &Config,
     window: &Window,
-) -> Result<(Expected, u64, u64, Lsn), FatalError> {
+) -> Result<(Expected, u64, Lsn), FatalError> {
     let pg = |e: tokio_postgres::Error| fatal(Failure::Unavailable, format!("postgres: {e}"));
     let tx = client
         .build_transaction()
@@ -174,11 +300,15 @@ async fn read_rows(
         .parse()
         .map_err(|_| fatal(Failure::Internal, format!("WAL position {needed:?}")))?;
     let mut mapper = OutboxMapper::new(&config.outbox);
-    let mut expected = Expected::new();
-    let (mut rows_read, mut unmapped) = (0u64, 0u64);
+    let mut expected = Expected::default();
+    let mut unmapped = 0u64;
     for route in &config.outbox.tables {
         let RouteSource::Table { schema, table } = &route.source else {
             continue;
+        };
+        let dead_letter: Option<Arc<str>> = match &route.on_invalid {
+            OnInvalid::DeadLetter(topic) => Some(topic.as_str().into()),
+            OnInvalid::Fail => None,
         };
         let (relation, types) = describe(&tx, schema, table).await?;
         mapper.relation(&relation);
@@ -191,26 +321,37 @@ async fn read_rows(
         while let Some(row) = rows.next().await {
             let row =
                 row.map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
-            rows_read += 1;
             let position = EventPosition {
                 commit_lsn: Lsn::ZERO,
                 index: 0,
                 commit_time: 0,
             };
-            match mapper.map_insert(&insert_of(&row, relation.id), position) {
-                Ok(Some(event)) => {
-                    expected
-                        .entry(event.topic.to_string())
-                        .or_default()
-                        .insert(event.id.to_vec(), 0);
+            let (topic, id, key) = match mapper.map_insert(&insert_of(&row, relation.id), position)
+            {
+                Ok(Some(event)) => (Some(event.topic), event.id, event.key),
+                Ok(None) => continue,
+                // Dead-lettered by the relay, with the id and key it could read.
+                Err(OutboxError::InvalidEvent(inv)) if dead_letter.is_some() => {
+                    (None, Bytes::from(inv.id), inv.key)
                 }
-                Ok(None) => {}
-                Err(_) => unmapped += 1,
-            }
+                Err(_) => {
+                    unmapped += 1;
+                    continue;
+                }
+            };
+            let row = Row {
+                source: route.name.clone(),
+                id,
+                topic,
+                dead_letter: dead_letter.clone(),
+                records: 0,
+                dead_letters: 0,
+            };
+            expected.add(row, key);
         }
     }
     tx.commit().await.map_err(pg)?;
-    Ok((expected, rows_read, unmapped, needed))
+    Ok((expected, unmapped, needed))
 }
 
 /// Waits up to `wait` until `slot` has confirmed `needed`; false when it has not.
@@ -243,8 +384,8 @@ async fn confirmed(
     }
 }
 
-/// Reads every topic of `expected` from the beginning to its current high watermark, counting
-/// the records of the expected ids.
+/// Reads every topic of `expected` (dead-letter topics included) from the beginning to its
+/// current high watermark, counting the records of the expected rows.
 fn count_records(
     kafka: &crate::config::KafkaConfig,
     mut expected: Expected,
@@ -265,7 +406,9 @@ fn count_records(
     let timeout = Duration::from_secs(10);
     let mut tpl = TopicPartitionList::new();
     let mut ends: HashMap<(String, i32), i64> = HashMap::new();
-    for topic in expected.keys() {
+    let mut topics: Vec<&str> = expected.index.keys().map(|t| &**t).collect();
+    topics.sort_unstable();
+    for topic in topics {
         let metadata = consumer
             .fetch_metadata(Some(topic), timeout)
             .map_err(kafka_err)?;
@@ -277,7 +420,7 @@ fn count_records(
                 if high > low {
                     tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
                         .map_err(kafka_err)?;
-                    ends.insert((topic.clone(), p.id()), high);
+                    ends.insert((topic.to_owned(), p.id()), high);
                 }
             }
         }
@@ -297,7 +440,6 @@ fn count_records(
             continue;
         };
         let m = match message {
-            // Transaction markers end a partition without being delivered.
             // Transaction markers end a partition without being delivered: its end is where
             // the consumer's position reached the high watermark.
             Err(rdkafka::error::KafkaError::PartitionEOF(_)) => {
@@ -318,16 +460,10 @@ fn count_records(
         last_progress = Instant::now();
         read += 1;
         let key = (m.topic().to_owned(), m.partition());
-        if let Some(ids) = expected.get_mut(m.topic()) {
-            if let Some(id) = m
-                .headers()
-                .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
-            {
-                if let Some(n) = ids.get_mut(id) {
-                    *n += 1;
-                }
-            }
-        }
+        let headers = m.headers();
+        expected.count(m.topic(), m.key(), |name| {
+            headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+        });
         if ends.get(&key).is_some_and(|end| m.offset() + 1 >= *end) {
             ends.remove(&key);
         }
@@ -343,40 +479,162 @@ fn print(report: &Report, json: bool) {
         );
         return;
     }
+    let mut extra = String::new();
+    if report.dead_lettered > 0 {
+        extra += &format!(", {} dead-lettered", report.dead_lettered);
+    }
+    if report.unmapped > 0 {
+        extra += &format!(", {} rows not mappable", report.unmapped);
+    }
     println!(
-        "audited {} rows: {} missing, {} duplicated ({} records read{})",
-        report.rows,
-        report.missing,
-        report.duplicated,
-        report.records_read,
-        if report.unmapped > 0 {
-            format!(", {} rows not mappable", report.unmapped)
-        } else {
-            String::new()
-        }
+        "audited {} rows: {} missing, {} duplicated{extra} ({} records read)",
+        report.rows, report.missing, report.duplicated, report.records_read,
     );
-    for f in &report.missing_ids {
-        println!("missing     {}  id={}", f.topic, f.id);
-    }
-    if report.missing > report.missing_ids.len() as u64 {
-        println!(
-            "missing     … and {} more",
-            report.missing - report.missing_ids.len() as u64
-        );
-    }
-    for f in &report.duplicated_ids {
-        println!(
-            "duplicated  {}  id={}  {} records",
-            f.topic, f.id, f.records
-        );
-    }
-    if report.duplicated > report.duplicated_ids.len() as u64 {
-        println!(
-            "duplicated  … and {} more",
-            report.duplicated - report.duplicated_ids.len() as u64
-        );
+    for (label, findings, total) in [
+        ("missing    ", &report.missing_ids, report.missing),
+        (
+            "dead-letter",
+            &report.dead_lettered_ids,
+            report.dead_lettered,
+        ),
+        ("duplicated ", &report.duplicated_ids, report.duplicated),
+    ] {
+        for f in findings {
+            let records = if f.records > 1 {
+                format!("  {} records", f.records)
+            } else {
+                String::new()
+            };
+            println!("{label} {}  {}  id={}{records}", f.topic, f.table, f.id);
+        }
+        if total > findings.len() as u64 {
+            println!("{label} … and {} more", total - findings.len() as u64);
+        }
     }
     if report.relay_behind {
         println!("note: the slot had not confirmed every audited row; run the audit again before acting on the newest missing ids");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finding(id: &str, table: &str) -> Finding {
+        Finding {
+            topic: "t".into(),
+            table: table.into(),
+            id: id.into(),
+            records: 0,
+        }
+    }
+
+    /// Rows `public.a` 1 and `public.b` 1 on topic `t` (key `k`), `public.a` with the
+    /// dead-letter topic `dlq`.
+    fn two_tables() -> Expected {
+        let mut expected = Expected::default();
+        for (source, dead_letter) in [("public.a", Some("dlq")), ("public.b", None)] {
+            let row = Row {
+                source: source.into(),
+                id: Bytes::from_static(b"1"),
+                topic: Some("t".into()),
+                dead_letter: dead_letter.map(Arc::from),
+                records: 0,
+                dead_letters: 0,
+            };
+            expected.add(row, Some(Bytes::from_static(b"k")));
+        }
+        expected
+    }
+
+    fn record(expected: &mut Expected, topic: &str, key: &str, headers: &[(&str, &str)]) {
+        expected.count(topic, Some(key.as_bytes()), |name| {
+            headers
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.as_bytes())
+        });
+    }
+
+    fn counts(expected: &Expected) -> Vec<(u32, u32)> {
+        expected
+            .rows
+            .iter()
+            .map(|r| (r.records, r.dead_letters))
+            .collect()
+    }
+
+    #[test]
+    fn a_record_counts_for_the_row_of_its_table_id_and_key() {
+        let mut e = two_tables();
+        let walbox = |source| {
+            [
+                ("id", "1"),
+                ("walbox.commit_lsn", "0/1"),
+                ("walbox.source", source),
+            ]
+        };
+        record(&mut e, "t", "k", &walbox("public.b"));
+        assert_eq!(counts(&e), [(0, 0), (1, 0)]);
+        // Another key, another topic, another table: not these rows.
+        record(&mut e, "t", "other", &walbox("public.a"));
+        record(&mut e, "u", "k", &walbox("public.a"));
+        record(&mut e, "t", "k", &walbox("public.c"));
+        assert_eq!(counts(&e), [(0, 0), (1, 0)]);
+        // Another producer's record with the same id counts for nothing.
+        record(&mut e, "t", "k", &[("id", "1")]);
+        assert_eq!(counts(&e), [(0, 0), (1, 0)]);
+        // A record written before walbox.source existed counts by topic, id and key.
+        record(
+            &mut e,
+            "t",
+            "k",
+            &[("id", "1"), ("walbox.commit_lsn", "0/1")],
+        );
+        assert_eq!(counts(&e), [(1, 0), (2, 0)]);
+    }
+
+    #[test]
+    fn a_dead_letter_counts_in_its_routes_dead_letter_topic_only() {
+        let mut e = two_tables();
+        let letter = |source| {
+            [
+                ("id", "1"),
+                ("walbox.error", "too large"),
+                ("walbox.source", source),
+                ("walbox.commit_lsn", "0/1"),
+            ]
+        };
+        record(&mut e, "dlq", "k", &letter("public.a"));
+        record(&mut e, "dlq", "k", &letter("public.b"));
+        assert_eq!(counts(&e), [(0, 1), (0, 0)]);
+        // A dead letter in the event's own topic is not a delivery.
+        record(&mut e, "t", "k", &letter("public.a"));
+        assert_eq!(counts(&e), [(0, 1), (0, 0)]);
+    }
+
+    #[test]
+    fn findings_are_in_numeric_id_order_then_by_table() {
+        let listed = in_id_order(vec![
+            finding("100", "public.a"),
+            finding("91", "public.b"),
+            finding("e-1", "public.c"),
+            finding("91", "public.a"),
+            finding("-3", "public.a"),
+        ]);
+        let order: Vec<(&str, &str)> = listed
+            .iter()
+            .map(|f| (f.id.as_str(), f.table.as_str()))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("-3", "public.a"),
+                ("91", "public.a"),
+                ("91", "public.b"),
+                ("100", "public.a"),
+                ("e-1", "public.c")
+            ]
+        );
     }
 }

@@ -117,3 +117,136 @@ fn a_hole_is_missing_a_republished_window_is_duplicated_and_filling_the_hole_pas
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }
+
+/// Two outbox tables routed to one topic (their ids overlap), a dead-letter topic, and a
+/// record of another producer with an outbox id: a row missing from Kafka is found although
+/// the other table's row with the same id is there, and although the other producer's record
+/// carries its id; dead-lettered rows are reported as such, never missing; missing ids are
+/// listed in numeric order, and the message names the first one.
+#[test]
+fn two_tables_on_one_topic_dead_letters_and_other_producers_are_told_apart() {
+    use std::io::Write;
+
+    use rdkafka::config::ClientConfig;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let db = TestDb::new("audit_tables");
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 2);
+    let bs = broker.bootstrap_servers();
+    let dlq = format!("dlq_{}", db.name);
+    broker.create_topic(&dlq, 1).unwrap();
+    // Its own identity sequence: both tables number their rows 1, 2, 3, …
+    db.sql(&format!(
+        "CREATE TABLE outbox_b (LIKE outbox INCLUDING ALL);
+         CREATE PUBLICATION {slot} FOR TABLE outbox, outbox_b WITH (publish = 'insert');
+         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
+    ));
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        file,
+        "[[outbox.tables]]\ntable = \"outbox\"\non_invalid = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n\
+         [[outbox.tables]]\ntable = \"outbox_b\"\n"
+    )
+    .unwrap();
+    let mut env = walbox_env(&db, &slot, &bs);
+    env.push(("WALBOX_CONFIG".into(), file.path().display().to_string()));
+    let row = |table: &str, topic: &str| {
+        db.sql(&format!(
+            "INSERT INTO {table} (aggregate_id, topic, event_type, payload) VALUES ('a', '{topic}', 'x', '{{}}') RETURNING id"
+        ))
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned()
+    };
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream", || db.streaming(&slot));
+    // outbox: 1–6 relayed; 7 cannot be mapped (no valid topic name) and 8 names a topic that
+    // does not exist: both dead-lettered.
+    for _ in 1..=6 {
+        row("outbox", &topic);
+    }
+    assert_eq!(row("outbox", "not a topic!"), "7");
+    assert_eq!(row("outbox", &format!("nosuch_{}", db.name)), "8");
+    // outbox_b: 1–9 relayed, to the same topic.
+    for _ in 1..=9 {
+        row("outbox_b", &topic);
+    }
+    let mut reader = TopicReader::new(&bs, &[&topic, &dlq], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| r.len() >= 17),
+        "{} records; log:\n{}",
+        reader.records.len(),
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+
+    // Holes in outbox at 9 and 10: committed while walbox is stopped, then skipped.
+    assert_eq!(row("outbox", &topic), "9");
+    assert_eq!(row("outbox", &topic), "10");
+    db.sql(&format!(
+        "SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())"
+    ));
+    // Another producer's record that happens to carry the id of a hole.
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .create()
+        .unwrap();
+    producer
+        .send(BaseRecord::to(&topic).key("other").payload("{}").headers(
+            OwnedHeaders::new().insert(Header {
+                key: "id",
+                value: Some("10"),
+            }),
+        ))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(std::time::Duration::from_secs(10)).unwrap();
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream again", || db.streaming(&slot));
+
+    let (code, stdout, stderr) = walbox_command(&env, &["audit", "--json"]);
+    assert_eq!(code, Some(14), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
+    assert_eq!(report["rows"], 19, "{stdout}");
+    assert_eq!(report["missing"], 2, "{stdout}");
+    assert_eq!(ids(&report["missing_ids"]), ["9", "10"], "{stdout}");
+    for f in report["missing_ids"].as_array().unwrap() {
+        assert_eq!(f["table"], "public.outbox", "{stdout}");
+    }
+    assert_eq!(report["dead_lettered"], 2, "{stdout}");
+    assert_eq!(ids(&report["dead_lettered_ids"]), ["7", "8"], "{stdout}");
+    assert_eq!(report["duplicated"], 0, "{stdout}");
+    assert!(
+        stderr.contains("2 of 19 outbox rows are not in Kafka") && stderr.contains("--since-id 9"),
+        "{stderr}"
+    );
+    let (code, stdout, _) = walbox_command(&env, &["audit"]);
+    assert_eq!(code, Some(14));
+    let listed: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("missing"))
+        .collect();
+    assert!(
+        listed.len() == 2 && listed[0].ends_with("id=9") && listed[1].ends_with("id=10"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(&format!("dead-letter {dlq}")), "{stdout}");
+
+    // Republishing from the first missing id fills both holes; dead letters fail nothing.
+    let (code, _, stderr) = walbox_command(&env, &["republish", "--since-id", "9"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stdout, stderr) = walbox_command(&env, &["audit", "--json"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (report["missing"].as_u64(), report["dead_lettered"].as_u64()),
+        (Some(0), Some(2)),
+        "{stdout}"
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}

@@ -352,3 +352,89 @@ fn sigterm_during_a_backlog_confirms_what_it_logged_and_a_restart_sends_no_dupli
         "a graceful stop leaves nothing to send twice"
     );
 }
+
+#[test]
+fn a_row_the_server_cannot_decode_stops_walbox_with_exit_8_and_the_statement_that_skips_it() {
+    // SQL_ASCII stores any byte; the walsender converts every value to walbox's UTF8 and
+    // refuses one that is not UTF-8 (22021 invalid byte sequence), each time at the same
+    // transaction.
+    let db = TestDb::with_options(
+        "sqlascii",
+        "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+    );
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    db.create_slot_and_publication(&slot);
+    insert(&db, &topic, 3);
+    let before = table_ids(&db);
+    let from: Lsn = db
+        .sql("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES (E'agg-\\xff', '{topic}', 'x', '{{}}')"
+    ));
+    let to: Lsn = db
+        .sql("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+    let bad = db.sql("SELECT max(id) FROM outbox");
+    insert(&db, &topic, 2);
+    let end: Lsn = db
+        .sql("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+
+    let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    let mut walbox = Walbox::spawn(&env);
+    let status = walbox.wait_exit(WAIT);
+    let (log, line) = (walbox.log(), walbox.last_line());
+    assert_eq!(status.code(), Some(8), "{log}");
+    assert!(line.contains("22021"), "{line}");
+    // Named by its commit position, which lies where the row was written.
+    let commit: Lsn = line
+        .split("commit ")
+        .nth(1)
+        .and_then(|rest| rest.split([',', ')', ' ']).next())
+        .and_then(|lsn| lsn.parse().ok())
+        .unwrap_or_else(|| panic!("no commit position in: {line}"));
+    assert!(
+        from < commit && commit < to,
+        "{from} < {commit} < {to}: {line}"
+    );
+    let attempts = log
+        .matches("replication session ended; reconnecting")
+        .count();
+    assert!(
+        attempts <= 3,
+        "{attempts} reconnects before giving up:\n{log}"
+    );
+
+    // Everything before it was relayed, and confirmed.
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    reader.read_to_end(WAIT).unwrap();
+    assert_eq!(ids(&reader.records), before, "{log}");
+    assert!(db.confirmed(&slot) < commit);
+
+    // The statement skips exactly that transaction.
+    let at = line
+        .find("SELECT pg_replication_slot_advance(")
+        .unwrap_or_else(|| panic!("no statement in: {line}"));
+    let statement = &line[at..at + line[at..].find(';').expect("statement ends with ;") + 1];
+    db.sql(statement);
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to confirm the last transaction", || {
+        db.confirmed(&slot) >= end
+    });
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    reader.read_to_end(WAIT).unwrap();
+    let mut expected = table_ids(&db);
+    expected.remove(&bad);
+    assert_eq!(
+        ids(&reader.records),
+        expected,
+        "everything but the skipped transaction"
+    );
+}

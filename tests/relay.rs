@@ -330,3 +330,71 @@ fn postgres_restart_mid_stream_reconnects_and_loses_nothing() {
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
     assert_per_aggregate_commit_order(&reader.records);
 }
+
+/// A `Duration` as its `Debug` text (`31.2ms`, `1.05s`) at the start of `text`.
+fn debug_duration(text: &str) -> Option<Duration> {
+    let text = text.split_whitespace().next()?;
+    let at = text.find(|c: char| c.is_ascii_alphabetic() || c == 'µ')?;
+    let (number, unit) = text.split_at(at);
+    let n: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "s" => n,
+        "ms" => n / 1e3,
+        "µs" => n / 1e6,
+        "ns" => n / 1e9,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(seconds))
+}
+
+#[test]
+fn sessions_that_end_where_they_started_back_off_longer_each_time() {
+    // Its own cluster: WAL of the other tests' databases would let every session confirm a
+    // new position (from keepalives), which is progress.
+    let cluster: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(support::pg_options())));
+    let db = TestDb::on(cluster, "backoff");
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    db.create_slot_and_publication(&slot);
+    // Backoff from 50 ms, doubling up to 1 s.
+    let walbox = Walbox::spawn(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    let delays = || -> Vec<Duration> {
+        walbox
+            .log()
+            .lines()
+            .filter(|l| l.contains("replication session ended; reconnecting"))
+            .filter_map(|l| debug_duration(l.split("retry_in=").nth(1)?))
+            .collect()
+    };
+    let cut = |n: usize| {
+        wait_until(WAIT, "walbox to stream", || db.streaming(&slot));
+        db.sql(&format!(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active_pid IS NOT NULL"
+        ));
+        wait_until(WAIT, "walbox to reconnect", || delays().len() >= n);
+    };
+    // Sessions that stream and end with nothing new confirmed: 50, 100, 200, 400, 800 ms.
+    for n in 1..=5 {
+        cut(n);
+    }
+    let grown = delays();
+    assert!(
+        grown.iter().max() >= Some(&Duration::from_millis(200)),
+        "the backoff grows while no session makes progress: {grown:?}\n{}",
+        walbox.log()
+    );
+    // A session that relays an event confirms a new position: the next delay starts over.
+    wait_until(WAIT, "walbox to stream", || db.streaming(&slot));
+    let written = write_txn(&db, &topic, &["a".to_owned()], false);
+    wait_until(WAIT, "the event to be confirmed", || {
+        db.confirmed(&slot) >= written.after_commit
+    });
+    cut(6);
+    let after = delays()[5];
+    assert!(
+        after <= Duration::from_millis(50),
+        "progress resets the backoff: {:?}",
+        delays()
+    );
+}

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
+use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 
 use crate::support::events::distinct_ids;
 use crate::support::{
@@ -561,4 +562,88 @@ fn only_the_active_walbox_runs_retention_and_a_standby_starts_it_when_it_takes_o
     settled(port, "walbox_outbox_retention_rows_deleted_total", 300.0);
     standby.terminate();
     assert!(standby.wait_exit(WAIT).success(), "{}", standby.log());
+}
+
+#[test]
+fn an_idle_database_loses_its_expired_partition_within_two_intervals() {
+    // Its own cluster, where nothing but walbox runs (WAL is the cluster's): no commit of
+    // anyone else moves the slot past the position a drop waits for.
+    let cluster: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            settings: vec![("autovacuum".into(), "off".into())],
+            ..support::pg_options()
+        })));
+    let db = TestDb::on(cluster, "retention_idle");
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    db.sql(&format!(
+        "CREATE TABLE outbox_q (
+             id bigint GENERATED ALWAYS AS IDENTITY,
+             aggregate_id text NOT NULL, topic text NOT NULL, event_type text NOT NULL,
+             payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (id, created_at)
+         ) PARTITION BY RANGE (created_at);
+         CREATE TABLE outbox_q_2000 PARTITION OF outbox_q
+             FOR VALUES FROM ('2000-01-01 00:00:00+00') TO ('2000-01-02 00:00:00+00');
+         CREATE PUBLICATION {slot} FOR TABLE outbox_q WITH (publish = 'insert', publish_via_partition_root = true);
+         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
+    ));
+    let old = ids(&db.sql(&format!(
+        "INSERT INTO outbox_q (aggregate_id, topic, event_type, payload, created_at) \
+         SELECT 'agg-' || i, '{topic}', 'x', '{{}}', '2000-01-01 12:00:00+00' \
+         FROM generate_series(1, 20) i RETURNING id"
+    )));
+    // Today's partition exists already, under the name retention gives it: the passes create
+    // nothing.
+    let today = db.sql(
+        "SELECT 'outbox_q_p' || to_char(d, 'YYYYMMDD'), to_char(d, 'YYYY-MM-DD HH24:MI:SS'), \
+                to_char(d + interval '1 day', 'YYYY-MM-DD HH24:MI:SS') \
+         FROM (SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AS d) s",
+    );
+    let [name, from, to]: [&str; 3] = today
+        .split('|')
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap_or_else(|_| panic!("{today}"));
+    db.sql(&format!(
+        "CREATE TABLE {name} PARTITION OF outbox_q FOR VALUES FROM ('{from}+00') TO ('{to}+00')"
+    ));
+    let interval = std::time::Duration::from_secs(3);
+    let port = free_port();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
+    set(&mut env, "WALBOX_OUTBOX_TABLE", "public.outbox_q".into());
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1d".into());
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "3s".into());
+    set(&mut env, "WALBOX_OUTBOX_RETENTION_PREMAKE", "0".into());
+    set(
+        &mut env,
+        "WALBOX_OUTBOX_RETENTION_COLUMN",
+        "created_at".into(),
+    );
+    let mut walbox = Walbox::spawn(&env);
+    // Once the old rows are relayed and confirmed, nothing happens in the database.
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= old.len()),
+        "{}",
+        walbox.log()
+    );
+    wait_until(2 * interval, "the expired partition to be dropped", || {
+        db.sql("SELECT to_regclass('outbox_q_2000') IS NULL") == "t"
+    });
+    settled(
+        port,
+        "walbox_outbox_retention_partitions_dropped_total",
+        1.0,
+    );
+    assert_eq!(
+        scrape(port, "walbox_outbox_retention_partitions_created_total"),
+        0.0
+    );
+    // Every row of the dropped partition was in Kafka first.
+    assert_eq!(distinct_ids(&reader.records), old);
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }

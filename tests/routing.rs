@@ -104,6 +104,7 @@ timestamp = "created_at"
             ("event_type", "payment.captured".into()),
             ("walbox.commit_lsn", lsn.clone()),
             ("walbox.index", "0".into()),
+            ("walbox.source", "public.outbox".into()),
         ]
     );
     assert_eq!(text(&o.key), "o-1");
@@ -115,6 +116,7 @@ timestamp = "created_at"
             ("event_type", "order.placed".into()),
             ("walbox.commit_lsn", lsn),
             ("walbox.index", "1".into()),
+            ("walbox.source", "public.outbox_events".into()),
             ("ce_specversion", "1.0".into()),
             ("ce_id", "5f0c6b1e-8d7a-4a53-9c1e-3f2b1a0d9e8c".into()),
             ("ce_source", "/shop".into()),

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::event::{EventPosition, HeaderName, OutboxEvent};
+use super::event::{EventPosition, HeaderName, OutboxEvent, SOURCE_HEADER};
 use crate::config::OnInvalid;
 use crate::timestamp::pg_micros_to_unix_ms;
 
@@ -84,7 +84,7 @@ pub fn dead_letter(
                 Bytes::copy_from_slice(reason.as_bytes()),
             ),
             (
-                HeaderName::Static("walbox.source"),
+                HeaderName::Static(SOURCE_HEADER),
                 Bytes::copy_from_slice(rejected.source.as_bytes()),
             ),
             (

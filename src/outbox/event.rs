@@ -44,9 +44,14 @@ impl HeaderName {
     }
 }
 
-/// Headers held inline up to walbox's own four and two configured ones: no allocation per
+/// The header naming the route an event (or its dead letter) comes from: `schema.table`, or
+/// `message:<prefix>` for the table-less outbox. With `id` it identifies an event of this
+/// outbox (`walbox audit` matches on both; ids of different tables may be equal).
+pub const SOURCE_HEADER: &str = "walbox.source";
+
+/// Headers held inline up to walbox's own five and two configured ones: no allocation per
 /// event (CloudEvents headers spill to the heap).
-pub type Headers = smallvec::SmallVec<[(HeaderName, Bytes); 6]>;
+pub type Headers = smallvec::SmallVec<[(HeaderName, Bytes); 7]>;
 
 /// One record to produce.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +64,8 @@ pub struct OutboxEvent {
     pub key: Option<Bytes>,
     /// Record value; `None` is a tombstone.
     pub value: Option<Bytes>,
-    /// Headers in order: `id`, `event_type`, `walbox.commit_lsn`, `walbox.index`, CloudEvents,
-    /// configured extras.
+    /// Headers in order: `id`, `event_type`, `walbox.commit_lsn`, `walbox.index`,
+    /// `walbox.source`, CloudEvents, configured extras.
     pub headers: Headers,
     /// Record timestamp, milliseconds since the Unix epoch.
     pub timestamp_ms: i64,

@@ -40,7 +40,7 @@ use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
 use crate::timestamp::{self, pg_micros_to_unix_micros, pg_micros_to_unix_ms};
 pub use dead_letter::{dead_letter, Rejected};
 use envelope::{Payload, PayloadKind};
-pub use event::{EventPosition, HeaderName, Headers, OutboxEvent};
+pub use event::{EventPosition, HeaderName, Headers, OutboxEvent, SOURCE_HEADER};
 use template::{Template, Vars};
 
 /// Type OIDs with a special meaning for payloads.
@@ -142,6 +142,8 @@ struct Row<'a> {
 #[derive(Debug)]
 pub struct OutboxMapper {
     routes: Vec<Route>,
+    /// Each route's name as the `walbox.source` header value.
+    sources: Vec<Bytes>,
     templates: Vec<(Template, Option<Template>)>,
     messages: Option<usize>,
     /// `None` for relations that are not outbox tables.
@@ -179,8 +181,13 @@ impl OutboxMapper {
                 )
             })
             .collect();
+        let sources = routes
+            .iter()
+            .map(|r| Bytes::copy_from_slice(r.name.as_bytes()))
+            .collect();
         OutboxMapper {
             routes,
+            sources,
             templates,
             messages,
             relations: HashMap::new(),
@@ -597,6 +604,10 @@ impl OutboxMapper {
         headers.push((
             HeaderName::Static("walbox.index"),
             self.scratch.borrow_mut().texts.text(position.index),
+        ));
+        headers.push((
+            HeaderName::Static(SOURCE_HEADER),
+            self.sources[route].clone(),
         ));
         let value = match (&row.payload, r.format) {
             (None, _) => None,

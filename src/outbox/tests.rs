@@ -94,6 +94,8 @@ fn seed_schema_with_topic_column() {
     assert_eq!(header(&e, "event_type"), Some(&b"payment.captured"[..]));
     assert_eq!(header(&e, "walbox.commit_lsn"), Some(&b"0/16B3748"[..]));
     assert_eq!(header(&e, "walbox.index"), Some(&b"2"[..]));
+    assert_eq!(header(&e, "walbox.source"), Some(e.source.as_bytes()));
+    assert_eq!(&*e.source, "public.outbox");
     assert_eq!(
         e.timestamp_ms, 1_796_000_523_000,
         "record timestamp = commit time"

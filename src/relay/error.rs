@@ -95,6 +95,25 @@ pub enum RelayError {
     /// The progress topic could not be read, so a missing slot cannot be told from a new one.
     #[error("replication slot is missing and {0}, so walbox cannot tell whether the slot existed before; not creating it")]
     Progress(ProgressError),
+    /// The server failed to decode the same transaction, with the same data error, in
+    /// [`PERMANENT_AFTER`] sessions in a row (a byte that is not UTF-8 in a `SQL_ASCII`
+    /// database, say): no reconnect gets past it, and PostgreSQL never hands walbox the row, so
+    /// there is nothing to dead-letter.
+    #[error("postgres cannot decode the transaction committing at {commit_lsn} (xid {xid}) in {times} sessions in a row: {error}; PostgreSQL does not hand walbox that row (a value it cannot convert to UTF8, e.g. a byte that is not UTF-8 in a SQL_ASCII database), so it is neither published nor dead-lettered; {read} of its outbox events before it were read. To drop exactly this transaction (commit {commit_lsn}) and nothing else, with walbox stopped run: SELECT pg_replication_slot_advance({}, '{}'); then start walbox, correct its rows (in the outbox table, WHERE xmin = '{xid}') and republish them with `walbox republish --since-id <their first id>`", postgres_protocol::escape::escape_literal(.slot), Lsn(.commit_lsn.0 + 1))]
+    Undecodable {
+        /// The slot.
+        slot: String,
+        /// The transaction's commit LSN (pgoutput Begin's `final_lsn`).
+        commit_lsn: Lsn,
+        /// Its xid.
+        xid: u32,
+        /// Outbox events of it read before the error.
+        read: u32,
+        /// Sessions that ended with the error.
+        times: u32,
+        /// The server's error.
+        error: ReplicationError,
+    },
     /// The slot is missing but a progress record shows it existed: it was dropped (or the
     /// server was restored or replaced), and the events since its last confirmed position are
     /// not in any slot.
@@ -128,6 +147,7 @@ impl Classify for RelayError {
             RelayError::Producer(e) => Some(producer_failure(e)),
             RelayError::Transaction(e) => e.failure(),
             RelayError::SlotGone { .. } => Some(Failure::SlotLost),
+            RelayError::Undecodable { .. } => Some(Failure::EventRejected),
         }
     }
 }
@@ -153,6 +173,52 @@ impl RelayError {
     pub fn publication_missing(&self) -> bool {
         matches!(self, RelayError::Replication(e)
             if e.sqlstate() == Some("42704") && e.to_string().contains("publication"))
+    }
+}
+
+/// Sessions in a row that end with the same data error at the same transaction before the
+/// error is taken as permanent ([`RelayError::Undecodable`]).
+pub(super) const PERMANENT_AFTER: u32 = 3;
+
+/// A server error that ended sessions while a transaction was being received: the same
+/// SQLSTATE of class 22 (data exception) at the same commit LSN, session after session, with
+/// nothing confirmed in between, is a row the server can never decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Recurrence {
+    code: String,
+    commit_lsn: Lsn,
+    /// Sessions in a row that ended this way.
+    pub(super) times: u32,
+}
+
+impl Recurrence {
+    /// Records how a session ended: `error` (the server's SQLSTATE, and the commit LSN of the
+    /// transaction being received) when it ended with a server error in a transaction whose
+    /// predecessors are all acknowledged, `progressed` when it confirmed a new position.
+    /// Returns how many sessions in a row ended with this data error at this transaction (0
+    /// when it is not one).
+    pub(super) fn observe(
+        last: &mut Option<Recurrence>,
+        error: Option<(&str, Lsn)>,
+        progressed: bool,
+    ) -> u32 {
+        let Some((code, commit_lsn)) = error.filter(|(code, _)| code.starts_with("22")) else {
+            *last = None;
+            return 0;
+        };
+        match last {
+            Some(r) if !progressed && r.code == code && r.commit_lsn == commit_lsn => {
+                r.times += 1;
+            }
+            _ => {
+                *last = Some(Recurrence {
+                    code: code.to_owned(),
+                    commit_lsn,
+                    times: 1,
+                })
+            }
+        }
+        last.as_ref().map_or(0, |r| r.times)
     }
 }
 
@@ -231,5 +297,48 @@ fn producer_failure(e: &KafkaError) -> Failure {
     match e.rdkafka_error_code() {
         Some(C::Authentication | C::SaslAuthenticationFailed) => Failure::Auth,
         _ => Failure::Kafka,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_data_error_at_the_same_transaction_recurs() {
+        let mut last = None;
+        let at = Lsn(0x1000);
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", at)), false),
+            1
+        );
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", at)), false),
+            2
+        );
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", at)), false),
+            3
+        );
+        // Elsewhere, after progress, or another error: counted afresh.
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", Lsn(0x2000))), false),
+            1
+        );
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", Lsn(0x2000))), true),
+            1
+        );
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22P05", Lsn(0x2000))), false),
+            1
+        );
+        // Not a data error (out of memory, a restart): never permanent.
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("53200", Lsn(0x2000))), false),
+            0
+        );
+        assert_eq!(Recurrence::observe(&mut last, None, false), 0);
+        assert_eq!(last, None);
     }
 }

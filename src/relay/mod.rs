@@ -31,6 +31,11 @@
 //!   nothing past the failed event is confirmed. For a rejected event, walbox reads on (without
 //!   producing) to its transaction's commit so the message can give the statement that skips
 //!   exactly that transaction.
+//! - A data error the server reports while decoding (SQLSTATE class 22, e.g. `22021` for a
+//!   byte that is not UTF-8 in a `SQL_ASCII` database) at the same transaction in
+//!   [`PERMANENT_AFTER`] sessions in a row, nothing confirmed in between, is permanent: the relay
+//!   stops with exit 8 and the statement that skips exactly that transaction. The reconnect
+//!   backoff is reset only by a session that confirmed a new position.
 //! - A progress record (`sink::progress`) follows the acknowledged frontier: written when
 //!   streaming starts, at most every second while it moves, and when the session ends. A missing
 //!   slot is created only when the progress topic has no record of it.
@@ -72,13 +77,14 @@ use crate::source::session::{self, OpenError};
 use crate::source::standby::Role;
 use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros};
 use checkpoint::Checkpoint;
-use error::RejectedTxn;
+use error::{Recurrence, RejectedTxn, PERMANENT_AFTER};
 
 /// Position of the transaction being received.
 #[derive(Debug, Clone, Copy)]
 struct OpenTxn {
     commit_lsn: Lsn,
     commit_time: i64,
+    xid: u32,
     next_index: u32,
 }
 
@@ -179,8 +185,12 @@ pub struct Relay {
     next_seq: u64,
     acked_frontier: Lsn,
     topics: Topics,
-    /// Set once a session reached streaming; the supervisor resets its backoff then.
-    pub reached_streaming: bool,
+    /// Set when a session confirmed a new position; the supervisor resets its backoff then
+    /// (and only then: a session that streams and fails at the same place again is no
+    /// progress).
+    pub made_progress: bool,
+    /// The data error that ended the last sessions at one transaction, and how often.
+    recurrence: Option<Recurrence>,
     /// Which slot the progress records are about (known once a session identified the server).
     progress_key: Option<ProgressKey>,
     /// The position of the last progress record handed to the producer, and when.
@@ -215,7 +225,8 @@ impl Relay {
             health,
             next_seq: 0,
             acked_frontier: Lsn::ZERO,
-            reached_streaming: false,
+            made_progress: false,
+            recurrence: None,
             progress_key: None,
             progress_lsn: Lsn::ZERO,
             progress_at: None,
@@ -321,7 +332,7 @@ impl Relay {
         &mut self,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<SessionEnd, RelayError> {
-        self.reached_streaming = false;
+        self.made_progress = false;
         let pg = &self.settings.postgres.clone();
         let mut open = session::open(pg, &self.settings.outbox).await?;
         self.on_standby = open.role == Role::Standby;
@@ -399,7 +410,6 @@ impl Relay {
         self.metrics.slot_active.set(1);
         self.metrics.streaming.set(1);
         self.metrics.confirmed_flush_lsn.set(start.as_u64() as i64);
-        self.reached_streaming = true;
         crash_point!("relay::session-started");
         self.write_progress(start, true);
         let mut session = Session {
@@ -450,6 +460,9 @@ impl Relay {
             }
             (result, _) => result,
         };
+        let progressed = session.checkpoint.frontier() > start;
+        self.made_progress = progressed;
+        let result = self.permanent(result, &session, progressed);
         self.rejected = None;
         if let Some(commit_lsn) = result
             .as_ref()
@@ -472,6 +485,37 @@ impl Relay {
             }
         }
         result
+    }
+
+    /// `result`, or [`RelayError::Undecodable`] when it is the same data error at the same
+    /// transaction (every transaction before it acknowledged) for the [`PERMANENT_AFTER`]th
+    /// session in a row, with no new position confirmed in between.
+    fn permanent(
+        &mut self,
+        result: Result<SessionEnd, RelayError>,
+        s: &Session,
+        progressed: bool,
+    ) -> Result<SessionEnd, RelayError> {
+        let txn = s.txn.filter(|_| s.checkpoint.oldest_pending().is_none());
+        let seen = match (&result, txn) {
+            (Err(RelayError::Replication(e)), Some(t)) => e.sqlstate().map(|c| (c, t.commit_lsn)),
+            _ => None,
+        };
+        let times = Recurrence::observe(&mut self.recurrence, seen, progressed);
+        match (result, txn) {
+            (Err(RelayError::Replication(error)), Some(t)) if times >= PERMANENT_AFTER => {
+                self.recurrence = None;
+                Err(RelayError::Undecodable {
+                    slot: self.settings.postgres.slot.clone(),
+                    commit_lsn: t.commit_lsn,
+                    xid: t.xid,
+                    read: t.next_index,
+                    times,
+                    error,
+                })
+            }
+            (result, _) => result,
+        }
     }
 
     /// Finds the transaction of a rejected event: its end LSN (from the pending commits, or by

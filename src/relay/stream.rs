@@ -241,6 +241,7 @@ impl Relay {
                 s.txn = Some(OpenTxn {
                     commit_lsn: b.final_lsn,
                     commit_time: b.commit_time,
+                    xid: b.xid,
                     next_index: 0,
                 });
                 self.metrics.received_lsn.set(b.final_lsn.as_u64() as i64);

@@ -12,10 +12,14 @@
 //!   `confirmed_flush_lsn` reaches L ([`confirm`]): walbox confirms only what the brokers
 //!   acknowledged, so every such row is in Kafka before it is deleted. If the relay does not get
 //!   there within the bound, nothing is deleted in this pass.
+//! - L is reachable on an idle database: when the slot is behind, an empty transaction is
+//!   committed on a second connection, so the WAL before L (the lock's own record included) is
+//!   flushed and decoded, and the relay confirms past it ([`confirm`]).
 //! - Deletions are not events: the publication publishes inserts only, and dropping a partition
 //!   is DDL, which pgoutput does not send.
-//! - Retention runs only in the active process (a term of `crate::app`), on its own control
-//!   connection, and stops with the term. A failed pass is logged and counted
+//! - Retention runs only in the active process (a term of `crate::app`), on two control
+//!   connections of its own (the deletions', and the one [`confirm::nudge`] commits on), and
+//!   stops with the term. A failed pass is logged and counted
 //!   (`walbox_outbox_retention_errors_total`) and retried at the next interval; it never stops
 //!   the relay. Every table's counters exist from the first pass on, at 0. A default partition is never dropped.
 //! - A batch deletes by `ctid` within one relation (`DELETE FROM ONLY leaf`): a `ctid` is not
@@ -109,14 +113,24 @@ pub async fn run(
             counter.with_label_values(&[&target.label]).inc_by(0);
         }
     }
-    let mut client: Option<Client> = None;
+    // The deletions' connection, and a second one for `confirm::nudge`.
+    let mut client: Option<(Client, Client)> = None;
     loop {
         if *stop.borrow() {
             return;
         }
         for target in &targets {
-            if client.as_ref().is_none_or(Client::is_closed) {
-                match connect_control(&pg.conn).await {
+            if client
+                .as_ref()
+                .is_none_or(|(c, other)| c.is_closed() || other.is_closed())
+            {
+                let both = async {
+                    Ok::<_, crate::pg::control::ConnectError>((
+                        connect_control(&pg.conn).await?,
+                        connect_control(&pg.conn).await?,
+                    ))
+                };
+                match both.await {
                     Ok(c) => client = Some(c),
                     Err(e) => {
                         metrics
@@ -128,9 +142,11 @@ pub async fn run(
                     }
                 }
             }
-            let Some(c) = client.as_mut() else { break };
+            let Some((c, other)) = client.as_mut() else {
+                break;
+            };
             let pass = tokio::select! {
-                r = pass(c, &pg.slot, target, &cfg, &metrics) => r,
+                r = pass(c, other, &pg.slot, target, &cfg, &metrics) => r,
                 _ = stop.wait_for(|s| *s) => return,
             };
             match pass {
@@ -166,6 +182,7 @@ pub async fn run(
 /// row batches in its default partition), else row batches in each of its leaves.
 async fn pass(
     client: &mut Client,
+    other: &Client,
     slot: &str,
     target: &Target,
     cfg: &RetentionConfig,
@@ -173,14 +190,14 @@ async fn pass(
 ) -> Result<(), RetentionError> {
     let relations = match partitions::layout(client, target).await? {
         Some(layout) => {
-            match partitions::pass(client, slot, target, &layout, cfg, metrics).await? {
+            match partitions::pass(client, other, slot, target, &layout, cfg, metrics).await? {
                 Some(default) => rows::leaves(client, &default).await?,
                 None => Vec::new(),
             }
         }
         None => rows::leaves(client, &target.qualified).await?,
     };
-    rows::pass(client, slot, target, &relations, cfg, metrics).await
+    rows::pass(client, other, slot, target, &relations, cfg, metrics).await
 }
 
 fn quote(ident: &str) -> String {

@@ -50,6 +50,7 @@ pub async fn layout(
 /// in it have no partition to expire with, and are deleted in batches instead.
 pub async fn pass(
     client: &mut Client,
+    other: &Client,
     slot: &str,
     target: &Target,
     layout: &Layout,
@@ -66,8 +67,9 @@ pub async fn pass(
         ))
         .await?;
         // Every transaction that wrote to the partition has ended: each committed before this.
+        // The lock's own record lies before it too, unflushed: `wait` makes it reachable.
         let needed = confirm::insert_position(&tx).await?;
-        confirm::wait(&tx, slot, needed, confirm_bound(cfg)).await?;
+        confirm::wait(&tx, other, slot, needed, confirm_bound(cfg)).await?;
         tx.batch_execute(&format!("DROP TABLE {partition}")).await?;
         tx.commit().await?;
         metrics

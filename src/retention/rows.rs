@@ -34,6 +34,7 @@ pub async fn leaves(client: &Client, relation: &str) -> Result<Vec<String>, toki
 /// batch, until a batch is not full.
 pub async fn pass(
     client: &mut Client,
+    other: &Client,
     slot: &str,
     target: &Target,
     relations: &[String],
@@ -62,7 +63,7 @@ pub async fn pass(
             // The first statement takes the snapshot: every row the DELETE can see committed
             // before this position.
             let needed = confirm::insert_position(&tx).await?;
-            confirm::wait(&tx, slot, needed, confirm_bound(cfg)).await?;
+            confirm::wait(&tx, other, slot, needed, confirm_bound(cfg)).await?;
             let deleted = tx.execute(delete.as_str(), &[]).await?;
             tx.commit().await?;
             total += deleted;

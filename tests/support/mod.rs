@@ -115,6 +115,20 @@ impl TestDb {
         TestDb { name, cluster }
     }
 
+    /// A fresh database on the shared cluster created `WITH` `options` (an encoding, say),
+    /// with [`OUTBOX_DDL`] applied.
+    pub fn with_options(tag: &str, options: &str) -> TestDb {
+        let (name, cluster) = (unique(tag), cluster());
+        cluster
+            .psql(
+                "postgres",
+                &format!("CREATE DATABASE \"{name}\" WITH {options}"),
+            )
+            .expect("create database");
+        cluster.psql(&name, OUTBOX_DDL).expect("create outbox");
+        TestDb { name, cluster }
+    }
+
     /// The same database on `standby`, a physical standby of this database's cluster.
     pub fn on_standby(&self, standby: &'static PgCluster) -> TestDb {
         TestDb {
