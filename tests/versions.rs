@@ -9,7 +9,8 @@ use std::process::Command;
 use walbox::sandbox::postgres::PgClusterOptions;
 
 use crate::support::{
-    self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
+    self, free_port, http_get, metric, printed_command, wait_until, walbox_cmd, walbox_env, TestDb,
+    Walbox, WAIT,
 };
 
 fn scrape(port: u16) -> String {
@@ -187,6 +188,10 @@ fn a_slot_invalidated_for_idleness_is_reported_with_its_cause_and_exits_7() {
     assert_eq!(v["invalidation_reason"], "idle_timeout", "{v:#}");
     assert!(v["reason"].as_str().unwrap().contains(setting), "{v:#}");
 
+    // A new process (its own frontier empty) says it once, with the slot's real position and
+    // a republish command that runs as printed (the config names no time column).
+    let confirmed = db.confirmed(&slot);
+    assert_ne!(confirmed, walbox::lsn::Lsn::ZERO);
     let mut again = Walbox::spawn(&env);
     assert_eq!(again.wait_exit(WAIT).code(), Some(7), "{}", again.log());
     let line = again.last_line();
@@ -194,6 +199,24 @@ fn a_slot_invalidated_for_idleness_is_reported_with_its_cause_and_exits_7() {
         line.contains("is lost") && line.contains(&slot) && line.contains(setting),
         "{line}"
     );
+    assert_eq!(line.matches("is lost").count(), 1, "said once: {line}");
+    assert!(
+        line.contains(&format!("confirmed up to {confirmed}")) && !line.contains(" 0/0"),
+        "the slot's position ({confirmed}): {line}"
+    );
+    let republish = printed_command(&line, "republish");
+    assert!(republish.iter().any(|a| a == "--time-column"), "{line}");
+    let (code, out) = walbox_cmd(&["recreate-slot", "--confirm-data-loss"], &env);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        printed_command(&out, "republish"),
+        republish,
+        "recreate-slot prints the same command: {out}"
+    );
+    let args: Vec<&str> = republish.iter().map(String::as_str).collect();
+    let (code, out) = walbox_cmd(&args, &env);
+    assert_eq!(code, 0, "the printed command runs: {args:?}\n{out}");
+    assert!(out.contains("republished 1 records"), "{out}");
 }
 
 #[test]

@@ -15,12 +15,14 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
-use crate::config::Config;
+use crate::config::conninfo::ConnInfo;
+use crate::config::{Config, KafkaConfig};
 use crate::failure::{Failure, FatalError};
 use crate::health::alert::{self, Assessment};
 use crate::health::progress::{self, human_bytes as human, Estimate};
 use crate::pg::control::connect_control;
-use crate::sink::progress::{read_last, ProgressKey, ProgressRecord};
+use crate::sink::progress::{read_last, republish_command, ProgressKey, ProgressRecord};
+use crate::source::catalog;
 use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
 use crate::source::standby::{self, Role};
@@ -323,7 +325,8 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
             ));
         }
     }
-    let record = last_progress(config).await;
+    let pg = &config.postgres;
+    let record = last_progress(&pg.conn, &pg.slot, &config.kafka).await;
     let old = health
         .as_ref()
         .and_then(|h| h.confirmed_flush_lsn)
@@ -354,24 +357,33 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
     println!(
         "events committed after {old} and before {new} were NOT relayed; republish them from the outbox table if its rows are still there:"
     );
+    let time_column = catalog::time_column(&client, &config.outbox)
+        .await
+        .ok()
+        .flatten();
+    let command = |since: &str| republish_command(since, time_column.as_deref());
     match &record {
         Some(r) => println!(
-            "  walbox republish --since '{}'   (10 minutes before the newest confirmed commit, {})",
-            r.republish_since(),
+            "  {}   (10 minutes before the newest confirmed commit, {})",
+            command(&r.republish_since()),
             r.confirmed_commit_time()
         ),
         None => println!(
-            "  walbox republish --since <time walbox stopped confirming>   (no progress record found in kafka.progress_topic)"
+            "  {}   (no progress record found in kafka.progress_topic: the time walbox stopped confirming)",
+            command("<time>")
         ),
     }
     Ok(())
 }
 
-/// The newest progress record of the configured slot, when Kafka and the server answer.
-async fn last_progress(config: &Config) -> Option<ProgressRecord> {
-    let mut repl = ReplicationConnection::connect(&config.postgres.conn)
-        .await
-        .ok()?;
+/// The newest progress record of `slot` on the server `conn` names, when Kafka and the server
+/// answer (`walbox recreate-slot`, and the relay's message for a slot found lost).
+pub async fn last_progress(
+    conn: &ConnInfo,
+    slot: &str,
+    kafka: &KafkaConfig,
+) -> Option<ProgressRecord> {
+    let mut repl = ReplicationConnection::connect(conn).await.ok()?;
     let identity = repl.identify_system().await.ok()?;
     // Terminate, so the server logs no unexpected EOF.
     if let Err(e) = repl.close().await {
@@ -380,9 +392,9 @@ async fn last_progress(config: &Config) -> Option<ProgressRecord> {
     let key = ProgressKey {
         system_identifier: identity.system_id,
         database: identity.dbname.unwrap_or_default(),
-        slot: config.postgres.slot.clone(),
+        slot: slot.to_owned(),
     };
-    let kafka = config.kafka.clone();
+    let kafka = kafka.clone();
     let read = tokio::task::spawn_blocking(move || {
         read_last(&kafka, &key, std::time::Duration::from_secs(30))
     });

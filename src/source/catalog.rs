@@ -513,6 +513,36 @@ pub async fn publication(
     }))
 }
 
+/// The column `walbox republish --since` compares for the outbox's rows, for the command walbox
+/// prints after a lost or dropped slot: the first table's `outbox.columns.timestamp` when set,
+/// else that table's first column of a timestamp type (one with a default first, as
+/// `created_at timestamptz DEFAULT now()`). `None`: no table route, or no such column.
+pub async fn time_column(
+    client: &Client,
+    outbox: &OutboxConfig,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let Some((route, schema, table)) = outbox.tables.iter().find_map(|r| match &r.source {
+        RouteSource::Table { schema, table } => Some((r, schema, table)),
+        RouteSource::Messages { .. } => None,
+    }) else {
+        return Ok(None);
+    };
+    if let Some(column) = &route.columns.timestamp {
+        return Ok(Some(column.clone()));
+    }
+    let row = client
+        .query_opt(
+            "SELECT a.attname::text FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
+               AND a.atttypid IN ('timestamptz'::regtype, 'timestamp'::regtype) \
+             ORDER BY a.atthasdef DESC, a.attnum LIMIT 1",
+            &[&schema, &table],
+        )
+        .await?;
+    Ok(row.map(|r| r.get(0)))
+}
+
 /// Looks the slot up. `Ok(None)` when it does not exist.
 pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>, CatalogError> {
     let row = client
