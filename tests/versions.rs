@@ -262,3 +262,62 @@ fn recreate_slot_keeps_a_failover_slot_a_failover_slot() {
         assert!(!text.contains("failover:"), "{text}");
     }
 }
+
+#[test]
+fn start_up_warnings_and_check_name_the_slot_settings_before_the_slot_exists() {
+    // On 18 a cluster of its own with the idle timeout set (an hour: no slot of it is
+    // invalidated); before 18 there is no such setting, and the shared cluster's
+    // max_slot_wal_keep_size = -1 is the warning to see.
+    let major = support::major();
+    let cluster: &'static walbox::sandbox::postgres::PgCluster = if major >= 18 {
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            settings: vec![("idle_replication_slot_timeout".into(), "1h".into())],
+            ..support::pg_options()
+        })))
+    } else {
+        support::cluster()
+    };
+    let db = TestDb::on(cluster, "startwarn");
+    let slot = db.name.clone();
+    let broker = support::broker();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    // walbox creates the slot; the monitor's next reading is an hour away.
+    env.push(("WALBOX_SLOT_CHECK_INTERVAL".into(), "1h".into()));
+    let walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to create its slot and stream", || {
+        db.streaming(&slot)
+    });
+    let warnings = [
+        (true, "max_slot_wal_keep_size = -1"),
+        (major >= 18, "idle_replication_slot_timeout is set"),
+    ];
+    wait_until(WAIT, "the start-up warnings", || {
+        let log = walbox.log();
+        warnings
+            .iter()
+            .all(|(due, text)| !due || log.contains(text))
+    });
+    assert!(
+        walbox.log().contains("until the primary's disk is full"),
+        "{}",
+        walbox.log()
+    );
+    drop(walbox);
+
+    let (_, out) = walbox_cmd(&["check"], &env);
+    let line = out
+        .lines()
+        .find(|l| l.contains("idle_replication_slot_timeout "));
+    match major {
+        18.. => {
+            let line = line.unwrap_or_else(|| panic!("no idle timeout check in:\n{out}"));
+            assert!(
+                line.starts_with("WARN")
+                    && line.contains("1h")
+                    && line.contains("invalidates the slot"),
+                "{line}"
+            );
+        }
+        _ => assert!(line.is_none(), "no such setting before 18:\n{out}"),
+    }
+}

@@ -10,7 +10,7 @@
 //! - **warning** (1): retained WAL ≥ `warning_ratio` × `max_slot_wal_keep_size`.
 //! - **ok** (0) otherwise.
 //!
-//! With `max_slot_wal_keep_size = -1` the slot can fill the primary's disk instead of being
+//! With `max_slot_wal_keep_size = -1` the slot can fill its server's disk instead of being
 //! invalidated, so the absolute `warning_bytes` / `critical_bytes` thresholds apply.
 //!
 //! Every transition is one structured log line (WARN, or ERROR for critical and lost) and, when

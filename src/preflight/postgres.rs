@@ -33,6 +33,7 @@ const REPLICATION: &str = "replication connection";
 const SLOT: &str = "slot";
 const KEEP_SIZE: &str = "max_slot_wal_keep_size";
 const FAILOVER: &str = "failover slot";
+const IDLE_TIMEOUT: &str = "idle_replication_slot_timeout";
 const SHARDS: &str = "shards";
 
 /// Every PostgreSQL check, in order.
@@ -232,7 +233,27 @@ async fn checks_on(
             "ALTER SYSTEM SET max_slot_wal_keep_size = '<WAL the disk can hold, e.g. 50GB>'; SELECT pg_reload_conf();",
         ),
     });
+    if let Some(check) = idle_timeout_check(&settings) {
+        out.push(check);
+    }
     Ok(())
+}
+
+/// `idle_replication_slot_timeout` (PostgreSQL 18+; `None` before): set, a walbox outage
+/// longer than it loses the slot at the next checkpoint.
+fn idle_timeout_check(settings: &slot::WalSettings) -> Option<Check> {
+    let timeout = settings.idle_replication_slot_timeout.as_deref()?;
+    Some(match settings.idle_timeout_seconds {
+        None => Check::ok(
+            IDLE_TIMEOUT,
+            "0 (disabled): an inactive slot is never invalidated for idleness",
+        ),
+        Some(_) => Check::warn(
+            IDLE_TIMEOUT,
+            format!("{timeout}: if walbox stays stopped longer than that, PostgreSQL invalidates the slot at the next checkpoint (exit 7, events after its confirmed position only republished)"),
+            format!("keep walbox outages shorter than {timeout}, or ALTER SYSTEM SET idle_replication_slot_timeout = 0; SELECT pg_reload_conf();"),
+        ),
+    })
 }
 
 /// The relay's verdict on a catalog object, with the short fix for the JSON report.

@@ -93,6 +93,20 @@ impl SlotHealth {
             .map(|m| self.retained_bytes() as f64 / m as f64)
     }
 
+    /// The server settings read with this reading.
+    pub fn settings(&self) -> WalSettings {
+        WalSettings {
+            current_lsn: self.current_lsn,
+            in_recovery: self.in_recovery,
+            max_slot_wal_keep_bytes: self.max_slot_wal_keep_bytes,
+            wal_keep_bytes: self.wal_keep_bytes,
+            max_wal_bytes: self.max_wal_bytes,
+            server_version_num: self.server_version_num,
+            idle_replication_slot_timeout: self.idle_replication_slot_timeout.clone(),
+            idle_timeout_seconds: self.idle_timeout_seconds,
+        }
+    }
+
     /// Whether PostgreSQL invalidated the slot.
     pub fn is_lost(&self) -> bool {
         self.wal_status.as_deref() == Some("lost") || self.invalidation_reason.is_some()
