@@ -44,14 +44,54 @@ fn standby_first_env(
 }
 
 fn multi_host_url(db: &TestDb, own_port: u16, ports: &[u16], attrs: &str) -> String {
+    format!(
+        "{}&target_session_attrs={attrs}",
+        hosts_url(db, own_port, ports)
+    )
+}
+
+/// `db`'s URL naming the hosts on `ports`, in that order, without `target_session_attrs`.
+fn hosts_url(db: &TestDb, own_port: u16, ports: &[u16]) -> String {
     let direct = format!("127.0.0.1:{own_port}/");
     let url = db.url();
     assert!(url.contains(&direct), "{url}");
     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     format!(
-        "{}&target_session_attrs={attrs}&connect_timeout=2",
+        "{}&connect_timeout=2",
         url.replace(&direct, &format!("{}/", hosts.join(",")))
     )
+}
+
+/// The major of the failover-slot tests: `WALBOX_TEST_PG` from 17 on, 17 by default; `None`
+/// (with the reason printed) on an older major, whose matrix run leaves them to 17 and 18.
+fn failover_major() -> Option<u32> {
+    match support::test_major() {
+        Some(m) if m < 17 => {
+            println!("skipped on PostgreSQL {m}: failover slots need 17 (the matrix's 17 and 18 runs exercise this test)");
+            None
+        }
+        Some(m) => Some(m),
+        None => Some(17),
+    }
+}
+
+/// A primary of `major` and a standby of it that synchronizes failover slots.
+fn synchronizing_pair(major: u32) -> (&'static PgCluster, &'static PgCluster) {
+    let primary: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            major: Some(major),
+            watchdog: true,
+            ..Default::default()
+        })));
+    let standby: &'static PgCluster = Box::leak(Box::new(
+        primary
+            .start_standby(StandbyOptions {
+                watchdog: true,
+                settings: vec![("sync_replication_slots".into(), "on".into())],
+            })
+            .expect("start the standby"),
+    ));
+    (primary, standby)
 }
 
 /// One outbox row per transaction, on whichever server `db` names; `None` when the commit
@@ -93,28 +133,10 @@ fn insert(db: &TestDb, topic: &str, n: u32) -> Option<i64> {
 fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_phantom() {
     // Failover slots are 17+: the default run uses 17's binaries, a matrix run on an older
     // major leaves this test to the 17 and 18 runs.
-    let major = match support::test_major() {
-        Some(m) if m < 17 => {
-            println!("skipped on PostgreSQL {m}: failover slots need 17 (the matrix's 17 and 18 runs exercise this test)");
-            return;
-        }
-        Some(m) => m,
-        None => 17,
+    let Some(major) = failover_major() else {
+        return;
     };
-    let primary: &'static PgCluster =
-        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
-            major: Some(major),
-            watchdog: true,
-            ..Default::default()
-        })));
-    let standby: &'static PgCluster = Box::leak(Box::new(
-        primary
-            .start_standby(StandbyOptions {
-                watchdog: true,
-                settings: vec![("sync_replication_slots".into(), "on".into())],
-            })
-            .expect("start the standby"),
-    ));
+    let (primary, standby) = synchronizing_pair(major);
     // No change reaches walbox before the standby has it: the primary's walsender waits for the
     // standby's physical slot.
     let physical = standby
@@ -447,4 +469,90 @@ fn a_promotion_without_a_synchronized_slot_stops_walbox_with_exit_7_and_the_runb
             "the password appeared in walbox's output"
         );
     }
+}
+
+#[test]
+fn both_hosts_without_session_attrs_reach_the_primary_and_the_synchronized_copy_is_refused_with_the_fix(
+) {
+    let Some(major) = failover_major() else {
+        return;
+    };
+    let (primary, standby) = synchronizing_pair(major);
+    let db = TestDb::on(primary, "bothhosts");
+    let replica = db.on_standby(standby);
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    wait_until(WAIT, "the standby to replay the outbox table", || {
+        replica.try_sql("SELECT count(*) FROM outbox").is_ok()
+    });
+
+    // Both servers, the standby first, no target_session_attrs: with failover_slot walbox
+    // reads them as read-write, so the standby is passed over, in `check` as in `run`.
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(
+        &mut env,
+        "WALBOX_POSTGRES_URL",
+        hosts_url(&db, primary.port(), &[standby.port(), primary.port()]),
+    );
+    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
+    let (_, out) = walbox_cmd(&["check"], &env);
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| {
+                l.get(6..)
+                    .is_some_and(|l| l.starts_with(&format!("{name} ")))
+            })
+            .unwrap_or_else(|| panic!("no {name} check in:\n{out}"))
+            .to_owned()
+    };
+    assert!(line("server").ends_with("primary"), "{out}");
+    let failover = line("failover slot");
+    assert!(
+        !failover.starts_with("FAIL") && failover.contains("target_session_attrs=read-write"),
+        "{failover}"
+    );
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the primary (or stop)", || {
+        db.streaming(&slot) || !walbox.running()
+    });
+    assert!(walbox.running(), "{}", walbox.log());
+    relays_one_event(&db, &slot, &topic, &broker, &walbox, "the primary");
+
+    // The standby holds a synchronized copy of the failover slot.
+    wait_until(WAIT, "the standby to synchronize the slot", || {
+        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
+        replica
+            .try_sql(&format!(
+                "SELECT synced FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .is_ok_and(|v| v == "t")
+    });
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+
+    // Pointed at the standby without failover_slot, walbox may not use that copy: `check`
+    // fails the slot and `run` stops with the same words and the way out.
+    let on_standby = walbox_env(&replica, &slot, &broker.bootstrap_servers());
+    let (code, out) = walbox_cmd(&["check"], &on_standby);
+    assert_eq!(code, 13, "{out}");
+    let slot_line = out
+        .lines()
+        .find(|l| l.starts_with("FAIL  slot "))
+        .unwrap_or_else(|| panic!("the slot check does not fail:\n{out}"));
+    let said = "is synchronized from the primary";
+    assert!(
+        slot_line.contains(said) && slot_line.contains("postgres.failover_slot = true"),
+        "{slot_line}"
+    );
+    let (code, out) = walbox_cmd(&["run"], &on_standby);
+    assert_eq!(code, 5, "{out}");
+    let last = out.lines().last().unwrap_or_default();
+    assert!(
+        last.contains(said)
+            && last.contains("postgres.failover_slot = true")
+            && last.contains("another postgres.slot")
+            && !last.contains("55000"),
+        "{last}"
+    );
+    assert!(!out.contains(primary.password()), "a password in:\n{out}");
 }

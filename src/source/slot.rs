@@ -251,6 +251,36 @@ pub async fn read(
     }))
 }
 
+/// `synchronized_standby_slots` (PostgreSQL 17+; empty before and when unset), and the slots it
+/// names that are not active physical slots. A failover slot's walsender sends nothing the
+/// standbys of those slots have not received: one of them gone, and the stream stalls (the
+/// server says so only in a WARNING on the replication connection).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StandbySlots {
+    /// The setting as written.
+    pub setting: String,
+    /// The slots it names that do not exist or are not active physical slots, sorted.
+    pub waiting_for: Vec<String>,
+}
+
+/// Reads [`StandbySlots`] (on the primary: the setting means nothing on a standby).
+pub async fn standby_slots(client: &Client) -> Result<StandbySlots, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT coalesce(current_setting('synchronized_standby_slots', true), ''), \
+                    coalesce((SELECT array_agg(trim(s) ORDER BY trim(s)) \
+                     FROM unnest(string_to_array(current_setting('synchronized_standby_slots', true), ',')) s \
+                     WHERE trim(s) <> '' AND NOT EXISTS (SELECT 1 FROM pg_replication_slots r \
+                        WHERE r.slot_name = trim(s) AND r.slot_type = 'physical' AND r.active)), '{}')",
+            &[],
+        )
+        .await?;
+    Ok(StandbySlots {
+        setting: row.get(0),
+        waiting_for: row.get(1),
+    })
+}
+
 /// Drops the slot (which must not be active) and creates it again with pgoutput; returns the new
 /// slot's consistent point. Events committed between the old slot's confirmed position and that
 /// point are not in the new slot's stream. `failover` (PostgreSQL 17+, the old slot's flag) is
