@@ -16,7 +16,8 @@ use walbox::sandbox::standby::StandbyOptions;
 
 use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, outbox_ids};
 use crate::support::{
-    self, free_port, since_in, wait_until, walbox_cmd, walbox_env, TestDb, Walbox, WAIT,
+    self, free_port, http_get, metric, since_in, wait_until, walbox_cmd, walbox_env, TestDb,
+    Walbox, WebhookReceiver, WAIT,
 };
 
 fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
@@ -555,4 +556,102 @@ fn both_hosts_without_session_attrs_reach_the_primary_and_the_synchronized_copy_
         "{last}"
     );
     assert!(!out.contains(primary.password()), "a password in:\n{out}");
+}
+
+#[test]
+fn a_stream_waiting_for_a_gone_standby_is_logged_alerted_and_named_then_relays_everything() {
+    let Some(major) = failover_major() else {
+        return;
+    };
+    // No standby at all: synchronized_standby_slots names a physical slot nobody streams from,
+    // as when the standby is gone.
+    let primary: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            major: Some(major),
+            watchdog: true,
+            ..Default::default()
+        })));
+    let gone = "gone_standby";
+    primary
+        .psql(
+            "postgres",
+            &format!(
+                "SELECT pg_create_physical_replication_slot('{gone}', true);
+                 ALTER SYSTEM SET synchronized_standby_slots = '{gone}'; SELECT pg_reload_conf();"
+            ),
+        )
+        .unwrap();
+    let db = TestDb::on(primary, "stall");
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    let hook = WebhookReceiver::start();
+    let port = free_port();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
+    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
+    set(&mut env, "WALBOX_SLOT_CHECK_INTERVAL", "100ms".into());
+    set(&mut env, "WALBOX_ALERTS_WEBHOOK_URL", hook.url.clone());
+    let walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream", || db.streaming(&slot));
+    let scrape = || {
+        http_get(port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    };
+    wait_until(WAIT, "a first slot reading", || {
+        metric(&scrape(), "walbox_slot_checks_total").is_some_and(|n| n >= 1.0)
+    });
+
+    // An event the walsender holds back: the server's warning is logged, the alert level
+    // rises and names the slot, in the webhook and in `walbox status`.
+    let id = insert(&db, &topic, 1).expect("insert");
+    wait_until(
+        WAIT,
+        "the server's warning in the log and the alert",
+        || {
+            let log = walbox.log();
+            log.contains("PostgreSQL warning on the replication connection")
+                && log.contains(gone)
+                && metric(&scrape(), "walbox_slot_alert_level") == Some(1.0)
+        },
+    );
+    let warned = hook.received.lock().unwrap().iter().any(|v| {
+        v["alerts"][0]["labels"]["severity"] == "warning"
+            && v["alerts"][0]["annotations"]["description"]
+                .as_str()
+                .is_some_and(|d| d.contains(gone) && d.contains("synchronized_standby_slots"))
+    });
+    assert!(warned, "{:?}", hook.received.lock().unwrap());
+    let (code, text) = walbox_cmd(&["status"], &env);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("waiting for standby slot") && l.contains(gone))
+            && text
+                .lines()
+                .any(|l| l.starts_with("alert level") && l.contains("warning")),
+        "{text}"
+    );
+    let (code, json) = walbox_cmd(&["status", "--json"], &env);
+    assert_eq!(code, 0, "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(v["waiting_for_standby_slots"][0], gone, "{v:#}");
+
+    // The standby's slot taken out of the setting: the event arrives, the level is ok again.
+    primary
+        .psql(
+            "postgres",
+            "ALTER SYSTEM RESET synchronized_standby_slots; SELECT pg_reload_conf();",
+        )
+        .unwrap();
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).contains(&id)),
+        "the held-back event arrived; log:\n{}",
+        walbox.log()
+    );
+    wait_until(WAIT, "the alert level back to ok", || {
+        metric(&scrape(), "walbox_slot_alert_level") == Some(0.0)
+    });
+    assert_eq!(distinct_ids(&reader.records), [id].into());
 }

@@ -147,6 +147,8 @@ struct Monitor {
     warned_unlimited: bool,
     warned_idle: bool,
     catchup: Catchup,
+    /// Whether the stream stands still ([`alert::StallWatch`]).
+    stall: alert::StallWatch,
 }
 
 impl Monitor {
@@ -275,11 +277,22 @@ impl Monitor {
         let slot_name = self.slot_name.clone();
         let first = !self.seen_slot;
         let c = self.client().await?;
-        let (health, settings) = match slot::read(c, &slot_name).await {
+        let (health, settings, waiting_for) = match slot::read(c, &slot_name).await {
             // Not created yet (create_slot = true and the relay has not started): the
             // settings' warnings are due at start-up all the same.
-            Ok(None) if first => (None, slot::settings(c).await.ok()),
-            Ok(h) => (h, None),
+            Ok(None) if first => (None, slot::settings(c).await.ok(), Vec::new()),
+            // A failover slot's stream waits for the standbys of synchronized_standby_slots.
+            Ok(Some(h)) if h.failover == Some(true) && !h.in_recovery => {
+                let waiting = match slot::standby_slots(c).await {
+                    Ok(s) => s.waiting_for,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reading synchronized_standby_slots");
+                        Vec::new()
+                    }
+                };
+                (Some(h), None, waiting)
+            }
+            Ok(h) => (h, None, Vec::new()),
             Err(e) => {
                 self.metrics.slot_check_errors.inc();
                 tracing::warn!(error = %e, "slot health check failed");
@@ -297,7 +310,12 @@ impl Monitor {
             return None;
         }
         self.seen_slot = true;
-        let assessment = alert::assess(health.as_ref(), &self.slot);
+        let mut assessment = alert::assess(health.as_ref(), &self.slot);
+        if let Some(h) = &health {
+            let events = self.metrics.events_published.get();
+            let still = self.stall.observe(std::time::Instant::now(), h, events);
+            assessment = alert::assess_stream(assessment, h, &waiting_for, still);
+        }
         if let Some(h) = &health {
             export(&self.metrics, h, assessment.level);
             self.progress(h);
@@ -372,6 +390,7 @@ pub async fn run(
         warned_unlimited: false,
         warned_idle: false,
         catchup: Catchup::default(),
+        stall: alert::StallWatch::default(),
     };
     loop {
         tokio::select! {

@@ -159,7 +159,21 @@ async fn report(config: &Config) -> Result<(String, serde_json::Value), FatalErr
             format!("replication slot {:?} does not exist", config.postgres.slot),
         ));
     };
-    let a = alert::assess(Some(&h), &config.slot);
+    // A failover slot's stream waits for the standbys of synchronized_standby_slots.
+    let waiting_for = if h.failover == Some(true) && !h.in_recovery {
+        slot::standby_slots(&client)
+            .await
+            .map(|s| s.waiting_for)
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let a = alert::assess_stream(
+        alert::assess(Some(&h), &config.slot),
+        &h,
+        &waiting_for,
+        None,
+    );
     let catchup = catchup(config, &client, &h).await;
     let mut v = serde_json::to_value(&h).map_err(|e| fatal(Failure::Internal, e))?;
     if let Some(obj) = v.as_object_mut() {
@@ -172,8 +186,19 @@ async fn report(config: &Config) -> Result<(String, serde_json::Value), FatalErr
         obj.insert("action".into(), a.action.into());
         obj.insert("headroom_bytes".into(), a.headroom_bytes.into());
         obj.insert("progress".into(), catchup.json());
+        obj.insert(
+            "waiting_for_standby_slots".into(),
+            waiting_for.clone().into(),
+        );
     }
-    let text = format!("{}{:<26} {}\n", render(&h, &a), "progress", catchup.line());
+    let mut text = format!("{}{:<26} {}\n", render(&h, &a), "progress", catchup.line());
+    if !waiting_for.is_empty() {
+        text.push_str(&format!(
+            "{:<26} {} (in synchronized_standby_slots, not active: the failover slot's stream waits for its standby)\n",
+            "waiting for standby slot",
+            waiting_for.join(", ")
+        ));
+    }
     Ok((text, v))
 }
 
