@@ -16,7 +16,8 @@ use walbox::sandbox::standby::StandbyOptions;
 
 use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, outbox_ids};
 use crate::support::{
-    self, free_port, since_in, wait_until, walbox_cmd, walbox_env, TestDb, Walbox, WAIT,
+    self, free_port, http_get, metric, since_in, wait_until, walbox_cmd, walbox_env, TestDb,
+    Walbox, WebhookReceiver, WAIT,
 };
 
 fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
@@ -44,14 +45,54 @@ fn standby_first_env(
 }
 
 fn multi_host_url(db: &TestDb, own_port: u16, ports: &[u16], attrs: &str) -> String {
+    format!(
+        "{}&target_session_attrs={attrs}",
+        hosts_url(db, own_port, ports)
+    )
+}
+
+/// `db`'s URL naming the hosts on `ports`, in that order, without `target_session_attrs`.
+fn hosts_url(db: &TestDb, own_port: u16, ports: &[u16]) -> String {
     let direct = format!("127.0.0.1:{own_port}/");
     let url = db.url();
     assert!(url.contains(&direct), "{url}");
     let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     format!(
-        "{}&target_session_attrs={attrs}&connect_timeout=2",
+        "{}&connect_timeout=2",
         url.replace(&direct, &format!("{}/", hosts.join(",")))
     )
+}
+
+/// The major of the failover-slot tests: `WALBOX_TEST_PG` from 17 on, 17 by default; `None`
+/// (with the reason printed) on an older major, whose matrix run leaves them to 17 and 18.
+fn failover_major() -> Option<u32> {
+    match support::test_major() {
+        Some(m) if m < 17 => {
+            println!("skipped on PostgreSQL {m}: failover slots need 17 (the matrix's 17 and 18 runs exercise this test)");
+            None
+        }
+        Some(m) => Some(m),
+        None => Some(17),
+    }
+}
+
+/// A primary of `major` and a standby of it that synchronizes failover slots.
+fn synchronizing_pair(major: u32) -> (&'static PgCluster, &'static PgCluster) {
+    let primary: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            major: Some(major),
+            watchdog: true,
+            ..Default::default()
+        })));
+    let standby: &'static PgCluster = Box::leak(Box::new(
+        primary
+            .start_standby(StandbyOptions {
+                watchdog: true,
+                settings: vec![("sync_replication_slots".into(), "on".into())],
+            })
+            .expect("start the standby"),
+    ));
+    (primary, standby)
 }
 
 /// One outbox row per transaction, on whichever server `db` names; `None` when the commit
@@ -93,28 +134,10 @@ fn insert(db: &TestDb, topic: &str, n: u32) -> Option<i64> {
 fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_phantom() {
     // Failover slots are 17+: the default run uses 17's binaries, a matrix run on an older
     // major leaves this test to the 17 and 18 runs.
-    let major = match support::test_major() {
-        Some(m) if m < 17 => {
-            println!("skipped on PostgreSQL {m}: failover slots need 17 (the matrix's 17 and 18 runs exercise this test)");
-            return;
-        }
-        Some(m) => m,
-        None => 17,
+    let Some(major) = failover_major() else {
+        return;
     };
-    let primary: &'static PgCluster =
-        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
-            major: Some(major),
-            watchdog: true,
-            ..Default::default()
-        })));
-    let standby: &'static PgCluster = Box::leak(Box::new(
-        primary
-            .start_standby(StandbyOptions {
-                watchdog: true,
-                settings: vec![("sync_replication_slots".into(), "on".into())],
-            })
-            .expect("start the standby"),
-    ));
+    let (primary, standby) = synchronizing_pair(major);
     // No change reaches walbox before the standby has it: the primary's walsender waits for the
     // standby's physical slot.
     let physical = standby
@@ -447,4 +470,188 @@ fn a_promotion_without_a_synchronized_slot_stops_walbox_with_exit_7_and_the_runb
             "the password appeared in walbox's output"
         );
     }
+}
+
+#[test]
+fn both_hosts_without_session_attrs_reach_the_primary_and_the_synchronized_copy_is_refused_with_the_fix(
+) {
+    let Some(major) = failover_major() else {
+        return;
+    };
+    let (primary, standby) = synchronizing_pair(major);
+    let db = TestDb::on(primary, "bothhosts");
+    let replica = db.on_standby(standby);
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    wait_until(WAIT, "the standby to replay the outbox table", || {
+        replica.try_sql("SELECT count(*) FROM outbox").is_ok()
+    });
+
+    // Both servers, the standby first, no target_session_attrs: with failover_slot walbox
+    // reads them as read-write, so the standby is passed over, in `check` as in `run`.
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(
+        &mut env,
+        "WALBOX_POSTGRES_URL",
+        hosts_url(&db, primary.port(), &[standby.port(), primary.port()]),
+    );
+    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
+    let (_, out) = walbox_cmd(&["check"], &env);
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| {
+                l.get(6..)
+                    .is_some_and(|l| l.starts_with(&format!("{name} ")))
+            })
+            .unwrap_or_else(|| panic!("no {name} check in:\n{out}"))
+            .to_owned()
+    };
+    assert!(line("server").ends_with("primary"), "{out}");
+    let failover = line("failover slot");
+    assert!(
+        !failover.starts_with("FAIL") && failover.contains("target_session_attrs=read-write"),
+        "{failover}"
+    );
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the primary (or stop)", || {
+        db.streaming(&slot) || !walbox.running()
+    });
+    assert!(walbox.running(), "{}", walbox.log());
+    relays_one_event(&db, &slot, &topic, &broker, &walbox, "the primary");
+
+    // The standby holds a synchronized copy of the failover slot.
+    wait_until(WAIT, "the standby to synchronize the slot", || {
+        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
+        replica
+            .try_sql(&format!(
+                "SELECT synced FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .is_ok_and(|v| v == "t")
+    });
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+
+    // Pointed at the standby without failover_slot, walbox may not use that copy: `check`
+    // fails the slot and `run` stops with the same words and the way out.
+    let on_standby = walbox_env(&replica, &slot, &broker.bootstrap_servers());
+    let (code, out) = walbox_cmd(&["check"], &on_standby);
+    assert_eq!(code, 13, "{out}");
+    let slot_line = out
+        .lines()
+        .find(|l| l.starts_with("FAIL  slot "))
+        .unwrap_or_else(|| panic!("the slot check does not fail:\n{out}"));
+    let said = "is synchronized from the primary";
+    assert!(
+        slot_line.contains(said) && slot_line.contains("postgres.failover_slot = true"),
+        "{slot_line}"
+    );
+    let (code, out) = walbox_cmd(&["run"], &on_standby);
+    assert_eq!(code, 5, "{out}");
+    let last = out.lines().last().unwrap_or_default();
+    assert!(
+        last.contains(said)
+            && last.contains("postgres.failover_slot = true")
+            && last.contains("another postgres.slot")
+            && !last.contains("55000"),
+        "{last}"
+    );
+    assert!(!out.contains(primary.password()), "a password in:\n{out}");
+}
+
+#[test]
+fn a_stream_waiting_for_a_gone_standby_is_logged_alerted_and_named_then_relays_everything() {
+    let Some(major) = failover_major() else {
+        return;
+    };
+    // No standby at all: synchronized_standby_slots names a physical slot nobody streams from,
+    // as when the standby is gone.
+    let primary: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            major: Some(major),
+            watchdog: true,
+            ..Default::default()
+        })));
+    let gone = "gone_standby";
+    primary
+        .psql(
+            "postgres",
+            &format!(
+                "SELECT pg_create_physical_replication_slot('{gone}', true);
+                 ALTER SYSTEM SET synchronized_standby_slots = '{gone}'; SELECT pg_reload_conf();"
+            ),
+        )
+        .unwrap();
+    let db = TestDb::on(primary, "stall");
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    let hook = WebhookReceiver::start();
+    let port = free_port();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
+    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
+    set(&mut env, "WALBOX_SLOT_CHECK_INTERVAL", "100ms".into());
+    set(&mut env, "WALBOX_ALERTS_WEBHOOK_URL", hook.url.clone());
+    let walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream", || db.streaming(&slot));
+    let scrape = || {
+        http_get(port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    };
+    wait_until(WAIT, "a first slot reading", || {
+        metric(&scrape(), "walbox_slot_checks_total").is_some_and(|n| n >= 1.0)
+    });
+
+    // An event the walsender holds back: the server's warning is logged, the alert level
+    // rises and names the slot, in the webhook and in `walbox status`.
+    let id = insert(&db, &topic, 1).expect("insert");
+    wait_until(
+        WAIT,
+        "the server's warning in the log and the alert",
+        || {
+            let log = walbox.log();
+            log.contains("PostgreSQL warning on the replication connection")
+                && log.contains(gone)
+                && metric(&scrape(), "walbox_slot_alert_level") == Some(1.0)
+        },
+    );
+    let warned = hook.received.lock().unwrap().iter().any(|v| {
+        v["alerts"][0]["labels"]["severity"] == "warning"
+            && v["alerts"][0]["annotations"]["description"]
+                .as_str()
+                .is_some_and(|d| d.contains(gone) && d.contains("synchronized_standby_slots"))
+    });
+    assert!(warned, "{:?}", hook.received.lock().unwrap());
+    let (code, text) = walbox_cmd(&["status"], &env);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("waiting for standby slot") && l.contains(gone))
+            && text
+                .lines()
+                .any(|l| l.starts_with("alert level") && l.contains("warning")),
+        "{text}"
+    );
+    let (code, json) = walbox_cmd(&["status", "--json"], &env);
+    assert_eq!(code, 0, "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(v["waiting_for_standby_slots"][0], gone, "{v:#}");
+
+    // The standby's slot taken out of the setting: the event arrives, the level is ok again.
+    primary
+        .psql(
+            "postgres",
+            "ALTER SYSTEM RESET synchronized_standby_slots; SELECT pg_reload_conf();",
+        )
+        .unwrap();
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).contains(&id)),
+        "the held-back event arrived; log:\n{}",
+        walbox.log()
+    );
+    wait_until(WAIT, "the alert level back to ok", || {
+        metric(&scrape(), "walbox_slot_alert_level") == Some(0.0)
+    });
+    assert_eq!(distinct_ids(&reader.records), [id].into());
 }

@@ -360,6 +360,15 @@ fn without_primary_url_slot_creation_says_what_to_run_on_the_primary() {
         "{}",
         walbox.log()
     );
+    // The slot retains the standby's WAL (its max_slot_wal_keep_size is -1): the warning says
+    // whose disk fills.
+    let log = walbox.log();
+    assert!(
+        log.contains("max_slot_wal_keep_size = -1")
+            && log.contains("until the standby's disk is full")
+            && !log.contains("primary's disk"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -9,7 +9,8 @@ use std::process::Command;
 use walbox::sandbox::postgres::PgClusterOptions;
 
 use crate::support::{
-    self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
+    self, free_port, http_get, metric, printed_command, wait_until, walbox_cmd, walbox_env, TestDb,
+    Walbox, WAIT,
 };
 
 fn scrape(port: u16) -> String {
@@ -187,6 +188,10 @@ fn a_slot_invalidated_for_idleness_is_reported_with_its_cause_and_exits_7() {
     assert_eq!(v["invalidation_reason"], "idle_timeout", "{v:#}");
     assert!(v["reason"].as_str().unwrap().contains(setting), "{v:#}");
 
+    // A new process (its own frontier empty) says it once, with the slot's real position and
+    // a republish command that runs as printed (the config names no time column).
+    let confirmed = db.confirmed(&slot);
+    assert_ne!(confirmed, walbox::lsn::Lsn::ZERO);
     let mut again = Walbox::spawn(&env);
     assert_eq!(again.wait_exit(WAIT).code(), Some(7), "{}", again.log());
     let line = again.last_line();
@@ -194,6 +199,24 @@ fn a_slot_invalidated_for_idleness_is_reported_with_its_cause_and_exits_7() {
         line.contains("is lost") && line.contains(&slot) && line.contains(setting),
         "{line}"
     );
+    assert_eq!(line.matches("is lost").count(), 1, "said once: {line}");
+    assert!(
+        line.contains(&format!("confirmed up to {confirmed}")) && !line.contains(" 0/0"),
+        "the slot's position ({confirmed}): {line}"
+    );
+    let republish = printed_command(&line, "republish");
+    assert!(republish.iter().any(|a| a == "--time-column"), "{line}");
+    let (code, out) = walbox_cmd(&["recreate-slot", "--confirm-data-loss"], &env);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        printed_command(&out, "republish"),
+        republish,
+        "recreate-slot prints the same command: {out}"
+    );
+    let args: Vec<&str> = republish.iter().map(String::as_str).collect();
+    let (code, out) = walbox_cmd(&args, &env);
+    assert_eq!(code, 0, "the printed command runs: {args:?}\n{out}");
+    assert!(out.contains("republished 1 records"), "{out}");
 }
 
 #[test]
@@ -237,5 +260,64 @@ fn recreate_slot_keeps_a_failover_slot_a_failover_slot() {
         assert!(text.contains("failover: kept"), "{text}");
     } else {
         assert!(!text.contains("failover:"), "{text}");
+    }
+}
+
+#[test]
+fn start_up_warnings_and_check_name_the_slot_settings_before_the_slot_exists() {
+    // On 18 a cluster of its own with the idle timeout set (an hour: no slot of it is
+    // invalidated); before 18 there is no such setting, and the shared cluster's
+    // max_slot_wal_keep_size = -1 is the warning to see.
+    let major = support::major();
+    let cluster: &'static walbox::sandbox::postgres::PgCluster = if major >= 18 {
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            settings: vec![("idle_replication_slot_timeout".into(), "1h".into())],
+            ..support::pg_options()
+        })))
+    } else {
+        support::cluster()
+    };
+    let db = TestDb::on(cluster, "startwarn");
+    let slot = db.name.clone();
+    let broker = support::broker();
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    // walbox creates the slot; the monitor's next reading is an hour away.
+    env.push(("WALBOX_SLOT_CHECK_INTERVAL".into(), "1h".into()));
+    let walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to create its slot and stream", || {
+        db.streaming(&slot)
+    });
+    let warnings = [
+        (true, "max_slot_wal_keep_size = -1"),
+        (major >= 18, "idle_replication_slot_timeout is set"),
+    ];
+    wait_until(WAIT, "the start-up warnings", || {
+        let log = walbox.log();
+        warnings
+            .iter()
+            .all(|(due, text)| !due || log.contains(text))
+    });
+    assert!(
+        walbox.log().contains("until the primary's disk is full"),
+        "{}",
+        walbox.log()
+    );
+    drop(walbox);
+
+    let (_, out) = walbox_cmd(&["check"], &env);
+    let line = out
+        .lines()
+        .find(|l| l.contains("idle_replication_slot_timeout "));
+    match major {
+        18.. => {
+            let line = line.unwrap_or_else(|| panic!("no idle timeout check in:\n{out}"));
+            assert!(
+                line.starts_with("WARN")
+                    && line.contains("1h")
+                    && line.contains("invalidates the slot"),
+                "{line}"
+            );
+        }
+        _ => assert!(line.is_none(), "no such setting before 18:\n{out}"),
     }
 }

@@ -606,3 +606,36 @@ fn exactly_once_is_off_by_default_and_its_bounds_need_it() {
         .to_string();
     assert!(e.contains("derives it from the slot"), "{e}");
 }
+
+#[test]
+fn a_failover_slot_with_several_hosts_reaches_the_primary_only() {
+    use crate::config::target::SessionAttrs;
+    let load = |url: &str, failover: &str| {
+        load_from(
+            None,
+            &mut env(&[
+                ("WALBOX_POSTGRES_URL", url),
+                ("WALBOX_KAFKA_BROKERS", "k1:9092"),
+                ("WALBOX_POSTGRES_FAILOVER_SLOT", failover),
+            ])
+            .into_iter(),
+        )
+    };
+    let two = "postgres://walbox:secret@db-a:5432,db-b:5432/app";
+    let attrs = |c: Config| c.postgres.conn.target_session_attrs;
+    assert_eq!(attrs(load(two, "true").unwrap()), SessionAttrs::ReadWrite);
+    assert_eq!(attrs(load(two, "false").unwrap()), SessionAttrs::Any);
+    let one = "postgres://walbox:secret@db-a:5432/app";
+    assert_eq!(attrs(load(one, "true").unwrap()), SessionAttrs::Any);
+    let primary = format!("{two}?target_session_attrs=primary");
+    assert_eq!(
+        attrs(load(&primary, "true").unwrap()),
+        SessionAttrs::Primary
+    );
+    let standby = format!("{two}?target_session_attrs=prefer-standby");
+    let e = load(&standby, "true").unwrap_err().to_string();
+    assert!(
+        e.contains("target_session_attrs=read-write") && !e.contains("secret"),
+        "{e}"
+    );
+}

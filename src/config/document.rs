@@ -115,6 +115,8 @@ impl RawConfig {
         if let Some(password) = self.postgres.password {
             conn.password = Some(password);
         }
+        let failover_slot = self.postgres.failover_slot.unwrap_or(false);
+        super::postgres::failover_hosts(&mut conn, failover_slot)?;
         let primary: Option<ConnInfo> = self
             .postgres
             .primary_url
@@ -377,7 +379,7 @@ impl RawConfig {
                         Some(d)
                     }
                 },
-                failover_slot: self.postgres.failover_slot.unwrap_or(false),
+                failover_slot,
                 shards,
                 shard: None,
                 drain_to: None,

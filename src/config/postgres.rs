@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 use super::conninfo::ConnInfo;
 use super::error::ConfigError;
+use super::target::SessionAttrs;
 use super::units::HumanDuration;
 
 /// `[postgres]` as written.
@@ -90,7 +91,8 @@ pub struct PostgresConfig {
     /// the session reconnects; halfway, walbox asks the server for a keepalive. `None`: never.
     pub receive_timeout: Option<Duration>,
     /// Create the slot with `FAILOVER`, or turn it on for an existing slot (PostgreSQL 17+), so
-    /// that standbys with `sync_replication_slots` keep it through a promotion.
+    /// that standbys with `sync_replication_slots` keep it through a promotion. With several
+    /// hosts in `url`, `conn` then has `target_session_attrs=read-write` ([`failover_hosts`]).
     pub failover_slot: bool,
     /// `postgres.shards`: how many slots the outbox is relayed through (1: `slot` and
     /// `publication` themselves, unfiltered; see [`crate::shard`]).
@@ -200,6 +202,26 @@ pub(super) fn validate_shards(
             return Err(ConfigError::Invalid(
                 "postgres.shards > 1 cannot relay [outbox.messages]: logical messages reach every shard's slot, so each would publish them; use an outbox table, or postgres.shards = 1".into(),
             ));
+        }
+    }
+    Ok(())
+}
+
+/// `postgres.failover_slot` with several hosts in `postgres.url`: a failover slot is used on the
+/// primary only, and after a failover the old standby may answer first while still in recovery.
+/// So `target_session_attrs` `any` (libpq's default) becomes `read-write`: walbox passes a
+/// standby over and waits for the promotion; a value that picks a standby is refused.
+pub(super) fn failover_hosts(conn: &mut ConnInfo, failover_slot: bool) -> Result<(), ConfigError> {
+    if !failover_slot || conn.more_hosts.is_empty() {
+        return Ok(());
+    }
+    match conn.target_session_attrs {
+        SessionAttrs::Any => conn.target_session_attrs = SessionAttrs::ReadWrite,
+        SessionAttrs::ReadWrite | SessionAttrs::Primary => {}
+        other => {
+            return Err(ConfigError::Invalid(format!(
+                "postgres.url: target_session_attrs={other} picks a standby, but postgres.failover_slot = true needs the primary: use target_session_attrs=read-write (the default with failover_slot and several hosts)"
+            )))
         }
     }
     Ok(())

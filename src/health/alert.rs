@@ -7,10 +7,13 @@
 //!   reports it (WAL removed, idle timeout, …).
 //! - **critical** (2): retained WAL ≥ `critical_ratio` × `max_slot_wal_keep_size`, or
 //!   `wal_status = unreserved` (the next checkpoint may remove WAL the slot needs).
-//! - **warning** (1): retained WAL ≥ `warning_ratio` × `max_slot_wal_keep_size`.
+//! - **warning** (1): retained WAL ≥ `warning_ratio` × `max_slot_wal_keep_size`; or the stream
+//!   stalls ([`assess_stream`]): a failover slot's walsender waits for a slot of
+//!   `synchronized_standby_slots` that is not active, or the confirmed position stood still for
+//!   [`STALL_AFTER`] while the server's WAL is past it and nothing was relayed.
 //! - **ok** (0) otherwise.
 //!
-//! With `max_slot_wal_keep_size = -1` the slot can fill the primary's disk instead of being
+//! With `max_slot_wal_keep_size = -1` the slot can fill its server's disk instead of being
 //! invalidated, so the absolute `warning_bytes` / `critical_bytes` thresholds apply.
 //!
 //! Every transition is one structured log line (WARN, or ERROR for critical and lost) and, when
@@ -18,10 +21,12 @@
 //! [`webhook_payload`]).
 
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::config::SlotConfig;
+use crate::lsn::Lsn;
 use crate::source::slot::{self, SlotHealth};
 
 /// How close the slot is to endangering the primary or being lost.
@@ -160,6 +165,80 @@ pub fn assess(health: Option<&SlotHealth>, cfg: &SlotConfig) -> Assessment {
     }
 }
 
+/// How long the confirmed position may stand still while the server's WAL is past it and no
+/// event is published, before the stream is reported stalled.
+pub const STALL_AFTER: Duration = Duration::from_secs(10);
+
+const ACTION_STALLED: &str = "the stream is stalled: if synchronized_standby_slots names a slot whose standby is gone, start that standby or remove the slot from the setting (ALTER SYSTEM SET synchronized_standby_slots = …; SELECT pg_reload_conf();); otherwise check walbox's log, the broker and walbox_inflight_events";
+
+/// Consecutive readings of a stream that may stall without any error (a failover slot's
+/// walsender waiting for a `synchronized_standby_slots` slot whose standby is gone): the
+/// confirmed position stands still while the server's WAL is past it, and nothing is relayed.
+#[derive(Debug, Default)]
+pub struct StallWatch {
+    /// Since when, at which confirmed position and event count, the stream stands still.
+    since: Option<(Instant, Option<Lsn>, u64)>,
+}
+
+impl StallWatch {
+    /// Feeds a reading and the events published so far; how long the stream has stood still,
+    /// when it does (the server's WAL past the confirmed position, nothing published since).
+    pub fn observe(&mut self, at: Instant, h: &SlotHealth, events: u64) -> Option<Duration> {
+        let confirmed = h.confirmed_flush_lsn;
+        if h.confirmed_lag_bytes() == 0 {
+            self.since = None;
+            return None;
+        }
+        match self.since {
+            Some((from, c, e)) if c == confirmed && e == events => Some(at.duration_since(from)),
+            _ => {
+                self.since = Some((at, confirmed, events));
+                Some(Duration::ZERO)
+            }
+        }
+    }
+}
+
+/// Raises `a` to at least warning when the stream stalls: at once when the slot's walsender
+/// waits for `waiting_for` (slots of `synchronized_standby_slots` that are not active, read for
+/// a failover slot on the primary) while WAL is past the confirmed position, else once it stood
+/// still for [`STALL_AFTER`]. The reason names the slots and the numbers.
+pub fn assess_stream(
+    a: Assessment,
+    h: &SlotHealth,
+    waiting_for: &[String],
+    still_for: Option<Duration>,
+) -> Assessment {
+    let lag = h.confirmed_lag_bytes();
+    let stalled = if !waiting_for.is_empty() && lag > 0 {
+        format!(
+            "the stream waits for standby slot {} named in synchronized_standby_slots (not active: its standby is gone), with the server's WAL {lag} bytes past the confirmed position",
+            waiting_for.join(", ")
+        )
+    } else {
+        match still_for {
+            Some(d) if d >= STALL_AFTER => format!(
+                "nothing relayed for {} s while the server's WAL is {lag} bytes past the confirmed position",
+                d.as_secs()
+            ),
+            _ => return a,
+        }
+    };
+    if a.level == AlertLevel::Lost {
+        return a;
+    }
+    Assessment {
+        level: a.level.max(AlertLevel::Warning),
+        reason: format!("{stalled}; {}", a.reason),
+        action: if a.level <= AlertLevel::Warning {
+            ACTION_STALLED
+        } else {
+            a.action
+        },
+        headroom_bytes: a.headroom_bytes,
+    }
+}
+
 /// Logs a level transition as one structured line.
 pub fn log_transition(slot: &str, from: AlertLevel, a: &Assessment, health: Option<&SlotHealth>) {
     let ratio = health.and_then(SlotHealth::keep_used_ratio);
@@ -231,8 +310,6 @@ pub fn webhook_payload(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lsn::Lsn;
-    use std::time::Duration;
 
     fn cfg() -> SlotConfig {
         SlotConfig {
@@ -313,6 +390,45 @@ mod tests {
             assess(Some(&health(250, None, "extended")), &c).level,
             AlertLevel::Critical
         );
+    }
+
+    #[test]
+    fn a_stalled_stream_raises_the_level_and_names_the_standby_slot() {
+        let c = cfg();
+        let mut h = health(10, Some(1000), "reserved");
+        h.confirmed_flush_lsn = Some(Lsn(9_000));
+        let ok = assess(Some(&h), &c);
+        assert_eq!(ok.level, AlertLevel::Ok);
+        let waiting = vec!["gone".to_owned()];
+        let a = assess_stream(ok.clone(), &h, &waiting, None);
+        assert_eq!(a.level, AlertLevel::Warning);
+        assert!(
+            a.reason.contains("gone") && a.reason.contains("1000 bytes"),
+            "{}",
+            a.reason
+        );
+        // Without a named slot: only once the stream stood still long enough.
+        let t = Instant::now();
+        let mut watch = StallWatch::default();
+        assert_eq!(watch.observe(t, &h, 5), Some(Duration::ZERO));
+        let still = watch.observe(t + STALL_AFTER, &h, 5);
+        assert_eq!(still, Some(STALL_AFTER));
+        assert_eq!(
+            assess_stream(ok.clone(), &h, &[], still).level,
+            AlertLevel::Warning
+        );
+        assert_eq!(
+            assess_stream(ok.clone(), &h, &[], Some(Duration::from_secs(1))).level,
+            AlertLevel::Ok
+        );
+        // An event published, or the WAL caught up with: it moves again.
+        assert_eq!(
+            watch.observe(t + STALL_AFTER * 2, &h, 6),
+            Some(Duration::ZERO)
+        );
+        h.confirmed_flush_lsn = Some(h.current_lsn);
+        assert_eq!(watch.observe(t + STALL_AFTER * 3, &h, 6), None);
+        assert_eq!(assess_stream(ok, &h, &waiting, None).level, AlertLevel::Ok);
     }
 
     #[test]

@@ -47,7 +47,7 @@ use crate::health::progress::{self, Catchup};
 use crate::health::webhook::Webhook;
 use crate::metrics::{Metrics, WAL_STATUSES};
 use crate::pg::control::connect_control;
-use crate::source::slot::{self, SlotHealth};
+use crate::source::slot::{self, SlotHealth, WalSettings};
 use crate::source::standby::{self, Role};
 use crate::timestamp::pg_now_micros;
 
@@ -154,6 +154,8 @@ struct Monitor {
     warned_unlimited: bool,
     warned_idle: bool,
     catchup: Catchup,
+    /// Whether the stream stands still ([`alert::StallWatch`]).
+    stall: alert::StallWatch,
 }
 
 impl Monitor {
@@ -253,12 +255,56 @@ impl Monitor {
         }
     }
 
+    /// The start-up warnings about the server's settings, each once: the idle timeout (18+)
+    /// and an unlimited `max_slot_wal_keep_size` (the WAL fills the disk of the server the slot
+    /// is on: the standby's, when walbox decodes there).
+    fn warn_settings(&mut self, s: &WalSettings) {
+        let slot = &self.slot_name;
+        if let (Some(timeout), Some(_), false) = (
+            &s.idle_replication_slot_timeout,
+            s.idle_timeout_seconds,
+            self.warned_idle,
+        ) {
+            self.warned_idle = true;
+            tracing::warn!(
+                slot = %slot,
+                idle_replication_slot_timeout = %timeout,
+                "idle_replication_slot_timeout is set: if walbox stays disconnected longer than that, PostgreSQL invalidates this slot at a checkpoint and events after its confirmed position can only be republished; keep walbox outages shorter, or disable the timeout for this slot's server"
+            );
+        }
+        if s.max_slot_wal_keep_bytes.is_none() && !self.warned_unlimited {
+            self.warned_unlimited = true;
+            let server = if s.in_recovery { "standby" } else { "primary" };
+            tracing::warn!(
+                slot = %slot,
+                warning_bytes = self.slot.warning_bytes,
+                critical_bytes = self.slot.critical_bytes,
+                "max_slot_wal_keep_size = -1: if walbox stops confirming, this slot retains WAL until the {server}'s disk is full; set max_slot_wal_keep_size on the {server}, and alerts use the absolute slot.warning_bytes / slot.critical_bytes thresholds"
+            );
+        }
+    }
+
     /// One reading: metrics, alert transitions, lost-slot stop. Returns the level, if read.
     async fn check(&mut self) -> Option<AlertLevel> {
         let slot_name = self.slot_name.clone();
+        let first = !self.seen_slot;
         let c = self.client().await?;
-        let health = match slot::read(c, &slot_name).await {
-            Ok(h) => h,
+        let (health, settings, waiting_for) = match slot::read(c, &slot_name).await {
+            // Not created yet (create_slot = true and the relay has not started): the
+            // settings' warnings are due at start-up all the same.
+            Ok(None) if first => (None, slot::settings(c).await.ok(), Vec::new()),
+            // A failover slot's stream waits for the standbys of synchronized_standby_slots.
+            Ok(Some(h)) if h.failover == Some(true) && !h.in_recovery => {
+                let waiting = match slot::standby_slots(c).await {
+                    Ok(s) => s.waiting_for,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reading synchronized_standby_slots");
+                        Vec::new()
+                    }
+                };
+                (Some(h), None, waiting)
+            }
+            Ok(h) => (h, None, Vec::new()),
             Err(e) => {
                 self.metrics.slot_check_errors.inc();
                 tracing::warn!(error = %e, "slot health check failed");
@@ -279,33 +325,23 @@ impl Monitor {
             }
             self.on_standby = Some(h.in_recovery);
         }
-        if health.is_none() && !self.seen_slot {
-            return None; // not created yet (create_slot = true and the relay has not started)
+        if health.is_none() && first {
+            if let Some(settings) = settings {
+                self.warn_settings(&settings);
+            }
+            return None;
         }
         self.seen_slot = true;
-        let assessment = alert::assess(health.as_ref(), &self.slot);
+        let mut assessment = alert::assess(health.as_ref(), &self.slot);
+        if let Some(h) = &health {
+            let events = self.metrics.events_published.get();
+            let still = self.stall.observe(std::time::Instant::now(), h, events);
+            assessment = alert::assess_stream(assessment, h, &waiting_for, still);
+        }
         if let Some(h) = &health {
             export(&self.metrics, h, assessment.level);
             self.progress(h);
-            if let (Some(timeout), false) = (&h.idle_replication_slot_timeout, self.warned_idle) {
-                if h.idle_timeout_seconds.is_some() {
-                    self.warned_idle = true;
-                    tracing::warn!(
-                        slot = %slot_name,
-                        idle_replication_slot_timeout = %timeout,
-                        "idle_replication_slot_timeout is set: if walbox stays disconnected longer than that, PostgreSQL invalidates this slot at a checkpoint and events after its confirmed position can only be republished; keep walbox outages shorter, or disable the timeout for this slot's server"
-                    );
-                }
-            }
-            if h.max_slot_wal_keep_bytes.is_none() && !self.warned_unlimited {
-                self.warned_unlimited = true;
-                tracing::warn!(
-                    slot = %slot_name,
-                    warning_bytes = self.slot.warning_bytes,
-                    critical_bytes = self.slot.critical_bytes,
-                    "max_slot_wal_keep_size = -1: if walbox stops confirming, this slot retains WAL until the primary's disk is full; set max_slot_wal_keep_size, and alerts use the absolute slot.warning_bytes / slot.critical_bytes thresholds"
-                );
-            }
+            self.warn_settings(&h.settings());
         } else {
             self.metrics.slot_alert_level.set(AlertLevel::Lost.value());
         }
@@ -377,6 +413,7 @@ pub async fn run(
         warned_unlimited: false,
         warned_idle: false,
         catchup: Catchup::default(),
+        stall: alert::StallWatch::default(),
     };
     loop {
         tokio::select! {

@@ -15,12 +15,14 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
-use crate::config::Config;
+use crate::config::conninfo::ConnInfo;
+use crate::config::{Config, KafkaConfig};
 use crate::failure::{Failure, FatalError};
 use crate::health::alert::{self, Assessment};
 use crate::health::progress::{self, human_bytes as human, Estimate};
 use crate::pg::control::connect_control;
-use crate::sink::progress::{read_last, ProgressKey, ProgressRecord};
+use crate::sink::progress::{read_last, republish_command, ProgressKey, ProgressRecord};
+use crate::source::catalog;
 use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
 use crate::source::standby::{self, Role};
@@ -157,7 +159,21 @@ async fn report(config: &Config) -> Result<(String, serde_json::Value), FatalErr
             format!("replication slot {:?} does not exist", config.postgres.slot),
         ));
     };
-    let a = alert::assess(Some(&h), &config.slot);
+    // A failover slot's stream waits for the standbys of synchronized_standby_slots.
+    let waiting_for = if h.failover == Some(true) && !h.in_recovery {
+        slot::standby_slots(&client)
+            .await
+            .map(|s| s.waiting_for)
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let a = alert::assess_stream(
+        alert::assess(Some(&h), &config.slot),
+        &h,
+        &waiting_for,
+        None,
+    );
     let catchup = catchup(config, &client, &h).await;
     let mut v = serde_json::to_value(&h).map_err(|e| fatal(Failure::Internal, e))?;
     if let Some(obj) = v.as_object_mut() {
@@ -170,8 +186,19 @@ async fn report(config: &Config) -> Result<(String, serde_json::Value), FatalErr
         obj.insert("action".into(), a.action.into());
         obj.insert("headroom_bytes".into(), a.headroom_bytes.into());
         obj.insert("progress".into(), catchup.json());
+        obj.insert(
+            "waiting_for_standby_slots".into(),
+            waiting_for.clone().into(),
+        );
     }
-    let text = format!("{}{:<26} {}\n", render(&h, &a), "progress", catchup.line());
+    let mut text = format!("{}{:<26} {}\n", render(&h, &a), "progress", catchup.line());
+    if !waiting_for.is_empty() {
+        text.push_str(&format!(
+            "{:<26} {} (in synchronized_standby_slots, not active: the failover slot's stream waits for its standby)\n",
+            "waiting for standby slot",
+            waiting_for.join(", ")
+        ));
+    }
     Ok((text, v))
 }
 
@@ -323,7 +350,8 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
             ));
         }
     }
-    let record = last_progress(config).await;
+    let pg = &config.postgres;
+    let record = last_progress(&pg.conn, &pg.slot, &config.kafka).await;
     let old = health
         .as_ref()
         .and_then(|h| h.confirmed_flush_lsn)
@@ -354,24 +382,33 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
     println!(
         "events committed after {old} and before {new} were NOT relayed; republish them from the outbox table if its rows are still there:"
     );
+    let time_column = catalog::time_column(&client, &config.outbox)
+        .await
+        .ok()
+        .flatten();
+    let command = |since: &str| republish_command(since, time_column.as_deref());
     match &record {
         Some(r) => println!(
-            "  walbox republish --since '{}'   (10 minutes before the newest confirmed commit, {})",
-            r.republish_since(),
+            "  {}   (10 minutes before the newest confirmed commit, {})",
+            command(&r.republish_since()),
             r.confirmed_commit_time()
         ),
         None => println!(
-            "  walbox republish --since <time walbox stopped confirming>   (no progress record found in kafka.progress_topic)"
+            "  {}   (no progress record found in kafka.progress_topic: the time walbox stopped confirming)",
+            command("<time>")
         ),
     }
     Ok(())
 }
 
-/// The newest progress record of the configured slot, when Kafka and the server answer.
-async fn last_progress(config: &Config) -> Option<ProgressRecord> {
-    let mut repl = ReplicationConnection::connect(&config.postgres.conn)
-        .await
-        .ok()?;
+/// The newest progress record of `slot` on the server `conn` names, when Kafka and the server
+/// answer (`walbox recreate-slot`, and the relay's message for a slot found lost).
+pub async fn last_progress(
+    conn: &ConnInfo,
+    slot: &str,
+    kafka: &KafkaConfig,
+) -> Option<ProgressRecord> {
+    let mut repl = ReplicationConnection::connect(conn).await.ok()?;
     let identity = repl.identify_system().await.ok()?;
     // Terminate, so the server logs no unexpected EOF.
     if let Err(e) = repl.close().await {
@@ -380,9 +417,9 @@ async fn last_progress(config: &Config) -> Option<ProgressRecord> {
     let key = ProgressKey {
         system_identifier: identity.system_id,
         database: identity.dbname.unwrap_or_default(),
-        slot: config.postgres.slot.clone(),
+        slot: slot.to_owned(),
     };
-    let kafka = config.kafka.clone();
+    let kafka = kafka.clone();
     let read = tokio::task::spawn_blocking(move || {
         read_last(&kafka, &key, std::time::Duration::from_secs(30))
     });

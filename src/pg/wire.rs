@@ -30,7 +30,8 @@
 //!   [`WireError::Protocol`], never a panic. After such an error the connection is unusable (the
 //!   malformed message has been consumed, the stream position is unknown): callers drop it.
 //! * An `ErrorResponse` becomes [`WireError::Server`] with its SQLSTATE ([`server_error`]);
-//!   `NoticeResponse`s are logged at debug level ([`log_notice`]) and otherwise ignored.
+//!   `NoticeResponse`s are logged at debug level ([`log_notice`]) and otherwise ignored; on the
+//!   replication stream a `WARNING` is logged at WARN level ([`NoticeLog`]).
 
 use std::fmt;
 use std::io;
@@ -320,6 +321,46 @@ pub fn log_notice(body: &NoticeResponseBody) {
             n.message
         ),
         Err(e) => tracing::debug!(error = %e, "malformed NoticeResponse ignored"),
+    }
+}
+
+/// The server's notices on a long-lived connection (the replication stream, where a walsender
+/// reports why it waits: a `synchronized_standby_slots` slot without its standby). A `WARNING`
+/// is logged at WARN level, the same text again at most once per [`NoticeLog::REPEAT`] (with how
+/// often it came meanwhile); lower severities at debug level, as [`log_notice`].
+#[derive(Debug, Default)]
+pub struct NoticeLog {
+    /// The last warning logged, and when.
+    last: Option<(String, std::time::Instant)>,
+    /// How often it came again since.
+    repeats: u64,
+}
+
+impl NoticeLog {
+    /// How long the same warning is not logged again.
+    pub const REPEAT: Duration = Duration::from_secs(60);
+
+    /// Logs `body` (see the type's docs).
+    pub fn log(&mut self, body: &NoticeResponseBody) {
+        let n = match DbError::from_fields(body.fields()) {
+            Ok(n) if n.severity == "WARNING" => n,
+            _ => return log_notice(body),
+        };
+        let text = n.to_string();
+        let now = std::time::Instant::now();
+        if let Some((last, at)) = &self.last {
+            if *last == text && now.duration_since(*at) < Self::REPEAT {
+                self.repeats += 1;
+                return;
+            }
+        }
+        tracing::warn!(
+            code = %n.code,
+            repeated = self.repeats,
+            "PostgreSQL warning on the replication connection: {text}"
+        );
+        self.last = Some((text, now));
+        self.repeats = 0;
     }
 }
 

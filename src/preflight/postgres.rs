@@ -33,6 +33,7 @@ const REPLICATION: &str = "replication connection";
 const SLOT: &str = "slot";
 const KEEP_SIZE: &str = "max_slot_wal_keep_size";
 const FAILOVER: &str = "failover slot";
+const IDLE_TIMEOUT: &str = "idle_replication_slot_timeout";
 const SHARDS: &str = "shards";
 
 /// Every PostgreSQL check, in order.
@@ -220,7 +221,7 @@ async fn checks_on(
     out.push(slot_check(client, config, &facts, health.as_ref()).await?);
 
     if pg.failover_slot {
-        out.push(failover_check(client, &server, role, health.as_ref()).await?);
+        out.push(failover_check(client, &pg.conn, &server, role, health.as_ref()).await?);
     }
 
     let settings = slot::settings(client).await?;
@@ -232,7 +233,27 @@ async fn checks_on(
             "ALTER SYSTEM SET max_slot_wal_keep_size = '<WAL the disk can hold, e.g. 50GB>'; SELECT pg_reload_conf();",
         ),
     });
+    if let Some(check) = idle_timeout_check(&settings) {
+        out.push(check);
+    }
     Ok(())
+}
+
+/// `idle_replication_slot_timeout` (PostgreSQL 18+; `None` before): set, a walbox outage
+/// longer than it loses the slot at the next checkpoint.
+fn idle_timeout_check(settings: &slot::WalSettings) -> Option<Check> {
+    let timeout = settings.idle_replication_slot_timeout.as_deref()?;
+    Some(match settings.idle_timeout_seconds {
+        None => Check::ok(
+            IDLE_TIMEOUT,
+            "0 (disabled): an inactive slot is never invalidated for idleness",
+        ),
+        Some(_) => Check::warn(
+            IDLE_TIMEOUT,
+            format!("{timeout}: if walbox stays stopped longer than that, PostgreSQL invalidates the slot at the next checkpoint (exit 7, events after its confirmed position only republished)"),
+            format!("keep walbox outages shorter than {timeout}, or ALTER SYSTEM SET idle_replication_slot_timeout = 0; SELECT pg_reload_conf();"),
+        ),
+    })
 }
 
 /// The relay's verdict on a catalog object, with the short fix for the JSON report.
@@ -258,6 +279,9 @@ fn from_catalog(name: String, e: &CatalogError) -> Check {
             "walbox recreate-slot --confirm-data-loss, then the walbox republish it prints (see the runbook)".to_owned()
         }
         CatalogError::Standby(e) => standby_fix(e),
+        CatalogError::SyncedSlot(_) => {
+            "point postgres.url at the primary (both servers, target_session_attrs=read-write) with postgres.failover_slot = true, or set postgres.slot to a slot of walbox's own on the standby".to_owned()
+        }
         _ => "see the detail".to_owned(),
     };
     Check::fail(name, e.to_string(), fix)
@@ -485,6 +509,7 @@ async fn replication_check(config: &Config) -> Check {
 /// lose changes Kafka already has; with an inactive one, the stream waits for that standby).
 async fn failover_check(
     client: &Client,
+    conn: &ConnInfo,
     server: &catalog::Server,
     role: Role,
     health: Option<&SlotHealth>,
@@ -502,38 +527,43 @@ async fn failover_check(
     if role == Role::Standby {
         return Ok(Check::fail(
             FAILOVER,
-            "postgres.url names a standby: failover slots are created on the primary",
-            "set postgres.failover_slot = false, or point postgres.url at the primary",
+            "postgres.url names a standby: failover slots are created and decoded on the primary",
+            "point postgres.url at the primary (listing the primary and its standby: walbox defaults to target_session_attrs=read-write with failover_slot)",
         ));
     }
-    let row = client
-        .query_one(
-            "SELECT current_setting('synchronized_standby_slots'),                     (SELECT string_agg(s, ', ' ORDER BY s) FROM unnest(string_to_array(current_setting('synchronized_standby_slots'), ',')) s                      WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots r                                        WHERE r.slot_name = trim(s) AND r.slot_type = 'physical' AND r.active))",
-            &[],
-        )
-        .await?;
-    let (standby_slots, inactive): (String, Option<String>) = (row.get(0), row.get(1));
+    let standby = slot::standby_slots(client).await?;
+    let hosts = match conn.more_hosts.len() {
+        0 => String::new(),
+        n => format!(
+            "; postgres.url lists {} hosts, target_session_attrs={}",
+            n + 1,
+            conn.target_session_attrs
+        ),
+    };
     let flag = match health.and_then(|h| h.failover) {
         Some(true) => "the slot is a failover slot",
         Some(false) => "walbox makes the slot a failover slot at start (ALTER_REPLICATION_SLOT)",
         None => "walbox creates the slot as a failover slot",
     };
-    Ok(if standby_slots.trim().is_empty() {
+    Ok(if standby.setting.trim().is_empty() {
         Check::warn(
             FAILOVER,
-            format!("{flag}, but synchronized_standby_slots is empty: a promoted standby may lack changes Kafka already has"),
+            format!("{flag}, but synchronized_standby_slots is empty: a promoted standby may lack changes Kafka already has{hosts}"),
             "ALTER SYSTEM SET synchronized_standby_slots = '<the standby's physical slot>'; SELECT pg_reload_conf();",
         )
-    } else if let Some(inactive) = inactive {
+    } else if !standby.waiting_for.is_empty() {
         Check::warn(
             FAILOVER,
-            format!("{flag}; synchronized_standby_slots names {inactive}, not an active physical slot: walbox's stream waits for it"),
+            format!("{flag}; synchronized_standby_slots names {}, not an active physical slot: walbox's stream waits for it{hosts}", standby.waiting_for.join(", ")),
             "start that standby, or remove its slot from synchronized_standby_slots",
         )
     } else {
         Check::ok(
             FAILOVER,
-            format!("{flag}; synchronized_standby_slots = {standby_slots}"),
+            format!(
+                "{flag}; synchronized_standby_slots = {}{hosts}",
+                standby.setting
+            ),
         )
     })
 }

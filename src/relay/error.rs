@@ -10,7 +10,7 @@ use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::outbox::{OutboxError, OutboxEvent};
 use crate::sink::kafka::SinkError;
-use crate::sink::progress::{ProgressError, ProgressRecord};
+use crate::sink::progress::{republish_command, ProgressError, ProgressRecord};
 use crate::sink::topics::TopicError;
 use crate::sink::transaction::TxnError;
 use crate::source::pgoutput::DecodeError;
@@ -117,7 +117,7 @@ pub enum RelayError {
     /// The slot is missing but a progress record shows it existed: it was dropped (or the
     /// server was restored or replaced), and the events since its last confirmed position are
     /// not in any slot.
-    #[error("replication slot {slot:?} existed and is gone: walbox confirmed up to {} (newest confirmed commit at {}, recorded at {} in kafka topic {topic:?}); events committed after that were not relayed and no slot holds them. walbox does not recreate a slot that existed: run `walbox recreate-slot --confirm-data-loss`, then `walbox republish --since '{}'` to republish the window from the outbox table (runbook \"Slot lost\")", record.confirmed_lsn, record.confirmed_commit_time(), record.written_at, record.republish_since())]
+    #[error("replication slot {slot:?} existed and is gone: walbox confirmed up to {} (newest confirmed commit at {}, recorded at {} in kafka topic {topic:?}); events committed after that were not relayed and no slot holds them. walbox does not recreate a slot that existed: run `walbox recreate-slot --confirm-data-loss`, then {} to republish the window from the outbox table (runbook \"Slot lost\")", record.confirmed_lsn, record.confirmed_commit_time(), record.written_at, republish_command(&record.republish_since(), time_column.as_deref()))]
     SlotGone {
         /// The slot.
         slot: String,
@@ -125,6 +125,24 @@ pub enum RelayError {
         record: Box<ProgressRecord>,
         /// The progress topic.
         topic: String,
+        /// The column `walbox republish --since` compares (`source::catalog::time_column`).
+        time_column: Option<String>,
+    },
+    /// The slot was found invalidated when a session started: PostgreSQL's cause, the slot's
+    /// own last confirmed position, and the newest confirmed commit from the progress record
+    /// (this process may have confirmed nothing yet: it may have just started).
+    #[error("replication slot {slot:?} is lost: {cause}. It was confirmed up to {confirmed}{}; events committed after that may never be relayed, and walbox does not recreate the slot by itself: run `walbox recreate-slot --confirm-data-loss`, then {} (runbook \"Slot lost\")", newest_commit(record.as_deref()), lost_window(record.as_deref(), time_column.as_deref()))]
+    SlotLost {
+        /// The slot.
+        slot: String,
+        /// Its `confirmed_flush_lsn`.
+        confirmed: Lsn,
+        /// Why PostgreSQL invalidated it (`source::slot::invalidation_cause`).
+        cause: String,
+        /// The slot's newest progress record, when Kafka answered.
+        record: Option<Box<ProgressRecord>>,
+        /// The column `walbox republish --since` compares (`source::catalog::time_column`).
+        time_column: Option<String>,
     },
 }
 
@@ -146,7 +164,7 @@ impl Classify for RelayError {
             RelayError::Protocol(_) => Some(Failure::Internal),
             RelayError::Producer(e) => Some(producer_failure(e)),
             RelayError::Transaction(e) => e.failure(),
-            RelayError::SlotGone { .. } => Some(Failure::SlotLost),
+            RelayError::SlotGone { .. } | RelayError::SlotLost { .. } => Some(Failure::SlotLost),
             RelayError::Undecodable { .. } => Some(Failure::EventRejected),
         }
     }
@@ -219,6 +237,33 @@ impl Recurrence {
             }
         }
         last.as_ref().map_or(0, |r| r.times)
+    }
+}
+
+/// ", newest confirmed commit at …" from a progress record, or nothing without one.
+fn newest_commit(record: Option<&ProgressRecord>) -> String {
+    record
+        .map(|r| {
+            format!(
+                " (newest confirmed commit at {}, from the progress topic)",
+                r.confirmed_commit_time()
+            )
+        })
+        .unwrap_or_default()
+}
+
+/// How to republish what a lost slot may not have relayed: from the progress record's time
+/// when there is one.
+fn lost_window(record: Option<&ProgressRecord>, time_column: Option<&str>) -> String {
+    match record {
+        Some(r) => format!(
+            "{} to republish the window from the outbox table (10 minutes before the newest confirmed commit; consumers deduplicate by id)",
+            republish_command(&r.republish_since(), time_column)
+        ),
+        None => format!(
+            "{} with the time walbox last confirmed (no progress record was found in kafka.progress_topic; walbox_confirmed_flush_lsn shows when it stopped moving)",
+            republish_command("<time>", time_column)
+        ),
     }
 }
 

@@ -63,14 +63,16 @@ pub use error::{DeliveryFailure, RelayError, SendFailure};
 use crate::config::{Config, KafkaConfig, OutboxConfig, PostgresConfig, RelayConfig};
 use crate::failure::{Classify, Failure, FatalError};
 use crate::fault::crash_point;
+use crate::health;
 use crate::lsn::Lsn;
 use crate::metrics::{Health, Metrics};
 use crate::outbox::{EventPosition, OutboxMapper};
+use crate::pg::control::connect_control;
 use crate::sink::kafka::{Ack, AckQueue, KafkaSink, SinkError};
 use crate::sink::progress::{self, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
 use crate::sink::topics::Topics;
 use crate::sink::transaction::{self, is_fencing, transactional_id, TxnError};
-use crate::source::catalog::CatalogError;
+use crate::source::catalog::{self, CatalogError};
 use crate::source::pgoutput::{self, LogicalMessage};
 use crate::source::replication::{ReplicationError, ReplicationMessage, ReplicationStream};
 use crate::source::session::{self, OpenError};
@@ -203,6 +205,8 @@ pub struct Relay {
     /// Whether the last session's server was a standby (the way out of a dropped publication
     /// differs there).
     on_standby: bool,
+    /// The column the printed `walbox republish --since` compares, read at session start.
+    time_column: Option<String>,
 }
 
 impl Relay {
@@ -233,6 +237,7 @@ impl Relay {
             confirmed_commit_time: None,
             rejected: None,
             on_standby: false,
+            time_column: None,
         }
     }
 
@@ -250,7 +255,7 @@ impl Relay {
             return Err(e);
         };
         let slot = &self.settings.postgres.slot;
-        let message = if let RelayError::SlotGone { .. } = e {
+        let message = if let RelayError::SlotGone { .. } | RelayError::SlotLost { .. } = e {
             e.to_string()
         } else if failure == Failure::SlotLost {
             format!(
@@ -307,13 +312,42 @@ impl Relay {
     /// How to republish what this process has not confirmed: the command with a `--since`
     /// [`progress::REPUBLISH_MARGIN_MICROS`] before the newest confirmed commit.
     fn republish_hint(&self) -> String {
+        let column = self.time_column.as_deref();
         match self.confirmed_commit_time {
             Some(t) => format!(
-                "republish the window from the outbox table with `walbox republish --since '{}'` (10 minutes before the newest confirmed commit at {}; consumers deduplicate by id)",
-                rfc3339_micros(pg_micros_to_unix_micros(t) - progress::REPUBLISH_MARGIN_MICROS, 0),
+                "republish the window from the outbox table with {} (10 minutes before the newest confirmed commit at {}; consumers deduplicate by id)",
+                progress::republish_command(
+                    &rfc3339_micros(pg_micros_to_unix_micros(t) - progress::REPUBLISH_MARGIN_MICROS, 0),
+                    column
+                ),
                 rfc3339_micros(pg_micros_to_unix_micros(t), 3)
             ),
-            None => "republish the rows inserted since walbox last confirmed (walbox_confirmed_flush_lsn stopped moving) with `walbox republish --since <time>`; consumers deduplicate by id".into(),
+            None => format!(
+                "republish the rows inserted since walbox last confirmed (walbox_confirmed_flush_lsn stopped moving) with {}; consumers deduplicate by id",
+                progress::republish_command("<time>", column)
+            ),
+        }
+    }
+
+    /// The error for a slot found lost at session start, with the progress record's newest
+    /// confirmed commit (this process may have confirmed nothing yet) and the republish
+    /// command's time column, each read on a connection of its own (the session's failed).
+    async fn slot_lost(&self, slot: String, confirmed: Lsn, cause: String) -> RelayError {
+        let pg = &self.settings.postgres;
+        let record = health::status::last_progress(&pg.conn, &pg.slot, &self.settings.kafka).await;
+        let time_column = match connect_control(&pg.conn).await {
+            Ok(client) => catalog::time_column(&client, &self.settings.outbox)
+                .await
+                .ok()
+                .flatten(),
+            Err(_) => self.time_column.clone(),
+        };
+        RelayError::SlotLost {
+            slot,
+            confirmed,
+            cause,
+            record: record.map(Box::new),
+            time_column,
         }
     }
 
@@ -334,8 +368,17 @@ impl Relay {
     ) -> Result<SessionEnd, RelayError> {
         self.made_progress = false;
         let pg = &self.settings.postgres.clone();
-        let mut open = session::open(pg, &self.settings.outbox).await?;
+        let mut open = match session::open(pg, &self.settings.outbox).await {
+            Ok(open) => open,
+            Err(OpenError::Catalog(CatalogError::SlotLost {
+                slot,
+                confirmed,
+                cause,
+            })) => return Err(self.slot_lost(slot, confirmed, cause).await),
+            Err(e) => return Err(e.into()),
+        };
         self.on_standby = open.role == Role::Standby;
+        self.time_column = open.time_column(&self.settings.outbox).await;
         let key = ProgressKey {
             system_identifier: open.identity.system_id.clone(),
             database: open.identity.dbname.clone().unwrap_or_default(),
@@ -369,6 +412,7 @@ impl Relay {
                             slot: pg.slot.clone(),
                             record: Box::new(record),
                             topic: progress_topic,
+                            time_column: self.time_column.clone(),
                         })
                     }
                     Ok(None) if pg.create_slot => open.create_slot(&pg.slot).await?,

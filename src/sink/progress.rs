@@ -99,6 +99,28 @@ impl ProgressRecord {
     }
 }
 
+/// The `walbox republish` command that produces every row inserted from `since` (RFC 3339) on,
+/// runnable as printed: with `--time-column` naming `time_column` (see
+/// `crate::source::catalog::time_column`). Without a time column no `--since` can work, and the
+/// way is by id: `walbox audit` lists the rows missing from Kafka.
+pub fn republish_command(since: &str, time_column: Option<&str>) -> String {
+    match time_column {
+        Some(column) => {
+            let plain = !column.is_empty()
+                && column
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
+            let column = if plain {
+                column.to_owned()
+            } else {
+                format!("'{}'", column.replace('\'', "'\\''"))
+            };
+            format!("`walbox republish --since '{since}' --time-column {column}`")
+        }
+        None => "`walbox audit` (the outbox table has no time column for --since: audit lists the rows missing from Kafka), then `walbox republish --since-id <the first missing id>`".to_owned(),
+    }
+}
+
 /// Which slot a record is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProgressKey {
@@ -255,5 +277,20 @@ mod tests {
         assert_eq!(back, r);
         assert_eq!(r.confirmed_commit_time(), "2026-12-01T10:00:00.000Z");
         assert_eq!(r.republish_since(), "2026-12-01T09:50:00Z");
+    }
+
+    #[test]
+    fn the_republish_command_names_its_time_column() {
+        let since = "2026-12-01T09:50:00Z";
+        assert_eq!(
+            republish_command(since, Some("created_at")),
+            "`walbox republish --since '2026-12-01T09:50:00Z' --time-column created_at`"
+        );
+        assert!(republish_command(since, Some("made at")).ends_with("--time-column 'made at'`"));
+        let by_id = republish_command(since, None);
+        assert!(
+            by_id.contains("walbox audit") && by_id.contains("--since-id"),
+            "{by_id}"
+        );
     }
 }

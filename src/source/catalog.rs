@@ -108,8 +108,12 @@ pub enum CatalogError {
     #[error("postgres.failover_slot needs PostgreSQL 17 or newer (failover slots); this server is {0}: set postgres.failover_slot = false (before 17 a logical slot does not survive a failover of the primary: see the README, \"Failover of the primary\")")]
     FailoverNeeds17(String),
     /// `postgres.failover_slot` while `postgres.url` names a standby.
-    #[error("postgres.failover_slot applies to a slot on the primary, but postgres.url names a standby: set postgres.failover_slot = false (a standby receives the primary's failover slots through sync_replication_slots)")]
+    #[error("postgres.failover_slot applies to a slot on the primary, but postgres.url names a standby: point postgres.url at the primary (listing the primary and its standby, walbox passes the standby over while it is in recovery: target_session_attrs=read-write, the default with failover_slot); the standby's synchronized copy of the slot cannot be decoded before a promotion")]
     FailoverOnStandby,
+    /// The slot on a standby is a copy synchronized from the primary (PostgreSQL 17+
+    /// `sync_replication_slots`), which nothing may decode before the standby is promoted.
+    #[error("replication slot {0:?} on this standby is synchronized from the primary (synced = true, sync_replication_slots): PostgreSQL lets nothing decode it before the standby is promoted. Point postgres.url at the primary with postgres.failover_slot = true (listing both servers, walbox follows the slot through a promotion), or give walbox a slot of its own on the standby (another postgres.slot)")]
+    SyncedSlot(String),
     /// `postgres.shards > 1` on a server without publication row filters.
     #[error("postgres.shards > 1 needs PostgreSQL 15 or newer (publication row filters); this server is {0}: set postgres.shards = 1")]
     ShardsNeed15(String),
@@ -513,7 +517,38 @@ pub async fn publication(
     }))
 }
 
-/// Looks the slot up. `Ok(None)` when it does not exist.
+/// The column `walbox republish --since` compares for the outbox's rows, for the command walbox
+/// prints after a lost or dropped slot: the first table's `outbox.columns.timestamp` when set,
+/// else that table's first column of a timestamp type (one with a default first, as
+/// `created_at timestamptz DEFAULT now()`). `None`: no table route, or no such column.
+pub async fn time_column(
+    client: &Client,
+    outbox: &OutboxConfig,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let Some((route, schema, table)) = outbox.tables.iter().find_map(|r| match &r.source {
+        RouteSource::Table { schema, table } => Some((r, schema, table)),
+        RouteSource::Messages { .. } => None,
+    }) else {
+        return Ok(None);
+    };
+    if let Some(column) = &route.columns.timestamp {
+        return Ok(Some(column.clone()));
+    }
+    let row = client
+        .query_opt(
+            "SELECT a.attname::text FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
+               AND a.atttypid IN ('timestamptz'::regtype, 'timestamp'::regtype) \
+             ORDER BY a.atthasdef DESC, a.attnum LIMIT 1",
+            &[&schema, &table],
+        )
+        .await?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// Looks the slot up. `Ok(None)` when it does not exist; an error when it cannot be streamed
+/// from: another plugin or database, lost, or on a standby a copy synchronized from the primary.
 pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>, CatalogError> {
     let row = client
         .query_opt(
@@ -521,7 +556,8 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
                     s.confirmed_flush_lsn::text, s.wal_status, \
                     to_jsonb(s) ->> 'invalidation_reason', \
                     coalesce((to_jsonb(s)->>'conflicting')::bool, false), \
-                    (to_jsonb(s)->>'failover')::bool \
+                    (to_jsonb(s)->>'failover')::bool, \
+                    coalesce((to_jsonb(s)->>'synced')::bool, false) AND pg_is_in_recovery() \
              FROM pg_replication_slots s WHERE s.slot_name = $1",
             &[&slot],
         )
@@ -570,6 +606,9 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
             confirmed,
             cause,
         });
+    }
+    if row.get::<_, bool>(8) {
+        return Err(CatalogError::SyncedSlot(slot.to_owned()));
     }
     Ok(Some(SlotState {
         confirmed_flush_lsn: confirmed,

@@ -44,7 +44,8 @@
 //!   messages, are read here with bounds-checked `Buf::try_get_*`. Malformed input is a
 //!   [`ReplicationError::Protocol`], never a panic.
 //! * An `ErrorResponse` anywhere becomes [`WireError::Server`] with its SQLSTATE;
-//!   `NoticeResponse`s are logged at debug level and skipped.
+//!   `NoticeResponse`s are logged at debug level and skipped, but a walsender's `WARNING` while
+//!   streaming (e.g. waiting for a `synchronized_standby_slots` slot) at WARN level.
 //! * TLS and authentication follow [`crate::pg::auth`]: Unix sockets never use TLS; with
 //!   `sslmode=prefer`, a refused or failed TLS negotiation falls back to plaintext (libpq's
 //!   behaviour); every other mode fails instead.
@@ -67,7 +68,8 @@ use crate::lsn::Lsn;
 use crate::pg::auth::{self, StartupError};
 use crate::pg::hosts::{self, ServerRole, Verdict, ROLE_QUERY};
 use crate::pg::wire::{
-    data_row_text, log_notice, server_error, tag_name, Backend, Wire, WireError, CLOSE_TIMEOUT,
+    data_row_text, log_notice, server_error, tag_name, Backend, NoticeLog, Wire, WireError,
+    CLOSE_TIMEOUT,
 };
 use crate::timestamp::pg_now_micros;
 
@@ -460,6 +462,7 @@ impl ReplicationConnection {
         Ok(ReplicationStream {
             wire: self.wire,
             ended: false,
+            notices: NoticeLog::default(),
         })
     }
 
@@ -482,6 +485,8 @@ pub struct ReplicationStream {
     wire: Wire,
     /// The server ended the copy (CopyDone or CommandComplete seen).
     ended: bool,
+    /// The walsender's warnings, logged.
+    notices: NoticeLog,
 }
 
 impl fmt::Debug for ReplicationStream {
@@ -547,7 +552,7 @@ impl ReplicationStream {
             }
             Message::ErrorResponse(body) => Some(Err(server_error(&body).into())),
             Message::NoticeResponse(body) => {
-                log_notice(&body);
+                self.notices.log(&body);
                 None
             }
             Message::ParameterStatus(_) => None,

@@ -155,6 +155,7 @@ fn stream_messages_and_errors() {
     let mut stream = ReplicationStream {
         wire: Wire::new(Stream::Tcp(client)),
         ended: false,
+        notices: Default::default(),
     };
     let mut bytes = frame(b'N', b"SNOTICE\0C00000\0Mhello\0\0");
     bytes.extend(frame(b'S', b"TimeZone\0UTC\0"));
@@ -268,6 +269,7 @@ async fn next_is_cancel_safe() {
     let mut stream = ReplicationStream {
         wire: Wire::new(Stream::Tcp(tcp)),
         ended: false,
+        notices: Default::default(),
     };
     let mut got = Vec::new();
     let mut cancelled = 0u32;

@@ -100,6 +100,15 @@ pub async fn open(pg: &PostgresConfig, outbox: &OutboxConfig) -> Result<OpenSess
 }
 
 impl OpenSession {
+    /// The column `walbox republish --since` compares ([`catalog::time_column`]); `None` when
+    /// there is none or it cannot be read.
+    pub async fn time_column(&self, outbox: &OutboxConfig) -> Option<String> {
+        catalog::time_column(&self.control, outbox)
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// Creates the missing slot (pgoutput, no snapshot) and reads it back. On a standby the
     /// creation waits for a running-transactions record from the primary, asked for through
     /// `postgres.primary_url` (see [`standby::while_slot_is_created`]).

@@ -93,6 +93,20 @@ impl SlotHealth {
             .map(|m| self.retained_bytes() as f64 / m as f64)
     }
 
+    /// The server settings read with this reading.
+    pub fn settings(&self) -> WalSettings {
+        WalSettings {
+            current_lsn: self.current_lsn,
+            in_recovery: self.in_recovery,
+            max_slot_wal_keep_bytes: self.max_slot_wal_keep_bytes,
+            wal_keep_bytes: self.wal_keep_bytes,
+            max_wal_bytes: self.max_wal_bytes,
+            server_version_num: self.server_version_num,
+            idle_replication_slot_timeout: self.idle_replication_slot_timeout.clone(),
+            idle_timeout_seconds: self.idle_timeout_seconds,
+        }
+    }
+
     /// Whether PostgreSQL invalidated the slot.
     pub fn is_lost(&self) -> bool {
         self.wal_status.as_deref() == Some("lost") || self.invalidation_reason.is_some()
@@ -235,6 +249,36 @@ pub async fn read(
         in_recovery: settings.in_recovery,
         conflicting: row.get(11),
     }))
+}
+
+/// `synchronized_standby_slots` (PostgreSQL 17+; empty before and when unset), and the slots it
+/// names that are not active physical slots. A failover slot's walsender sends nothing the
+/// standbys of those slots have not received: one of them gone, and the stream stalls (the
+/// server says so only in a WARNING on the replication connection).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StandbySlots {
+    /// The setting as written.
+    pub setting: String,
+    /// The slots it names that do not exist or are not active physical slots, sorted.
+    pub waiting_for: Vec<String>,
+}
+
+/// Reads [`StandbySlots`] (on the primary: the setting means nothing on a standby).
+pub async fn standby_slots(client: &Client) -> Result<StandbySlots, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT coalesce(current_setting('synchronized_standby_slots', true), ''), \
+                    coalesce((SELECT array_agg(trim(s) ORDER BY trim(s)) \
+                     FROM unnest(string_to_array(current_setting('synchronized_standby_slots', true), ',')) s \
+                     WHERE trim(s) <> '' AND NOT EXISTS (SELECT 1 FROM pg_replication_slots r \
+                        WHERE r.slot_name = trim(s) AND r.slot_type = 'physical' AND r.active)), '{}')",
+            &[],
+        )
+        .await?;
+    Ok(StandbySlots {
+        setting: row.get(0),
+        waiting_for: row.get(1),
+    })
 }
 
 /// Drops the slot (which must not be active) and creates it again with pgoutput; returns the new

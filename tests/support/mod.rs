@@ -360,6 +360,40 @@ pub fn since_in(text: &str) -> String {
     rest[..rest.find('\'').expect("closing quote")].to_owned()
 }
 
+/// The arguments of the first command `text` prints in backquotes as `` `walbox <command> …` ``,
+/// split as a shell would split them (single quotes only), without the leading `walbox`.
+pub fn printed_command(text: &str, command: &str) -> Vec<String> {
+    let start = format!("`walbox {command}");
+    let at = text
+        .find(&start)
+        .unwrap_or_else(|| panic!("no `walbox {command}` command in: {text}"));
+    let rest = &text[at + 1..];
+    let line = &rest[..rest.find('`').expect("closing backquote")];
+    let (mut args, mut arg, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
+    for c in line.chars() {
+        match c {
+            '\'' => (quoted, any) = (!quoted, true),
+            ' ' if !quoted => {
+                if any {
+                    args.push(std::mem::take(&mut arg));
+                }
+                any = false;
+            }
+            c => (arg, any) = (arg + &c.to_string(), true),
+        }
+    }
+    if any {
+        args.push(arg);
+    }
+    assert!(!quoted, "unbalanced quotes in {line}");
+    assert!(
+        !line.contains('<'),
+        "a placeholder in the printed command: {line}"
+    );
+    args.remove(0);
+    args
+}
+
 impl Walbox {
     /// Starts `walbox run` with exactly `env` (plus PATH) as its environment.
     pub fn spawn(env: &[(String, String)]) -> Walbox {
