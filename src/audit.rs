@@ -35,7 +35,7 @@ use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
 use crate::outbox::{EventPosition, OutboxMapper};
 use crate::pg::control::connect_control;
-use crate::republish::{describe, insert_of, select, Window};
+use crate::republish::{check_window, describe, insert_of, refused, select, Window};
 
 /// At most this many missing or duplicated ids are listed; the counts are always complete.
 const LISTED: usize = 100;
@@ -94,7 +94,7 @@ pub async fn audit(
 ) -> Result<Report, FatalError> {
     let mut client = connect_control(&config.postgres.conn)
         .await
-        .map_err(|e| fatal(Failure::Unavailable, e))?;
+        .map_err(|e| FatalError::of(&e))?;
     let (expected, rows, unmapped, needed) = read_rows(&mut client, config, window).await?;
     let relay_behind = !confirmed(&client, &config.postgres.slot, needed, wait).await?;
     drop(client);
@@ -156,7 +156,7 @@ async fn read_rows(
     config: &Config,
     window: &Window,
 ) -> Result<(Expected, u64, u64, Lsn), FatalError> {
-    let pg = |e: tokio_postgres::Error| fatal(Failure::Unavailable, format!("postgres: {e}"));
+    let pg = |e: tokio_postgres::Error| refused("postgres", &e);
     let tx = client
         .build_transaction()
         .isolation_level(IsolationLevel::RepeatableRead)
@@ -181,16 +181,16 @@ async fn read_rows(
             continue;
         };
         let (relation, types) = describe(&tx, schema, table).await?;
+        check_window(&tx, route, &relation, &types, window).await?;
         mapper.relation(&relation);
         let sql = select(route, &relation, &types, window)?;
         let rows = tx
             .query_raw(&sql, std::iter::empty::<&(dyn ToSql + Sync)>())
             .await
-            .map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
+            .map_err(|e| refused(&format!("reading {}", route.name), &e))?;
         let mut rows = std::pin::pin!(rows);
         while let Some(row) = rows.next().await {
-            let row =
-                row.map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
+            let row = row.map_err(|e| refused(&format!("reading {}", route.name), &e))?;
             rows_read += 1;
             let position = EventPosition {
                 commit_lsn: Lsn::ZERO,
@@ -228,7 +228,7 @@ async fn confirmed(
                 &[&slot],
             )
             .await
-            .map_err(|e| fatal(Failure::Unavailable, format!("postgres: {e}")))?;
+            .map_err(|e| refused("postgres", &e))?;
         let confirmed: Lsn = row
             .and_then(|r| r.get::<_, String>(0).parse().ok())
             .unwrap_or(Lsn::ZERO);

@@ -48,7 +48,8 @@ fn fail(failure: Failure, message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(failure.exit_code())
 }
 
-/// The exit status of a finished command; a fatal error is also logged for log collectors.
+/// The exit status of a finished service (`run`, `inbox`); its fatal error is also logged for
+/// log collectors.
 fn finish(what: &str, result: Result<(), FatalError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -56,6 +57,15 @@ fn finish(what: &str, result: Result<(), FatalError>) -> ExitCode {
             tracing::error!(error = %e, exit_status = e.failure.exit_code(), "{what} stopped");
             fail(e.failure, e)
         }
+    }
+}
+
+/// The exit status of a finished one-shot command: its fatal error is printed once, on the
+/// `walbox: error:` line (its operator reads stderr, not a log collector).
+fn finish_once(result: Result<(), FatalError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e.failure, e),
     }
 }
 
@@ -124,7 +134,7 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish("status", block_on(walbox::health::status::status(&config, json)))
+                finish_once(block_on(walbox::health::status::status(&config, json)))
             }
         },
         Command::Check { config, json } => match load(config) {
@@ -132,10 +142,7 @@ fn main() -> ExitCode {
             Ok(config) => {
                 init_logging(config.log.format, "warn");
                 // A failed check is the report's news, already printed: not an error to log.
-                match block_on(walbox::preflight::check(&config, json)) {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => fail(e.failure, e),
-                }
+                finish_once(block_on(walbox::preflight::check(&config, json)))
             }
         },
         Command::RecreateSlot { config, confirm_data_loss } => match load(config) {
@@ -146,7 +153,7 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish("recreate-slot", block_on(walbox::health::status::recreate_slot(&config)))
+                finish_once(block_on(walbox::health::status::recreate_slot(&config)))
             }
         },
         Command::Reshard { config, to } => match load(config) {
@@ -156,7 +163,7 @@ fn main() -> ExitCode {
                 let reshard = async move {
                     walbox::shard::reshard::reshard(&config, to, shutdown_signal()).await
                 };
-                finish("reshard", spawn_on(2, "reshard", reshard))
+                finish_once(spawn_on(2, "reshard", reshard))
             }
         },
         Command::Republish {
@@ -174,7 +181,7 @@ fn main() -> ExitCode {
                     time_column,
                 };
                 let result = block_on(walbox::republish::republish(&config, &window));
-                finish("republish", result.map(|_| ()))
+                finish_once(result.map(|_| ()))
             }
         },
         Command::Audit {
@@ -194,7 +201,7 @@ fn main() -> ExitCode {
                     time_column,
                 };
                 let result = block_on(walbox::audit::audit(&config, &window, wait, json));
-                finish("audit", result.map(|_| ()))
+                finish_once(result.map(|_| ()))
             }
         },
         Command::Inbox { config } => match walbox::inbox::load(config.as_deref()) {

@@ -175,8 +175,8 @@ where
 }
 
 /// tokio-postgres's `Display` says only "db error" or "error performing TLS handshake": add the
-/// server's fields, or the chain of causes.
-fn error_chain(e: &tokio_postgres::Error) -> String {
+/// server's fields, or the chain of causes. The server's messages never hold the password.
+pub fn error_chain(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
     }
