@@ -92,6 +92,9 @@ pub enum Command {
         /// The column holding each row's insert time (default: outbox.columns.timestamp).
         #[arg(long, value_name = "COLUMN", requires = "since", value_parser = non_empty)]
         time_column: Option<String>,
+        /// Give up (exit status 9) when the brokers acknowledge no record for this long.
+        #[arg(long, value_name = "DURATION", default_value = "40s", value_parser = parse_wait)]
+        ack_timeout: std::time::Duration,
     },
     /// Compare the outbox rows still in the table(s) with Kafka (by the `id` header) and print
     /// the missing and the duplicated ones. Exits 0 only when nothing is missing.

@@ -171,6 +171,7 @@ fn main() -> ExitCode {
             since_id,
             since,
             time_column,
+            ack_timeout,
         } => match load(config) {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
@@ -180,7 +181,8 @@ fn main() -> ExitCode {
                     since,
                     time_column,
                 };
-                let result = block_on(walbox::republish::republish(&config, &window));
+                let republish = walbox::republish::republish(&config, &window, ack_timeout);
+                let result = block_on(republish);
                 finish_once(result.map(|_| ()))
             }
         },

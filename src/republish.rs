@@ -18,7 +18,8 @@
 //!
 //! # Invariants
 //! - The exit status is 0 only when the broker acknowledged every selected row (or its dead
-//!   letter, under `on_invalid = "dead_letter"`). A row that cannot be mapped under
+//!   letter, under `on_invalid = "dead_letter"`). Waiting is bounded: no acknowledgement for
+//!   `--ack-timeout` (default [`ACK_TIMEOUT`]) stops it with exit status 9. A row that cannot be mapped under
 //!   `on_invalid = "fail"` stops the command with exit status 8, naming the row.
 //! - Memory is bounded: rows are streamed from the server and at most `relay.max_in_flight`
 //!   records are unacknowledged at a time.
@@ -52,6 +53,10 @@ pub struct Window {
     /// The time column; default `outbox.columns.timestamp`.
     pub time_column: Option<String>,
 }
+
+/// How long `walbox republish` waits for the brokers to acknowledge a record before it gives
+/// up with exit status 9, unless `--ack-timeout` says otherwise.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(40);
 
 fn fatal(failure: Failure, message: impl ToString) -> FatalError {
     FatalError {
@@ -90,8 +95,15 @@ fn bad_argument(arg: &str, hint: &str, e: &tokio_postgres::Error) -> FatalError 
     }
 }
 
-/// `walbox republish`: see the module docs. Returns how many records were acknowledged.
-pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalError> {
+/// `walbox republish`: see the module docs. Returns how many records were acknowledged. When
+/// no acknowledgement arrives for `ack_timeout` (the brokers are unreachable or refuse to
+/// answer), it stops with exit status 9: the rows it produced may arrive later, and running it
+/// again only adds duplicates.
+pub async fn republish(
+    config: &Config,
+    window: &Window,
+    ack_timeout: Duration,
+) -> Result<u64, FatalError> {
     if window.since_id.is_none() && window.since.is_none() {
         return Err(fatal(
             Failure::Config,
@@ -125,6 +137,7 @@ pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalErr
             sink: &sink,
             acks: &acks,
             max_in_flight: config.relay.max_in_flight,
+            ack_timeout,
             outstanding: 0,
             acked: 0,
             reports: Vec::new(),
@@ -382,6 +395,7 @@ struct Batch<'a> {
     sink: &'a KafkaSink,
     acks: &'a AckQueue,
     max_in_flight: usize,
+    ack_timeout: Duration,
     outstanding: usize,
     acked: u64,
     reports: Vec<Ack>,
@@ -417,7 +431,20 @@ impl Batch<'_> {
     }
 
     async fn wait(&mut self) -> Result<(), FatalError> {
-        self.acks.wait().await;
+        if tokio::time::timeout(self.ack_timeout, self.acks.wait())
+            .await
+            .is_err()
+        {
+            return Err(fatal(
+                Failure::Kafka,
+                format!(
+                    "no broker acknowledged a republished record for {:?} ({} acknowledged, {} \
+                     waiting): check that kafka.brokers are reachable (walbox check), then run \
+                     the same republish again (consumers drop the duplicates by id)",
+                    self.ack_timeout, self.acked, self.outstanding
+                ),
+            ));
+        }
         self.acks.drain_into(&mut self.reports);
         for ack in self.reports.drain(..) {
             self.outstanding = self.outstanding.saturating_sub(1);

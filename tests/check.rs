@@ -258,6 +258,57 @@ fn a_wrong_password_or_a_server_down_is_a_failed_check_without_the_secret() {
 }
 
 #[test]
+fn a_password_from_its_file_or_no_password_at_all_gets_its_own_fix() {
+    let db = TestDb::new("check_pwfile");
+    let broker = support::broker();
+    let secret = "not-the-password-9c1e";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pg-password");
+    std::fs::write(&file, secret).unwrap();
+    let no_password = format!(
+        "postgres://walbox@127.0.0.1:{}/{}?sslmode=disable",
+        db.addr().port(),
+        db.name
+    );
+    let env = with(
+        walbox_env(&db, &db.name, &broker.bootstrap_servers()),
+        "WALBOX_POSTGRES_URL",
+        &no_password,
+    );
+    // A wrong password read from postgres.password_file is not blamed on postgres.url.
+    let run = check(
+        &with(
+            env.clone(),
+            "WALBOX_POSTGRES_PASSWORD_FILE",
+            &file.display().to_string(),
+        ),
+        &[],
+    );
+    run.failed();
+    run.expect(
+        "postgres",
+        "FAIL",
+        &[
+            "28P01",
+            "fix: check the user in postgres.url and the password in postgres.password_file",
+        ],
+    );
+    assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret));
+
+    // No password at all: say so, not "check that PostgreSQL runs".
+    let run = check(&env, &[]);
+    run.failed();
+    run.expect(
+        "postgres",
+        "FAIL",
+        &[
+            "fix: the server asks for a password and none is set",
+            "postgres.password_file",
+        ],
+    );
+}
+
+#[test]
 fn wal_level_replica_fails_with_its_setting() {
     let db = tight_db();
     let broker = support::broker();

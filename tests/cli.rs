@@ -4,7 +4,9 @@
 
 use std::process::Command;
 
-use crate::support::{walbox_cmd, walbox_env, TestDb};
+use std::time::Duration;
+
+use crate::support::{walbox_cmd, walbox_env, TestDb, Walbox};
 
 fn walbox(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
@@ -81,7 +83,12 @@ fn bad_window_arguments_are_refused_naming_the_argument() {
                 "invalid input syntax for type timestamp with time zone",
             ),
             (
-                &["--since", "2026-01-01T00:00:00Z", "--time-column", "payload"],
+                &[
+                    "--since",
+                    "2026-01-01T00:00:00Z",
+                    "--time-column",
+                    "payload",
+                ],
                 "--time-column",
                 "is jsonb, not a time",
             ),
@@ -90,7 +97,10 @@ fn bad_window_arguments_are_refused_naming_the_argument() {
             argv.extend_from_slice(args);
             let (code, out) = walbox_cmd(&argv, &env);
             assert_eq!(code, 3, "{argv:?}: {out}");
-            assert!(out.contains(&format!("walbox: error: {arg}: ")), "{argv:?}: {out}");
+            assert!(
+                out.contains(&format!("walbox: error: {arg}: ")),
+                "{argv:?}: {out}"
+            );
             assert!(out.contains(reason), "{argv:?}: {out}");
             assert!(!out.contains("db error"), "{argv:?}: {out}");
             assert_eq!(out.matches(reason).count(), 1, "printed once: {out}");
@@ -108,7 +118,11 @@ fn a_refused_statement_shows_the_servers_message() {
         let (code, out) = walbox_cmd(&[command, "--since-id", "1"], &env);
         assert_eq!(code, 5, "{command}: {out}");
         assert!(out.contains("does not exist"), "{command}: {out}");
-        assert_eq!(out.matches("does not exist").count(), 1, "printed once: {out}");
+        assert_eq!(
+            out.matches("does not exist").count(),
+            1,
+            "printed once: {out}"
+        );
         assert!(!out.contains("db error"), "{command}: {out}");
     }
 }
@@ -121,13 +135,16 @@ fn republish_usage_offers_either_window() {
         .output()
         .expect("run walbox");
     let help = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        help.contains("<--since-id <ID>|--since <TIME>>"),
-        "{help}"
-    );
+    assert!(help.contains("<--since-id <ID>|--since <TIME>>"), "{help}");
     for args in [
         &["republish"][..],
-        &["republish", "--since-id", "1", "--time-column", "created_at"],
+        &[
+            "republish",
+            "--since-id",
+            "1",
+            "--time-column",
+            "created_at",
+        ],
         &["republish", "--since-id", ""],
         &["audit", "--time-column", "created_at"],
     ] {
@@ -137,4 +154,25 @@ fn republish_usage_offers_either_window() {
             .expect("run walbox");
         assert_eq!(out.status.code(), Some(2), "{args:?} is a usage error");
     }
+}
+
+/// `republish` with no broker answering gives up after `--ack-timeout` with exit status 9 (a
+/// producer that cannot continue), instead of waiting forever.
+#[test]
+fn republish_gives_up_on_unreachable_brokers_with_exit_9() {
+    let db = TestDb::new("republishnobroker");
+    db.sql(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', 't', 'x', '{}')",
+    );
+    let env = walbox_env(&db, &db.name, "127.0.0.1:1");
+    let mut republish = Walbox::spawn_args(
+        &["republish", "--since-id", "1", "--ack-timeout", "2s"],
+        &env,
+    );
+    // The topic lookup (5 s) and the acknowledgement timeout (2 s), with room to spare.
+    let status = republish.wait_exit(Duration::from_secs(30));
+    let log = republish.log();
+    assert_eq!(status.code(), Some(9), "{log}");
+    assert!(log.contains("no broker acknowledged"), "{log}");
+    assert!(log.contains("kafka.brokers"), "{log}");
 }

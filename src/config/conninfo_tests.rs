@@ -307,7 +307,11 @@ fn mismatched_ports_and_unknown_attrs_are_errors() {
     let e = "host=a user=u target_session_attrs=rw"
         .parse::<ConnInfo>()
         .unwrap_err();
-    assert!(e.to_string().contains("\"rw\" is not one of any, read-write"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("\"rw\" is not one of any, read-write"),
+        "{e}"
+    );
     // After a password, or in a URL, the value is hidden as sslmode's and port's are.
     for s in [
         "host=a user=u password=p target_session_attrs=LEAK4",

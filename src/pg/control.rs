@@ -49,6 +49,17 @@ impl ConnectError {
         }
     }
 
+    /// Whether the server asked for a password and the connection settings hold none.
+    pub fn password_missing(&self) -> bool {
+        match self {
+            // tokio-postgres 0.7 reports it only as this configuration error's text.
+            ConnectError::Postgres(e) => {
+                std::error::Error::source(e).is_some_and(|s| s.to_string() == "password missing")
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the TLS handshake failed because the server's certificate was rejected (untrusted
     /// chain, host name mismatch, expired): a configuration problem that every retry repeats,
     /// unlike a handshake cut short by the network.
