@@ -36,6 +36,7 @@ use crate::lsn::Lsn;
 use crate::outbox::{EventPosition, OutboxMapper};
 use crate::pg::control::connect_control;
 use crate::republish::{check_window, describe, insert_of, refused, select, Window};
+use crate::sink::kafka::ReaderContext;
 
 /// At most this many missing or duplicated ids are listed; the counts are always complete.
 const LISTED: usize = 100;
@@ -261,7 +262,8 @@ fn count_records(
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .set("log_level", "3");
-    let consumer: BaseConsumer = cc.create().map_err(kafka_err)?;
+    let consumer: BaseConsumer<ReaderContext> =
+        cc.create_with_context(ReaderContext).map_err(kafka_err)?;
     let timeout = Duration::from_secs(10);
     let mut tpl = TopicPartitionList::new();
     let mut ends: HashMap<(String, i32), i64> = HashMap::new();
