@@ -25,18 +25,25 @@ fn init_logging(format: LogFormat, level: &str) {
     }
 }
 
+/// Resolves on SIGTERM or SIGINT. SIGHUP (which would otherwise end the process at once) is
+/// logged and ignored: walbox reads its configuration only at start.
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) {
-        (Ok(mut term), Ok(mut int)) => {
+        (Ok(mut term), Ok(mut int), Ok(mut hup)) => loop {
             tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => tracing::warn!(
+                    "SIGHUP ignored: walbox does not reload its configuration; restart it \
+                     (SIGTERM, then start) to apply a change"
+                ),
             }
-        }
+        },
         _ => {
             let _ = tokio::signal::ctrl_c().await;
         }

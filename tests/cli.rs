@@ -176,3 +176,32 @@ fn republish_gives_up_on_unreachable_brokers_with_exit_9() {
     assert!(log.contains("no broker acknowledged"), "{log}");
     assert!(log.contains("kafka.brokers"), "{log}");
 }
+
+/// SIGHUP neither kills `walbox run` nor goes unnoticed: it is logged and ignored, and SIGTERM
+/// still stops walbox cleanly.
+#[test]
+fn sighup_is_logged_and_ignored() {
+    let db = TestDb::new("sighup");
+    let broker = crate::support::broker();
+    let env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    let mut walbox = Walbox::spawn(&env);
+    crate::support::wait_until(crate::support::WAIT, "walbox to stream", || {
+        db.streaming(&db.name)
+    });
+    let sent = Command::new("kill")
+        .args(["-HUP", &walbox.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    crate::support::wait_until(crate::support::WAIT, "the SIGHUP log line", || {
+        walbox.log().contains("SIGHUP ignored")
+    });
+    assert!(walbox.running(), "{}", walbox.log());
+    assert!(db.streaming(&db.name), "{}", walbox.log());
+    walbox.terminate();
+    assert!(
+        walbox.wait_exit(crate::support::WAIT).success(),
+        "{}",
+        walbox.log()
+    );
+}
