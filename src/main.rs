@@ -145,7 +145,13 @@ fn main() -> ExitCode {
             }
         },
         Command::Check { config, json } => match load(config) {
-            Err(e) => fail(Failure::Config, e),
+            Err(e) => {
+                if json {
+                    let report = walbox::preflight::unloadable_config_json(&e.to_string());
+                    println!("{report:#}");
+                }
+                fail(Failure::Config, e)
+            }
             Ok(config) => {
                 init_logging(config.log.format, "warn");
                 // A failed check is the report's news, already printed: not an error to log.

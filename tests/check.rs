@@ -28,7 +28,8 @@ impl Run {
         self.stdout
             .lines()
             .find(|l| {
-                l.get(6..).is_some_and(|rest| {
+                // The status label is 7 wide ("skipped"), then two spaces.
+                l.get(9..).is_some_and(|rest| {
                     rest.starts_with(name) && rest[name.len()..].starts_with("  ")
                 })
             })
@@ -39,7 +40,7 @@ impl Run {
     fn expect(&self, name: &str, status: &str, parts: &[&str]) {
         let line = self.line(name);
         assert!(
-            line.starts_with(&format!("{status:<4}  ")),
+            line.split_whitespace().next() == Some(status),
             "check {name:?} is not {status}:\n{}",
             self.stdout
         );
@@ -216,6 +217,23 @@ fn json_lists_every_check_and_unlimited_wal_keep_size_warns_without_failing() {
 }
 
 #[test]
+fn an_unreadable_configuration_is_still_a_json_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let absent = dir.path().join("absent.toml");
+    let env = vec![("WALBOX_CONFIG".to_owned(), absent.display().to_string())];
+    let run = check(&env, &["--json"]);
+    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("stdout is no JSON ({e}): {:?}", run.stdout));
+    assert_eq!(report["passed"], false);
+    assert_eq!(report["exit_status"], 3);
+    assert_eq!(report["checks"], serde_json::json!([]));
+    let error = report["error"].as_str().expect("an error message");
+    assert!(error.contains("absent.toml"), "{error}");
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+}
+
+#[test]
 fn a_wrong_password_or_a_server_down_is_a_failed_check_without_the_secret() {
     let db = TestDb::new("check_conn");
     let broker = support::broker();
@@ -237,8 +255,8 @@ fn a_wrong_password_or_a_server_down_is_a_failed_check_without_the_secret() {
             "fix: check the user and the password in postgres.url",
         ],
     );
-    run.expect("wal_level", "skip", &["not checked: postgres failed"]);
-    run.expect("slot", "skip", &[]);
+    run.expect("wal_level", "skipped", &["not checked: postgres failed"]);
+    run.expect("slot", "skipped", &[]);
     run.expect("kafka brokers", "ok", &[]);
     assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret));
 
@@ -693,8 +711,12 @@ fn unreachable_brokers_fail_without_the_sasl_password_and_skip_the_kafka_checks(
             "fix: check kafka.brokers",
         ],
     );
-    run.expect("topic walbox.progress", "skip", &["kafka brokers failed"]);
-    run.expect("idempotent producer", "skip", &[]);
+    run.expect(
+        "topic walbox.progress",
+        "skipped",
+        &["kafka brokers failed"],
+    );
+    run.expect("idempotent producer", "skipped", &[]);
     run.expect("slot", "ok", &[]);
 }
 
