@@ -217,3 +217,34 @@ fn walbox_inbox_reads_its_secrets_from_files_too() {
         Some("inbox-k4fk4")
     );
 }
+
+/// A URL whose password holds an unencoded `?` (and `&`, `=`), which libpq accepts: walbox
+/// connects with it, and no part of the password appears in its output.
+#[test]
+fn a_question_mark_in_a_url_password_connects_as_with_libpq() {
+    let db = TestDb::new("qmark");
+    let broker = support::broker();
+    let role = format!("q_{}", db.name);
+    let password = "abc?LEAK4&x=y";
+    db.sql(&format!(
+        "CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{password}'"
+    ));
+    let url = format!(
+        "postgresql://{role}:{password}@{}/{}?sslmode=disable",
+        db.addr(),
+        db.name
+    );
+    let mut env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_POSTGRES_URL", url);
+    let out = walbox_command(&env, &["check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let postgres = stdout
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("postgres"))
+        .unwrap_or_else(|| panic!("no postgres line: {stdout}\n{stderr}"));
+    assert!(postgres.starts_with("ok "), "{stdout}\n{stderr}");
+    for text in [&stdout, &stderr] {
+        assert!(!text.contains("LEAK4"), "{text}");
+    }
+}
