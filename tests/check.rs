@@ -217,23 +217,6 @@ fn json_lists_every_check_and_unlimited_wal_keep_size_warns_without_failing() {
 }
 
 #[test]
-fn an_unreadable_configuration_is_still_a_json_report() {
-    let dir = tempfile::tempdir().unwrap();
-    let absent = dir.path().join("absent.toml");
-    let env = vec![("WALBOX_CONFIG".to_owned(), absent.display().to_string())];
-    let run = check(&env, &["--json"]);
-    assert_eq!(run.code, Some(3), "{}\n{}", run.stdout, run.stderr);
-    let report: serde_json::Value = serde_json::from_str(&run.stdout)
-        .unwrap_or_else(|e| panic!("stdout is no JSON ({e}): {:?}", run.stdout));
-    assert_eq!(report["passed"], false);
-    assert_eq!(report["exit_status"], 3);
-    assert_eq!(report["checks"], serde_json::json!([]));
-    let error = report["error"].as_str().expect("an error message");
-    assert!(error.contains("absent.toml"), "{error}");
-    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
-}
-
-#[test]
 fn a_wrong_password_or_a_server_down_is_a_failed_check_without_the_secret() {
     let db = TestDb::new("check_conn");
     let broker = support::broker();
@@ -273,57 +256,6 @@ fn a_wrong_password_or_a_server_down_is_a_failed_check_without_the_secret() {
         &["fix: check that PostgreSQL runs and that postgres.url's host and port reach it"],
     );
     assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret));
-}
-
-#[test]
-fn a_password_from_its_file_or_no_password_at_all_gets_its_own_fix() {
-    let db = TestDb::new("check_pwfile");
-    let broker = support::broker();
-    let secret = "not-the-password-9c1e";
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("pg-password");
-    std::fs::write(&file, secret).unwrap();
-    let no_password = format!(
-        "postgres://walbox@127.0.0.1:{}/{}?sslmode=disable",
-        db.addr().port(),
-        db.name
-    );
-    let env = with(
-        walbox_env(&db, &db.name, &broker.bootstrap_servers()),
-        "WALBOX_POSTGRES_URL",
-        &no_password,
-    );
-    // A wrong password read from postgres.password_file is not blamed on postgres.url.
-    let run = check(
-        &with(
-            env.clone(),
-            "WALBOX_POSTGRES_PASSWORD_FILE",
-            &file.display().to_string(),
-        ),
-        &[],
-    );
-    run.failed();
-    run.expect(
-        "postgres",
-        "FAIL",
-        &[
-            "28P01",
-            "fix: check the user in postgres.url and the password in postgres.password_file",
-        ],
-    );
-    assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret));
-
-    // No password at all: say so, not "check that PostgreSQL runs".
-    let run = check(&env, &[]);
-    run.failed();
-    run.expect(
-        "postgres",
-        "FAIL",
-        &[
-            "fix: the server asks for a password and none is set",
-            "postgres.password_file",
-        ],
-    );
 }
 
 #[test]

@@ -205,3 +205,24 @@ fn sighup_is_logged_and_ignored() {
         walbox.log()
     );
 }
+
+/// `walbox check --json` prints a JSON report on stdout even when the configuration cannot be
+/// loaded.
+#[test]
+fn an_unreadable_configuration_is_still_a_json_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let absent = dir.path().join("absent.toml");
+    let env = vec![("WALBOX_CONFIG".to_owned(), absent.display().to_string())];
+    let out = crate::support::walbox_output(&["check", "--json"], &env);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is no JSON ({e}): {stdout:?}"));
+    assert_eq!(report["passed"], false);
+    assert_eq!(report["exit_status"], 3);
+    assert_eq!(report["checks"], serde_json::json!([]));
+    let error = report["error"].as_str().expect("an error message");
+    assert!(error.contains("absent.toml"), "{error}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
