@@ -50,7 +50,8 @@ use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
 use crate::outbox::{EventPosition, OutboxError, OutboxMapper, SOURCE_HEADER};
 use crate::pg::control::connect_control;
-use crate::republish::{describe, insert_of, select, Window};
+use crate::republish::{check_window, describe, insert_of, refused, select, Window};
+use crate::sink::kafka::ReaderContext;
 
 /// At most this many ids of each kind are listed; the counts are always complete.
 const LISTED: usize = 100;
@@ -116,7 +117,7 @@ pub async fn audit(
 ) -> Result<Report, FatalError> {
     let mut client = connect_control(&config.postgres.conn)
         .await
-        .map_err(|e| fatal(Failure::Unavailable, e))?;
+        .map_err(|e| FatalError::of(&e))?;
     let (expected, unmapped, needed) = read_rows(&mut client, config, window).await?;
     let relay_behind = !confirmed(&client, &config.postgres.slot, needed, wait).await?;
     drop(client);
@@ -282,7 +283,7 @@ async fn read_rows(
     config: &Config,
     window: &Window,
 ) -> Result<(Expected, u64, Lsn), FatalError> {
-    let pg = |e: tokio_postgres::Error| fatal(Failure::Unavailable, format!("postgres: {e}"));
+    let pg = |e: tokio_postgres::Error| refused("postgres", &e);
     let tx = client
         .build_transaction()
         .isolation_level(IsolationLevel::RepeatableRead)
@@ -311,16 +312,16 @@ async fn read_rows(
             OnInvalid::Fail => None,
         };
         let (relation, types) = describe(&tx, schema, table).await?;
+        check_window(&tx, route, &relation, &types, window).await?;
         mapper.relation(&relation);
         let sql = select(route, &relation, &types, window)?;
         let rows = tx
             .query_raw(&sql, std::iter::empty::<&(dyn ToSql + Sync)>())
             .await
-            .map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
+            .map_err(|e| refused(&format!("reading {}", route.name), &e))?;
         let mut rows = std::pin::pin!(rows);
         while let Some(row) = rows.next().await {
-            let row =
-                row.map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
+            let row = row.map_err(|e| refused(&format!("reading {}", route.name), &e))?;
             let position = EventPosition {
                 commit_lsn: Lsn::ZERO,
                 index: 0,
@@ -369,7 +370,7 @@ async fn confirmed(
                 &[&slot],
             )
             .await
-            .map_err(|e| fatal(Failure::Unavailable, format!("postgres: {e}")))?;
+            .map_err(|e| refused("postgres", &e))?;
         let confirmed: Lsn = row
             .and_then(|r| r.get::<_, String>(0).parse().ok())
             .unwrap_or(Lsn::ZERO);
@@ -402,7 +403,8 @@ fn count_records(
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .set("log_level", "3");
-    let consumer: BaseConsumer = cc.create().map_err(kafka_err)?;
+    let consumer: BaseConsumer<ReaderContext> =
+        cc.create_with_context(ReaderContext).map_err(kafka_err)?;
     let timeout = Duration::from_secs(10);
     let mut tpl = TopicPartitionList::new();
     let mut ends: HashMap<(String, i32), i64> = HashMap::new();

@@ -1,8 +1,11 @@
-//! Command-line interface: flags only, no logic.
+//! Command-line interface: flags only, no logic. What can be checked without the database is
+//! checked here (a usage error, exit status 2); `--since`, `--since-id` and `--time-column` are
+//! read by PostgreSQL in the table's types, so `walbox republish` and `walbox audit` check them
+//! against each table before reading rows (exit status 3 naming the argument).
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
 
 /// `walbox --version`: the package version and the git revision it was built from.
 pub const VERSION: &str = concat!(
@@ -75,19 +78,23 @@ pub enum Command {
     /// Produce rows still in the outbox table(s) again, with the relay's mapping and headers:
     /// the way to fill a window no slot can replay (slot lost or dropped, publication dropped).
     /// Consumers deduplicate by the `id` header.
+    #[command(group(ArgGroup::new("window").required(true).multiple(true).args(["since_id", "since"])))]
     Republish {
         /// TOML configuration file (the same as for `run`).
         #[arg(long, short, env = "WALBOX_CONFIG")]
         config: Option<PathBuf>,
-        /// Rows whose id column is at least this value.
-        #[arg(long, value_name = "ID", required_unless_present = "since")]
+        /// Rows whose id column is at least this value (read in the column's type).
+        #[arg(long, value_name = "ID", value_parser = non_empty)]
         since_id: Option<String>,
         /// Rows whose time column is at least this timestamp (e.g. 2026-12-01T09:50:00Z).
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", value_parser = non_empty)]
         since: Option<String>,
         /// The column holding each row's insert time (default: outbox.columns.timestamp).
-        #[arg(long, value_name = "COLUMN")]
+        #[arg(long, value_name = "COLUMN", requires = "since", value_parser = non_empty)]
         time_column: Option<String>,
+        /// Give up (exit status 9) when the brokers acknowledge no record for this long.
+        #[arg(long, value_name = "DURATION", default_value = "40s", value_parser = parse_wait)]
+        ack_timeout: std::time::Duration,
     },
     /// Compare the outbox rows still in the table(s) with Kafka (by the `id` header) and print
     /// the missing and the duplicated ones. Exits 0 only when nothing is missing.
@@ -95,14 +102,14 @@ pub enum Command {
         /// TOML configuration file (the same as for `run`).
         #[arg(long, short, env = "WALBOX_CONFIG")]
         config: Option<PathBuf>,
-        /// Only rows whose id column is at least this value.
-        #[arg(long, value_name = "ID")]
+        /// Only rows whose id column is at least this value (read in the column's type).
+        #[arg(long, value_name = "ID", value_parser = non_empty)]
         since_id: Option<String>,
         /// Only rows whose time column is at least this timestamp (e.g. 2026-12-01T09:50:00Z).
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", value_parser = non_empty)]
         since: Option<String>,
         /// The column holding each row's insert time (default: outbox.columns.timestamp).
-        #[arg(long, value_name = "COLUMN")]
+        #[arg(long, value_name = "COLUMN", requires = "since", value_parser = non_empty)]
         time_column: Option<String>,
         /// How long to wait for the slot to confirm the audited rows before reading Kafka.
         #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_wait)]
@@ -136,6 +143,14 @@ pub enum Command {
         #[arg(long, default_value_t = 3)]
         events: u32,
     },
+}
+
+/// A value that must not be empty (`--since-id ""` would select nothing or everything).
+fn non_empty(text: &str) -> Result<String, String> {
+    match text.trim() {
+        "" => Err("must not be empty".to_owned()),
+        _ => Ok(text.to_owned()),
+    }
 }
 
 fn parse_wait(text: &str) -> Result<std::time::Duration, String> {

@@ -17,13 +17,14 @@
 //! | 6 | [`Failure::SlotInUse`] | another process streams from the slot |
 //! | 7 | [`Failure::SlotLost`] | the slot was invalidated; WAL it needed is gone |
 //! | 8 | [`Failure::EventRejected`] | an event cannot be published (too large, NULL key, …) |
-//! | 9 | [`Failure::Kafka`] | the producer cannot continue (authorization, fatal producer error) |
+//! | 9 | [`Failure::Kafka`] | the producer cannot continue (authorization, fatal producer error); a one-shot command (`audit`, `republish`) gets no answer from the brokers in time |
 //! | 10 | [`Failure::InboxRecord`] | `walbox inbox`: a record kept failing (or has no message id) under `fail` |
 //! | 11 | [`Failure::Retention`] | `walbox inbox`: the inbox keeps rows for less than a topic's replay window |
-//! | 12 | [`Failure::Unavailable`] | a one-shot command (`status`, `recreate-slot`, `republish`) cannot reach PostgreSQL |
+//! | 12 | [`Failure::Unavailable`] | a one-shot command (`status`, `recreate-slot`, `republish`, `audit`, `reshard`) cannot reach PostgreSQL |
 //! | 13 | [`Failure::Preflight`] | `walbox check`: at least one check failed (each printed with its fix) |
 //! | 14 | [`Failure::Audit`] | `walbox audit`: outbox rows are missing from Kafka (each listed) |
 //! | 15 | [`Failure::Fenced`] | exactly-once mode: another walbox process took over the slot's Kafka transactions |
+//! | 17 | [`Failure::Interrupted`] | `walbox reshard` was stopped (SIGTERM/SIGINT) before every old shard was drained: run it again |
 
 use std::fmt;
 
@@ -58,6 +59,9 @@ pub enum Failure {
     Audit,
     /// Exactly-once mode: a newer producer with the same transactional id fenced this one.
     Fenced,
+    /// A one-shot command that changes state in steps (`walbox reshard`) was stopped by a
+    /// signal before it finished; running it again finishes it.
+    Interrupted,
 }
 
 impl Failure {
@@ -78,6 +82,7 @@ impl Failure {
             Failure::Preflight => 13,
             Failure::Audit => 14,
             Failure::Fenced => 15,
+            Failure::Interrupted => 17,
         }
     }
 
@@ -154,6 +159,8 @@ mod tests {
             Failure::Unavailable,
             Failure::Preflight,
             Failure::Audit,
+            Failure::Fenced,
+            Failure::Interrupted,
         ];
         let mut codes: Vec<u8> = all.iter().map(|f| f.exit_code()).collect();
         codes.sort();

@@ -25,18 +25,25 @@ fn init_logging(format: LogFormat, level: &str) {
     }
 }
 
+/// Resolves on SIGTERM or SIGINT. SIGHUP (which would otherwise end the process at once) is
+/// logged and ignored: walbox reads its configuration only at start.
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) {
-        (Ok(mut term), Ok(mut int)) => {
+        (Ok(mut term), Ok(mut int), Ok(mut hup)) => loop {
             tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => tracing::warn!(
+                    "SIGHUP ignored: walbox does not reload its configuration; restart it \
+                     (SIGTERM, then start) to apply a change"
+                ),
             }
-        }
+        },
         _ => {
             let _ = tokio::signal::ctrl_c().await;
         }
@@ -48,7 +55,8 @@ fn fail(failure: Failure, message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(failure.exit_code())
 }
 
-/// The exit status of a finished command; a fatal error is also logged for log collectors.
+/// The exit status of a finished service (`run`, `inbox`); its fatal error is also logged for
+/// log collectors.
 fn finish(what: &str, result: Result<(), FatalError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -56,6 +64,15 @@ fn finish(what: &str, result: Result<(), FatalError>) -> ExitCode {
             tracing::error!(error = %e, exit_status = e.failure.exit_code(), "{what} stopped");
             fail(e.failure, e)
         }
+    }
+}
+
+/// The exit status of a finished one-shot command: its fatal error is printed once, on the
+/// `walbox: error:` line (its operator reads stderr, not a log collector).
+fn finish_once(result: Result<(), FatalError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e.failure, e),
     }
 }
 
@@ -124,18 +141,21 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish("status", block_on(walbox::health::status::status(&config, json)))
+                finish_once(block_on(walbox::health::status::status(&config, json)))
             }
         },
         Command::Check { config, json } => match load(config) {
-            Err(e) => fail(Failure::Config, e),
+            Err(e) => {
+                if json {
+                    let report = walbox::preflight::unloadable_config_json(&e.to_string());
+                    println!("{report:#}");
+                }
+                fail(Failure::Config, e)
+            }
             Ok(config) => {
                 init_logging(config.log.format, "warn");
                 // A failed check is the report's news, already printed: not an error to log.
-                match block_on(walbox::preflight::check(&config, json)) {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => fail(e.failure, e),
-                }
+                finish_once(block_on(walbox::preflight::check(&config, json)))
             }
         },
         Command::RecreateSlot { config, confirm_data_loss } => match load(config) {
@@ -146,7 +166,7 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish("recreate-slot", block_on(walbox::health::status::recreate_slot(&config)))
+                finish_once(block_on(walbox::health::status::recreate_slot(&config)))
             }
         },
         Command::Reshard { config, to } => match load(config) {
@@ -156,7 +176,7 @@ fn main() -> ExitCode {
                 let reshard = async move {
                     walbox::shard::reshard::reshard(&config, to, shutdown_signal()).await
                 };
-                finish("reshard", spawn_on(2, "reshard", reshard))
+                finish_once(spawn_on(2, "reshard", reshard))
             }
         },
         Command::Republish {
@@ -164,6 +184,7 @@ fn main() -> ExitCode {
             since_id,
             since,
             time_column,
+            ack_timeout,
         } => match load(config) {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
@@ -173,8 +194,9 @@ fn main() -> ExitCode {
                     since,
                     time_column,
                 };
-                let result = block_on(walbox::republish::republish(&config, &window));
-                finish("republish", result.map(|_| ()))
+                let republish = walbox::republish::republish(&config, &window, ack_timeout);
+                let result = block_on(republish);
+                finish_once(result.map(|_| ()))
             }
         },
         Command::Audit {
@@ -194,7 +216,7 @@ fn main() -> ExitCode {
                     time_column,
                 };
                 let result = block_on(walbox::audit::audit(&config, &window, wait, json));
-                finish("audit", result.map(|_| ()))
+                finish_once(result.map(|_| ()))
             }
         },
         Command::Inbox { config } => match walbox::inbox::load(config.as_deref()) {

@@ -10,9 +10,16 @@
 //! ≥ N) and/or `--since TIME` (rows whose `--time-column`, by default
 //! `outbox.columns.timestamp`, is ≥ TIME); rows go out in that column's order, then by id.
 //!
+//! The window's arguments are checked against each table before any row is read or any broker
+//! is contacted: `--since` and `--since-id` as PostgreSQL reads them (the id in its column's
+//! type), `--time-column` as a column comparable with a time. A refused argument stops the
+//! command with exit status 3, naming it and quoting the server's reason; a statement the server
+//! refuses otherwise is reported with the server's message, never a bare "db error".
+//!
 //! # Invariants
 //! - The exit status is 0 only when the broker acknowledged every selected row (or its dead
-//!   letter, under `on_invalid = "dead_letter"`). A row that cannot be mapped under
+//!   letter, under `on_invalid = "dead_letter"`). Waiting is bounded: no acknowledgement for
+//!   `--ack-timeout` (default [`ACK_TIMEOUT`]) stops it with exit status 9. A row that cannot be mapped under
 //!   `on_invalid = "fail"` stops the command with exit status 8, naming the row.
 //! - Memory is bounded: rows are streamed from the server and at most `relay.max_in_flight`
 //!   records are unacknowledged at a time.
@@ -29,7 +36,7 @@ use crate::config::{Config, Route, RouteSource};
 use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
 use crate::outbox::{dead_letter, EventPosition, OutboxError, OutboxMapper, Rejected};
-use crate::pg::control::connect_control;
+use crate::pg::control::{connect_control, error_chain};
 use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError};
 use crate::sink::topics::Topics;
 use crate::source::pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
@@ -47,6 +54,10 @@ pub struct Window {
     pub time_column: Option<String>,
 }
 
+/// How long `walbox republish` waits for the brokers to acknowledge a record before it gives
+/// up with exit status 9, unless `--ack-timeout` says otherwise.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(40);
+
 fn fatal(failure: Failure, message: impl ToString) -> FatalError {
     FatalError {
         failure,
@@ -58,8 +69,41 @@ fn lit(s: &str) -> String {
     postgres_protocol::escape::escape_literal(s)
 }
 
-/// `walbox republish`: see the module docs. Returns how many records were acknowledged.
-pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalError> {
+/// A statement the server refused (or a lost connection), about `what`: the server's message,
+/// classified by its SQLSTATE; a cause that may pass (server restarting, network) is
+/// [`Failure::Unavailable`].
+pub(crate) fn refused(what: &str, e: &tokio_postgres::Error) -> FatalError {
+    let failure = e
+        .as_db_error()
+        .and_then(|db| Failure::from_sqlstate(db.code().code(), db.message()))
+        .unwrap_or(Failure::Unavailable);
+    fatal(failure, format!("{what}: {}", error_chain(e)))
+}
+
+/// The error of a window argument the server refused to read: exit status 3 naming `arg`, with
+/// the server's reason, when the server found the value itself at fault (SQLSTATE classes 22,
+/// data exception, and 42804/42883, no such comparison); else as [`refused`].
+fn bad_argument(arg: &str, hint: &str, e: &tokio_postgres::Error) -> FatalError {
+    match e.as_db_error() {
+        Some(db)
+            if db.code().code().starts_with("22")
+                || matches!(db.code().code(), "42804" | "42883") =>
+        {
+            fatal(Failure::Config, format!("{arg}: {}{hint}", db.message()))
+        }
+        _ => refused(&format!("checking {arg}"), e),
+    }
+}
+
+/// `walbox republish`: see the module docs. Returns how many records were acknowledged. When
+/// no acknowledgement arrives for `ack_timeout` (the brokers are unreachable or refuse to
+/// answer), it stops with exit status 9: the rows it produced may arrive later, and running it
+/// again only adds duplicates.
+pub async fn republish(
+    config: &Config,
+    window: &Window,
+    ack_timeout: Duration,
+) -> Result<u64, FatalError> {
     if window.since_id.is_none() && window.since.is_none() {
         return Err(fatal(
             Failure::Config,
@@ -69,6 +113,17 @@ pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalErr
     let client = connect_control(&config.postgres.conn)
         .await
         .map_err(|e| FatalError::of(&e))?;
+    // Every table's query, its arguments checked, before a broker is contacted.
+    let mut plans = Vec::new();
+    for (route_index, route) in config.outbox.tables.iter().enumerate() {
+        let RouteSource::Table { schema, table } = &route.source else {
+            continue;
+        };
+        let (relation, types) = describe(&client, schema, table).await?;
+        check_window(&client, route, &relation, &types, window).await?;
+        let sql = select(route, &relation, &types, window)?;
+        plans.push((route_index, route, relation, sql));
+    }
     let acks = Arc::new(AckQueue::default());
     let sink = KafkaSink::new(&config.kafka, acks.clone())
         .map_err(|e| fatal(Failure::Kafka, e.to_string()))?;
@@ -76,17 +131,13 @@ pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalErr
         .map_err(|e| fatal(Failure::Kafka, format!("kafka admin client: {e}")))?;
     let mut mapper = OutboxMapper::new(&config.outbox);
     let mut total = 0;
-    for (route_index, route) in config.outbox.tables.iter().enumerate() {
-        let RouteSource::Table { schema, table } = &route.source else {
-            continue;
-        };
-        let (relation, types) = describe(&client, schema, table).await?;
+    for (route_index, route, relation, sql) in plans {
         mapper.relation(&relation);
-        let sql = select(route, &relation, &types, window)?;
         let mut batch = Batch {
             sink: &sink,
             acks: &acks,
             max_in_flight: config.relay.max_in_flight,
+            ack_timeout,
             outstanding: 0,
             acked: 0,
             reports: Vec::new(),
@@ -94,12 +145,11 @@ pub async fn republish(config: &Config, window: &Window) -> Result<u64, FatalErr
         let rows = client
             .query_raw(&sql, std::iter::empty::<&(dyn ToSql + Sync)>())
             .await
-            .map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
+            .map_err(|e| refused(&format!("reading {}", route.name), &e))?;
         let mut rows = std::pin::pin!(rows);
         let mut index = 0u32;
         while let Some(row) = rows.next().await {
-            let row =
-                row.map_err(|e| fatal(Failure::Schema, format!("reading {}: {e}", route.name)))?;
+            let row = row.map_err(|e| refused(&format!("reading {}", route.name), &e))?;
             let insert = insert_of(&row, relation.id);
             let position = EventPosition {
                 commit_lsn: Lsn::ZERO,
@@ -182,7 +232,7 @@ pub(crate) async fn describe(
             &[&name],
         )
         .await
-        .map_err(|e| fatal(Failure::Schema, format!("outbox table {schema}.{table}: {e}")))?;
+        .map_err(|e| refused(&format!("outbox table {schema}.{table}"), &e))?;
     let id: u32 = rows.first().map(|r| r.get(0)).ok_or_else(|| {
         fatal(
             Failure::Schema,
@@ -208,6 +258,70 @@ pub(crate) async fn describe(
     Ok((relation, types))
 }
 
+/// The column `--since` compares with: `--time-column`, else `outbox.columns.timestamp`.
+fn time_column<'a>(route: &'a Route, window: &'a Window) -> Result<&'a str, FatalError> {
+    window
+        .time_column
+        .as_deref()
+        .or(route.columns.timestamp.as_deref())
+        .ok_or_else(|| {
+            fatal(
+                Failure::Config,
+                "--since needs the column holding each row's insert time: pass --time-column <column> (or set outbox.columns.timestamp)",
+            )
+        })
+}
+
+/// Checks `window`'s arguments against `route`'s table (described by `relation` and `types`)
+/// as the server reads them, before any row is read: `--since` is a time, `--time-column` is
+/// comparable with one, `--since-id` is a value of the id column's type. See the module docs.
+pub(crate) async fn check_window(
+    client: &impl GenericClient,
+    route: &Route,
+    relation: &Relation,
+    types: &[String],
+    window: &Window,
+) -> Result<(), FatalError> {
+    let RouteSource::Table { schema, table } = &route.source else {
+        return Ok(());
+    };
+    let position = |c: &str| relation.columns.iter().position(|col| col.name == c);
+    if let Some(since) = &window.since {
+        client
+            .query_one("SELECT $1::text::timestamptz", &[since])
+            .await
+            .map_err(|e| bad_argument("--since", " (e.g. 2026-12-01T09:50:00Z)", &e))?;
+        let column = time_column(route, window)?;
+        if let Some(i) = position(column) {
+            let probe = format!(
+                "SELECT 1 FROM {}.{} WHERE {} >= $1::text::timestamptz LIMIT 0",
+                quote_ident(schema),
+                quote_ident(table),
+                quote_ident(column)
+            );
+            client.query(&probe, &[since]).await.map_err(|e| {
+                let hint = format!(
+                    " (column {column:?} of {} is {}, not a time: name a timestamptz, timestamp \
+                     or date column)",
+                    route.name, types[i]
+                );
+                bad_argument("--time-column", &hint, &e)
+            })?;
+        }
+    }
+    if let (Some(since_id), Some(i)) = (&window.since_id, position(&route.columns.id)) {
+        let probe = format!("SELECT CAST($1::text AS {})::text", types[i]);
+        client.query_one(&probe, &[since_id]).await.map_err(|e| {
+            let hint = format!(
+                " (the id column {:?} of {} is {})",
+                route.columns.id, route.name, types[i]
+            );
+            bad_argument("--since-id", &hint, &e)
+        })?;
+    }
+    Ok(())
+}
+
 /// The query for `route`'s rows in `window`.
 pub(crate) fn select(
     route: &Route,
@@ -224,16 +338,7 @@ pub(crate) fn select(
     let mut filters = Vec::new();
     let mut order = Vec::new();
     if let Some(since) = &window.since {
-        let column = window
-            .time_column
-            .as_ref()
-            .or(route.columns.timestamp.as_ref())
-            .ok_or_else(|| {
-                fatal(
-                    Failure::Config,
-                    "--since needs the column holding each row's insert time: pass --time-column <column> (or set outbox.columns.timestamp)",
-                )
-            })?;
+        let column = time_column(route, window)?;
         if !has(column) {
             return Err(fatal(
                 Failure::Schema,
@@ -290,6 +395,7 @@ struct Batch<'a> {
     sink: &'a KafkaSink,
     acks: &'a AckQueue,
     max_in_flight: usize,
+    ack_timeout: Duration,
     outstanding: usize,
     acked: u64,
     reports: Vec<Ack>,
@@ -325,7 +431,20 @@ impl Batch<'_> {
     }
 
     async fn wait(&mut self) -> Result<(), FatalError> {
-        self.acks.wait().await;
+        if tokio::time::timeout(self.ack_timeout, self.acks.wait())
+            .await
+            .is_err()
+        {
+            return Err(fatal(
+                Failure::Kafka,
+                format!(
+                    "no broker acknowledged a republished record for {:?} ({} acknowledged, {} \
+                     waiting): check that kafka.brokers are reachable (walbox check), then run \
+                     the same republish again (consumers drop the duplicates by id)",
+                    self.ack_timeout, self.acked, self.outstanding
+                ),
+            ));
+        }
         self.acks.drain_into(&mut self.reports);
         for ack in self.reports.drain(..) {
             self.outstanding = self.outstanding.saturating_sub(1);

@@ -90,6 +90,9 @@ fn slot_held_by_another_walbox_exits_6_with_on_slot_busy_fail_and_leaves_the_fir
     let (code, line) = run_to_exit(&env);
     assert_eq!(code, 6, "{line}");
     assert!(line.contains("is active for PID"), "{line}");
+    // What to do: find the other process, and how a second walbox belongs.
+    assert!(line.contains("pg_stat_replication"), "{line}");
+    assert!(line.contains("on_slot_busy = \"wait\""), "{line}");
     assert!(first.running(), "{}", first.log());
 }
 

@@ -217,3 +217,89 @@ fn walbox_inbox_reads_its_secrets_from_files_too() {
         Some("inbox-k4fk4")
     );
 }
+
+/// A URL whose password holds an unencoded `?` (and `&`, `=`), which libpq accepts: walbox
+/// connects with it, and no part of the password appears in its output.
+#[test]
+fn a_question_mark_in_a_url_password_connects_as_with_libpq() {
+    let db = TestDb::new("qmark");
+    let broker = support::broker();
+    let role = format!("q_{}", db.name);
+    let password = "abc?LEAK4&x=y";
+    db.sql(&format!(
+        "CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{password}'"
+    ));
+    let url = format!(
+        "postgresql://{role}:{password}@{}/{}?sslmode=disable",
+        db.addr(),
+        db.name
+    );
+    let mut env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_POSTGRES_URL", url);
+    let out = walbox_command(&env, &["check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let postgres = stdout
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("postgres"))
+        .unwrap_or_else(|| panic!("no postgres line: {stdout}\n{stderr}"));
+    assert!(postgres.starts_with("ok "), "{stdout}\n{stderr}");
+    for text in [&stdout, &stderr] {
+        assert!(!text.contains("LEAK4"), "{text}");
+    }
+}
+
+/// The `postgres` line of `walbox check` with `env`, and the whole output.
+fn postgres_check_line(env: &[(String, String)]) -> (String, String) {
+    let out = walbox_command(env, &["check"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("postgres"))
+        .unwrap_or_else(|| panic!("no postgres line: {text}"))
+        .to_owned();
+    (line, text)
+}
+
+#[test]
+fn a_password_from_its_file_or_no_password_at_all_gets_its_own_fix() {
+    let db = TestDb::new("check_pwfile");
+    let broker = support::broker();
+    let secret = "not-the-password-9c1e";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pg-password");
+    std::fs::write(&file, secret).unwrap();
+    let (no_password, _) = split_password(&db.url());
+    let mut env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_POSTGRES_URL", no_password);
+    // A wrong password read from postgres.password_file is not blamed on postgres.url.
+    let mut from_file = env.clone();
+    set(
+        &mut from_file,
+        "WALBOX_POSTGRES_PASSWORD_FILE",
+        file.display().to_string(),
+    );
+    let (line, text) = postgres_check_line(&from_file);
+    assert!(line.starts_with("FAIL "), "{text}");
+    assert!(line.contains("28P01"), "{line}");
+    assert!(
+        line.contains(
+            "fix: check the user in postgres.url and the password in postgres.password_file"
+        ),
+        "{line}"
+    );
+    assert!(!text.contains(secret), "{text}");
+
+    // No password at all: say so, not "check that PostgreSQL runs".
+    let (line, text) = postgres_check_line(&env);
+    assert!(line.starts_with("FAIL "), "{text}");
+    assert!(
+        line.contains("fix: the server asks for a password and none is set")
+            && line.contains("postgres.password_file"),
+        "{line}"
+    );
+}

@@ -473,6 +473,56 @@ fn an_interrupted_reshard_finishes_when_run_again_and_loses_nothing() {
     assert_per_aggregate_commit_order(&reader.records);
 }
 
+/// SIGTERM while `reshard` drains (the brokers unreachable, so the drain cannot finish): it
+/// exits 17 ("interrupted: run it again"), not 12, and never claims a shard drained; run again
+/// with the brokers back, it finishes and nothing is lost.
+#[test]
+fn a_reshard_stopped_by_sigterm_exits_17_and_claims_no_drain() {
+    if !sharding_supported() {
+        return;
+    }
+    let db = TestDb::new("reshard_sigterm");
+    let base = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 4);
+    let brokers = broker.bootstrap_servers();
+    let one = sharded_env(&db, &brokers, 1);
+    let two = sharded_env(&db, &brokers, 2);
+    let mut reader = TopicReader::new(&brokers, &[&topic], WAIT).unwrap();
+    let mut walbox = start_streaming(&one, &db, std::slice::from_ref(&base));
+    let writer = Writer::start(&db, &topic);
+    writer.wait_for_more(50);
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    writer.wait_for_more(50);
+
+    let mut unreachable = two.clone();
+    unreachable.retain(|(k, _)| k != "WALBOX_KAFKA_BROKERS");
+    unreachable.push(("WALBOX_KAFKA_BROKERS".into(), "127.0.0.1:1".into()));
+    unreachable.push(("WALBOX_RELAY_SHUTDOWN_TIMEOUT".into(), "1s".into()));
+    let mut reshard = Walbox::spawn_args(&["reshard", "--to", "2"], &unreachable);
+    wait_until(WAIT, "the reshard to drain", || {
+        reshard.log().contains(&format!("draining {base} from"))
+    });
+    reshard.terminate();
+    let status = reshard.wait_exit(WAIT);
+    let log = reshard.log();
+    assert_eq!(status.code(), Some(17), "{log}");
+    assert!(!log.contains(&format!("drained {base}")), "{log}");
+    assert!(log.contains("interrupted"), "{log}");
+    assert!(log.contains("run it again with the same --to"), "{log}");
+
+    writer.wait_for_more(50);
+    let (code, out) = walbox_cmd(&["reshard", "--to", "2"], &two);
+    assert_eq!(code, 0, "{out}");
+    let names = [shard_slot(&base, 0, 2), shard_slot(&base, 1, 2)];
+    let mut walbox = start_streaming(&two, &db, &names);
+    writer.wait_for_more(50);
+    let all = writer.finish();
+    await_distinct(&mut reader, all.len(), &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+    assert_per_aggregate_commit_order(&reader.records);
+}
+
 #[test]
 fn a_fatal_error_stops_its_shard_only() {
     if !sharding_supported() {

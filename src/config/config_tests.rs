@@ -639,3 +639,28 @@ fn a_failover_slot_with_several_hosts_reaches_the_primary_only() {
         "{e}"
     );
 }
+
+#[test]
+fn a_refused_property_file_is_named_by_its_file_key_without_its_content() {
+    let secret = file("verysecret-not-a-number\n");
+    let path = secret.path().display().to_string();
+    let from_file = file(&format!(
+        "{MINIMAL}\n[kafka.property_files]\n\"linger.ms\" = {path:?}\n"
+    ));
+    let minimal = file(MINIMAL);
+    let from_env = env(&[("WALBOX_KAFKA_PROPERTY_FILE_LINGER_MS", path.as_str())]);
+    for (config, mut vars) in [(from_file.path(), Vec::new()), (minimal.path(), from_env)] {
+        let e = load_from(Some(config), &mut vars.drain(..))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("kafka.property_files.linger.ms")
+                && e.contains("WALBOX_KAFKA_PROPERTY_FILE_LINGER_MS")
+                && e.contains(&path)
+                && e.contains("refuses")
+                && !e.contains("kafka.properties")
+                && !e.contains("verysecret"),
+            "{e}"
+        );
+    }
+}

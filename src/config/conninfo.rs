@@ -6,7 +6,9 @@
 //!
 //! * URL: `postgres[ql]://user:password@host:port/dbname?param=value&...`, percent-decoded; a
 //!   host beginning with `/` (literally in `?host=`, or `%2F`-encoded in the authority) is a Unix
-//!   socket directory; IPv6 addresses go in brackets (`[::1]`).
+//!   socket directory; IPv6 addresses go in brackets (`[::1]`). As in libpq, the user info is
+//!   found before the rest is split, so a password may hold an unencoded `?`, `&`, `=` or `#`
+//!   (but not `/`).
 //! * key=value: `host=db port=5432 user=walbox password='it''s secret' dbname=app`, values
 //!   optionally single-quoted, backslash escapes `\'` and `\\`.
 //!
@@ -18,9 +20,9 @@
 //! Invariants:
 //! * the password never appears in [`ConnInfoError`] messages, in [`ConnInfo::redacted`], nor in
 //!   `Debug` output. Error messages also hide every fragment of the input that could be part of
-//!   a mis-quoted password (URL authority and path, anything after a `password` parameter, a
-//!   word without `=` such as a URL with a mistyped scheme): they say which part is wrong, and
-//!   never quote the connection string.
+//!   a mis-quoted password (every part of a URL, anything after a `password` parameter, a word
+//!   without `=` such as a URL with a mistyped scheme): they say which part is wrong, and never
+//!   quote the connection string.
 //! * Unix sockets never use TLS (PostgreSQL does not offer it there); `sslmode` is ignored for them,
 //!   as libpq does.
 //! * A server without TLS under `sslmode` require, verify-ca or verify-full is
@@ -182,10 +184,22 @@ struct Param {
 /// Shows `s` in an error message unless it may be part of a password.
 fn show(s: &str, hidden: bool) -> String {
     if hidden {
-        "(value hidden: it may be part of a password)".to_owned()
+        "(not shown: it may be part of a password)".to_owned()
     } else {
         format!("{s:?}")
     }
+}
+
+/// " (did you mean X?)" for the known parameter closest to `key`, if close: names a known
+/// parameter, never echoes the input.
+fn suggestion(key: &str) -> String {
+    KNOWN_PARAMETERS
+        .iter()
+        .map(|known| (super::env::edit_distance(key, known), *known))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, known)| format!(" (did you mean {known}?)"))
+        .unwrap_or_default()
 }
 
 impl FromStr for ConnInfo {
@@ -236,7 +250,7 @@ impl ConnInfo {
                             .parse()
                             .map_err(|reason| ConnInfoError::InvalidValue {
                                 param: "target_session_attrs",
-                                reason,
+                                reason: format!("{} is {reason}", show(&value, hidden)),
                             })?
                 }
                 "user" => user = Some(value).filter(|v| !v.is_empty()),
@@ -269,8 +283,9 @@ impl ConnInfo {
                 }
                 _ => {
                     return Err(ConnInfoError::UnknownParameter(format!(
-                        "{} (known: {})",
+                        "{}{} (known: {})",
                         show(&key, hidden),
+                        suggestion(&key),
                         KNOWN_PARAMETERS.join(", ")
                     )))
                 }
@@ -477,36 +492,49 @@ fn parse_port(value: &str, hidden: bool) -> Result<u16, ConnInfoError> {
     }
 }
 
-/// Parses the part of a URL after `postgres://`.
+/// Where a URL's user info ends (the index of its '@'), as libpq finds it: the user info is
+/// looked for before the host, so `?`, `#`, `&` and `=` in an unencoded password stay in the
+/// password. It ends at an '@' before the first '/'; of several, the last one before the query
+/// (which starts at the first '?' after the first '@'), so an unencoded '@' in the password
+/// cannot become the host, nor an '@' in a query value the user info.
+fn userinfo_end(rest: &str) -> Option<usize> {
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let first = authority.find('@')?;
+    let query = authority[first..]
+        .find('?')
+        .map_or(authority.len(), |i| first + i);
+    authority[..query].rfind('@')
+}
+
+/// Parses the part of a URL after `postgres://`. Every part of a URL may hold a fragment of a
+/// mis-encoded password, so no part of it is ever quoted in an error.
 fn parse_url(rest: &str) -> Result<Vec<Param>, ConnInfoError> {
+    let (userinfo, rest) = match userinfo_end(rest) {
+        Some(i) => (Some(&rest[..i]), &rest[i + 1..]),
+        None => (None, rest),
+    };
     let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match before_query.find('/') {
+    let (hostport, path) = match before_query.find('/') {
         Some(i) => (&before_query[..i], &before_query[i + 1..]),
         None => (before_query, ""),
     };
     let mut params = Vec::new();
-    let mut push = |key: &str, value: String, hidden: bool| {
+    let mut push = |key: &str, value: String| {
         params.push(Param {
             key: key.to_owned(),
             value,
-            hidden,
+            hidden: true,
         })
     };
 
-    // The last '@' ends the user info, so an unencoded '@' in a password cannot become a host.
-    let (userinfo, hostport) = match authority.rfind('@') {
-        Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-        None => (None, authority),
-    };
-    let has_password = userinfo.is_some_and(|u| u.contains(':'));
     if let Some(userinfo) = userinfo {
         let (user, password) = match userinfo.split_once(':') {
             Some((u, p)) => (u, Some(p)),
             None => (userinfo, None),
         };
-        push("user", percent_decode(user, "user name")?, true);
+        push("user", percent_decode(user, "user name")?);
         if let Some(p) = password {
-            push("password", percent_decode(p, "password")?, true);
+            push("password", percent_decode(p, "password")?);
         }
     }
 
@@ -518,13 +546,11 @@ fn parse_url(rest: &str) -> Result<Vec<Param>, ConnInfoError> {
         hosts.push(host);
         ports.push(port.unwrap_or_default());
     }
-    // A URL without user info can still be a password with an unencoded '/' cut short.
-    let authority_hidden = true;
     if hosts.iter().any(|h| !h.is_empty()) {
-        push("host", hosts.join(","), authority_hidden);
+        push("host", hosts.join(","));
     }
     if ports.iter().any(|p| !p.is_empty()) {
-        push("port", ports.join(","), authority_hidden);
+        push("port", ports.join(","));
     }
 
     if !path.is_empty() {
@@ -535,22 +561,20 @@ fn parse_url(rest: &str) -> Result<Vec<Param>, ConnInfoError> {
                     .to_owned(),
             ));
         }
-        push("dbname", percent_decode(path, "database name")?, true);
+        push("dbname", percent_decode(path, "database name")?);
     }
 
-    let mut after_password = has_password;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
+    for (n, pair) in query.split('&').filter(|p| !p.is_empty()).enumerate() {
         let (k, v) = pair.split_once('=').ok_or_else(|| {
             ConnInfoError::Malformed(format!(
-                "URL query parameter {} has no '='",
-                show(pair, after_password)
+                "URL query parameter {} has no '=' (not shown: it may be part of a password; \
+                 percent-encode '?', '&' and '=' in a password)",
+                n + 1
             ))
         })?;
         let key = percent_decode(k, "query parameter name")?;
         let value = percent_decode(v, "query parameter value")?;
-        let is_password = key == "password";
-        push(&key, value, after_password);
-        after_password |= is_password;
+        push(&key, value);
     }
     Ok(params)
 }

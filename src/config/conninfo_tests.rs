@@ -71,6 +71,33 @@ fn percent_encoding() {
     // An unencoded '@' in the password still works: the last '@' ends the user info.
     let c = parse("postgres://u:p@ss@h/d");
     assert_eq!(c.password.as_deref(), Some("p@ss"));
+}
+
+#[test]
+fn url_password_may_hold_query_characters_as_libpq_allows() {
+    // libpq finds the user info before it splits off the query: '?', '&', '=' and '#' stay in
+    // the password.
+    let c = parse("postgresql://walbox:abc?LEAK4@host/db");
+    assert_eq!(c.user, "walbox");
+    assert_eq!(c.password.as_deref(), Some("abc?LEAK4"));
+    assert_eq!(c.host, Host::Tcp("host".into()));
+    assert_eq!(c.dbname, "db");
+    let c = parse("postgresql://walbox:a?b&c=d#e@host:6000?sslmode=require");
+    assert_eq!(c.password.as_deref(), Some("a?b&c=d#e"));
+    assert_eq!(c.port, 6000);
+    assert_eq!(c.dbname, "walbox");
+    assert_eq!(c.sslmode, SslMode::Require);
+    let c = parse("postgresql://u:p?x@ss@h?application_name=me@corp");
+    assert_eq!(c.password.as_deref(), Some("p?x@ss"));
+    assert_eq!(c.host, Host::Tcp("h".into()));
+    assert_eq!(c.application_name, "me@corp");
+    // An '@' in a query value is not the end of a user info.
+    let c = parse("postgresql://u:p@h/d?application_name=me@corp");
+    assert_eq!(c.password.as_deref(), Some("p"));
+    assert_eq!(c.application_name, "me@corp");
+    let c = parse("postgresql://u@h?application_name=me@corp");
+    assert_eq!((c.user.as_str(), c.password.as_deref()), ("u", None));
+    assert_eq!(c.application_name, "me@corp");
     assert_eq!(c.host, Host::Tcp("h".into()));
 }
 
@@ -115,8 +142,13 @@ fn keyword_value_form() {
 fn errors() {
     for (s, needle) in [
         (
+            "host=h user=u sslmdoe=require",
+            "unknown connection parameter \"sslmdoe\" (did you mean sslmode?)",
+        ),
+        (
             "postgres://u@h/d?sslmdoe=require",
-            "unknown connection parameter \"sslmdoe\"",
+            "unknown connection parameter (not shown: it may be part of a password) (did you \
+             mean sslmode?)",
         ),
         (
             "host=h user=u replication=database",
@@ -156,6 +188,14 @@ fn errors_never_contain_the_password() {
         ("postgres://u:pw@h/d?password=hun&ter2=x", &["ter2"]),
         ("postgres://u:hunter2@h:hunter2/d", &["hunter2"]),
         ("postgres://u:hunter2@h/d?sslmode=hunter2", &["hunter2"]),
+        // Every part of a URL may hold a piece of a mis-encoded password.
+        ("postgres://u:abc/LEAK4@h/d", &["LEAK4", "abc"]),
+        ("postgres://u:pw@h/d?target_session_attrs=LEAK4", &["LEAK4"]),
+        ("postgres://h/d?LEAK4", &["LEAK4"]),
+        ("postgres://h/d?LEAK4=x", &["LEAK4"]),
+        ("postgres://h/d?sslmode=LEAK4", &["LEAK4"]),
+        ("postgres://h/d?connect_timeout=LEAK4", &["LEAK4"]),
+        ("postgres://h:LEAK4/d", &["LEAK4"]),
         // A mistyped scheme makes the URL one key=value word without '='.
         ("postgres:/u:hunter2@h/d", &["hunter2"]),
         ("postgresql:u:hunter2@h/d", &["hunter2"]),
@@ -267,7 +307,21 @@ fn mismatched_ports_and_unknown_attrs_are_errors() {
     let e = "host=a user=u target_session_attrs=rw"
         .parse::<ConnInfo>()
         .unwrap_err();
-    assert!(e.to_string().contains("not one of any, read-write"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("\"rw\" is not one of any, read-write"),
+        "{e}"
+    );
+    // After a password, or in a URL, the value is hidden as sslmode's and port's are.
+    for s in [
+        "host=a user=u password=p target_session_attrs=LEAK4",
+        "postgres://u@a/d?target_session_attrs=LEAK4",
+    ] {
+        let e = s.parse::<ConnInfo>().unwrap_err().to_string();
+        assert!(e.contains("target_session_attrs"), "{e}");
+        assert!(e.contains("not one of any, read-write"), "{e}");
+        assert!(!e.contains("LEAK4"), "{s:?} -> {e:?}");
+    }
     let e = "host=a,,b user=u".parse::<ConnInfo>().unwrap_err();
     assert!(e.to_string().contains("an empty host"), "{e}");
 }

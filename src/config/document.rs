@@ -112,8 +112,10 @@ impl RawConfig {
         let mut conn: ConnInfo = url
             .parse()
             .map_err(|e| ConfigError::Invalid(format!("postgres.url: {e}")))?;
+        let mut password_key = "postgres.url";
         if let Some(password) = self.postgres.password {
             conn.password = Some(password);
+            password_key = "postgres.password_file (or postgres.password)";
         }
         let failover_slot = self.postgres.failover_slot.unwrap_or(false);
         super::postgres::failover_hosts(&mut conn, failover_slot)?;
@@ -355,6 +357,7 @@ impl RawConfig {
         Ok(Config {
             postgres: PostgresConfig {
                 conn,
+                password_key,
                 primary,
                 slot,
                 publication,

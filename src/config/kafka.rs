@@ -182,28 +182,35 @@ pub(crate) fn check_kafka_properties(
     env_prefix: &str,
 ) -> Result<(), ConfigError> {
     for (key, value) in properties {
-        let mut one = ClientConfig::new();
-        one.set(key, value);
-        let Err(e) = one.create_native_config() else {
-            continue;
-        };
-        let var = format!(
-            "{env_prefix}_KAFKA_PROPERTY_{}",
-            key.to_ascii_uppercase().replace('.', "_")
-        );
-        let why = match &e {
-            KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..) => {
-                "is not a librdkafka property: check its spelling against librdkafka's CONFIGURATION.md".to_owned()
-            }
-            KafkaError::ClientConfig(_, desc, ..) if !is_secret_property(key) => {
-                format!("has a value librdkafka refuses: {}", one_line(desc))
-            }
-            _ => "has a value librdkafka refuses (the value is not shown: it may be a secret)"
-                .to_owned(),
-        };
-        return Err(ConfigError::Invalid(format!(
-            "kafka.properties.{key:?} (or {var}) {why}"
-        )));
+        if let Some(why) = refused_property(key, value, is_secret_property(key)) {
+            let var = format!(
+                "{env_prefix}_KAFKA_PROPERTY_{}",
+                key.to_ascii_uppercase().replace('.', "_")
+            );
+            return Err(ConfigError::Invalid(format!(
+                "kafka.properties.{key:?} (or {var}) {why}"
+            )));
+        }
     }
     Ok(())
+}
+
+/// Why librdkafka refuses `key = value`, or `None` when it takes it. With `hidden`, the value
+/// is not shown (librdkafka's own message repeats it).
+pub(crate) fn refused_property(key: &str, value: &str, hidden: bool) -> Option<String> {
+    let mut one = ClientConfig::new();
+    one.set(key, value);
+    let e = one.create_native_config().err()?;
+    Some(match &e {
+        KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..) => {
+            "is not a librdkafka property: check its spelling against librdkafka's CONFIGURATION.md"
+                .to_owned()
+        }
+        KafkaError::ClientConfig(_, desc, ..) if !hidden => {
+            format!("has a value librdkafka refuses: {}", one_line(desc))
+        }
+        _ => {
+            "has a value librdkafka refuses (the value is not shown: it may be a secret)".to_owned()
+        }
+    })
 }

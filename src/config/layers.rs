@@ -38,7 +38,7 @@ pub(crate) fn read_layers(
         None => (toml::Table::new(), String::new()),
     };
     apply_env(&mut table, env, layout)?;
-    resolve_files(&mut table, layout.secrets)?;
+    resolve_files(&mut table, layout.secrets, layout.prefix)?;
     Ok((table, origin))
 }
 

@@ -71,6 +71,9 @@ impl fmt::Debug for RawPostgres {
 pub struct PostgresConfig {
     /// Parsed connection settings (password redacted in `Debug`).
     pub conn: ConnInfo,
+    /// Where `conn`'s password was set, for messages about it: `postgres.url`, or
+    /// `postgres.password_file` / `postgres.password` (which replace the URL's).
+    pub password_key: &'static str,
     /// `primary_url`: the primary of the standby `conn` names, for what a standby cannot do
     /// (heartbeats, `pg_log_standby_snapshot()` while a slot is created, the primary's
     /// `wal_level`). Password redacted in `Debug`.

@@ -12,13 +12,15 @@
 //! Invariants:
 //! - A file's content never appears in an error: errors name the key and the path only.
 //! - Setting both `k` and `k_file` (or a property and its file) is an error, never a silent
-//!   choice; so is an unreadable or empty file.
+//!   choice; so is an unreadable or empty file, and a property file whose content librdkafka
+//!   refuses (named by its `kafka.property_files` key, not as a `kafka.properties` value).
 //! - [`Secret`] (a value held after validation) prints as `***` in `Debug` and `Display`.
 
 use std::fmt;
 use std::path::Path;
 
 use super::error::ConfigError;
+use super::kafka::refused_property;
 
 /// A secret string: redacted in `Debug` and `Display`; [`Secret::expose`] gives the value.
 #[derive(Clone, PartialEq, Eq)]
@@ -88,6 +90,7 @@ fn dotted(path: &[&str], key: &str) -> String {
 pub(crate) fn resolve_files(
     root: &mut toml::Table,
     secrets: &[(&[&str], &str)],
+    env_prefix: &str,
 ) -> Result<(), ConfigError> {
     for (path, key) in secrets {
         let Some(table) = table_at(root, path) else {
@@ -141,6 +144,16 @@ pub(crate) fn resolve_files(
             )));
         }
         let secret = read_secret_file(&what, Path::new(file))?;
+        // Checked here, where it is known to come from a file: the error names the file's key.
+        if let Some(why) = refused_property(&name, &secret, true) {
+            let var = format!(
+                "{env_prefix}_KAFKA_PROPERTY_FILE_{}",
+                name.to_ascii_uppercase().replace('.', "_")
+            );
+            return Err(ConfigError::Invalid(format!(
+                "{what} (or {var}): the content of {file} {why}"
+            )));
+        }
         properties.insert(name, toml::Value::String(secret));
     }
     Ok(())
@@ -176,7 +189,7 @@ mod tests {
         )
         .parse()
         .unwrap();
-        resolve_files(&mut t, SECRETS).unwrap();
+        resolve_files(&mut t, SECRETS, "WALBOX").unwrap();
         assert_eq!(t["postgres"]["password"].as_str(), Some("s3cr3t"));
         assert!(t["postgres"].get("password_file").is_none());
         assert_eq!(
@@ -211,7 +224,9 @@ mod tests {
         ];
         for (toml, needle) in cases {
             let mut t: toml::Table = toml.parse().unwrap();
-            let e = resolve_files(&mut t, SECRETS).unwrap_err().to_string();
+            let e = resolve_files(&mut t, SECRETS, "WALBOX")
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(&needle), "{e:?} lacks {needle:?}");
             assert!(!e.contains("s3cr3t"), "{e}");
         }

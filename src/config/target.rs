@@ -78,7 +78,8 @@ impl fmt::Display for SessionAttrs {
 }
 
 impl FromStr for SessionAttrs {
-    /// What is wrong with the value, for `ConnInfoError::InvalidValue`.
+    /// What is wrong with the value, for `ConnInfoError::InvalidValue`; it never quotes the
+    /// value (the caller decides whether the value may be shown).
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -89,10 +90,11 @@ impl FromStr for SessionAttrs {
             "primary" => SessionAttrs::Primary,
             "standby" => SessionAttrs::Standby,
             "prefer-standby" => SessionAttrs::PreferStandby,
-            other => {
-                return Err(format!(
-                    "{other:?} is not one of any, read-write, read-only, primary, standby, prefer-standby"
-                ))
+            _ => {
+                return Err(
+                    "not one of any, read-write, read-only, primary, standby, prefer-standby"
+                        .to_owned(),
+                )
             }
         })
     }

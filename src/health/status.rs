@@ -344,7 +344,7 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
             return Err(fatal(
                 Failure::SlotInUse,
                 format!(
-                    "replication slot {name:?} is active (pid {}); stop walbox first",
+                    "replication slot {name:?} is active (pid {}); stop every walbox streaming from it first (SELECT application_name, client_addr FROM pg_stat_replication finds the process)",
                     h.active_pid.unwrap_or_default()
                 ),
             ));

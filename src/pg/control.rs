@@ -49,6 +49,17 @@ impl ConnectError {
         }
     }
 
+    /// Whether the server asked for a password and the connection settings hold none.
+    pub fn password_missing(&self) -> bool {
+        match self {
+            // tokio-postgres 0.7 reports it only as this configuration error's text.
+            ConnectError::Postgres(e) => {
+                std::error::Error::source(e).is_some_and(|s| s.to_string() == "password missing")
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the TLS handshake failed because the server's certificate was rejected (untrusted
     /// chain, host name mismatch, expired): a configuration problem that every retry repeats,
     /// unlike a handshake cut short by the network.
@@ -175,8 +186,8 @@ where
 }
 
 /// tokio-postgres's `Display` says only "db error" or "error performing TLS handshake": add the
-/// server's fields, or the chain of causes.
-fn error_chain(e: &tokio_postgres::Error) -> String {
+/// server's fields, or the chain of causes. The server's messages never hold the password.
+pub fn error_chain(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
     }

@@ -42,13 +42,14 @@ pub enum Status {
 }
 
 impl Status {
-    /// The label in the text report.
+    /// The label in the text report: the JSON's status (`skipped` in both), failures and
+    /// warnings in capitals to stand out.
     fn label(self) -> &'static str {
         match self {
             Status::Ok => "ok",
             Status::Warn => "WARN",
             Status::Fail => "FAIL",
-            Status::Skipped => "skip",
+            Status::Skipped => "skipped",
         }
     }
 }
@@ -142,7 +143,7 @@ impl Report {
         for c in &self.checks {
             let _ = write!(
                 out,
-                "{:<4}  {:<width$}  {}",
+                "{:<7}  {:<width$}  {}",
                 c.status.label(),
                 c.name,
                 c.detail
@@ -172,6 +173,18 @@ impl Report {
             "checks": self.checks,
         })
     }
+}
+
+/// What `walbox check --json` prints when the configuration cannot be loaded (no check ran):
+/// the report's shape, failed, with the error (`message` never holds a secret: configuration
+/// errors name keys and files, not values).
+pub fn unloadable_config_json(message: &str) -> serde_json::Value {
+    serde_json::json!({
+        "passed": false,
+        "error": message,
+        "exit_status": Failure::Config.exit_code(),
+        "checks": [],
+    })
 }
 
 /// Runs every check.
@@ -225,18 +238,26 @@ mod tests {
         let text = report.text();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{text}");
-        assert!(lines[0].starts_with("ok    wal_level  logical"), "{text}");
         assert!(
-            lines[1].starts_with("FAIL  role       walbox has neither")
+            lines[0].starts_with("ok       wal_level  logical"),
+            "{text}"
+        );
+        assert!(
+            lines[1].starts_with("FAIL     role       walbox has neither")
                 && lines[1].ends_with("; fix: ALTER ROLE walbox REPLICATION;"),
             "{text}"
         );
-        assert!(lines[2].contains("not checked: role failed"), "{text}");
+        assert!(
+            lines[2].starts_with("skipped  slot       not checked: role failed"),
+            "{text}"
+        );
         assert_eq!(lines[3], "3 checks: 1 ok, 0 warnings, 1 failed, 1 skipped");
         let json = report.json();
         assert_eq!(json["passed"], false);
         assert_eq!(json["checks"][1]["status"], "fail");
         assert_eq!(json["checks"][0]["fix"], serde_json::Value::Null);
+        // The text and the JSON name each status alike.
+        assert_eq!(json["checks"][2]["status"], "skipped");
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub async fn checks(config: &Config) -> Vec<Check> {
     let client = match connect_control(conn).await {
         Ok(client) => client,
         Err(e) => {
-            let mut out = vec![connection_failed(conn, &e)];
+            let mut out = vec![connection_failed(conn, config.postgres.password_key, &e)];
             let mut names: Vec<String> = [SERVER, WAL_LEVEL, SLOTS, SENDERS, ROLE, REPLICATION]
                 .map(String::from)
                 .into();
@@ -69,10 +69,20 @@ pub async fn checks(config: &Config) -> Vec<Check> {
     out
 }
 
-/// What a failed connection means, and what to do.
-fn connection_failed(conn: &ConnInfo, e: &ConnectError) -> Check {
+/// What a failed connection means, and what to do; `password_key` names where the password
+/// was set.
+fn connection_failed(conn: &ConnInfo, password_key: &str, e: &ConnectError) -> Check {
     let fix = match e.sqlstate() {
-        Some("28P01") => "check the user and the password in postgres.url".to_owned(),
+        Some("28P01") if password_key == "postgres.url" => {
+            "check the user and the password in postgres.url".to_owned()
+        }
+        Some("28P01") => format!(
+            "check the user in postgres.url and the password in {password_key} (it replaces \
+             the URL's)"
+        ),
+        None if e.password_missing() => "the server asks for a password and none is set: name \
+             a file holding it in postgres.password_file (WALBOX_POSTGRES_PASSWORD_FILE)"
+            .to_owned(),
         Some("28000") => format!(
             "allow role {:?} in pg_hba.conf for database {:?} and for replication",
             conn.user, conn.dbname

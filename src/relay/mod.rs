@@ -263,6 +263,17 @@ impl Relay {
                 self.acked_frontier,
                 self.republish_hint()
             )
+        } else if failure == Failure::SlotInUse {
+            format!(
+                "{e}: another process streams from slot {slot:?}. Find it with SELECT pid, \
+                 application_name, client_addr FROM pg_stat_replication WHERE pid = (SELECT \
+                 active_pid FROM pg_replication_slots WHERE slot_name = {}); stop it if it is a \
+                 stray client, or leave it streaming. A second walbox for the same slot belongs \
+                 under postgres.on_slot_busy = \"wait\" (the default), where it waits as a hot \
+                 standby; right after a restart, the old connection lets go within \
+                 wal_sender_timeout",
+                postgres_protocol::escape::escape_literal(slot)
+            )
         } else if failure == Failure::EventRejected {
             match &self.rejected {
                 Some(r) => format!("{e}; {}", r.advice(slot)),

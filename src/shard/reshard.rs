@@ -130,7 +130,9 @@ impl Classify for ReshardError {
             // As `walbox run` with `postgres.shards > 1` on that server.
             ReshardError::NeedsRowFilters { .. } => Some(Failure::Schema),
             ReshardError::Concurrent(_) | ReshardError::Active(_) => Some(Failure::SlotInUse),
-            ReshardError::Advance { .. } | ReshardError::Undrained { .. } => None,
+            ReshardError::Advance { .. } => None,
+            // A drain ends short of the reshard point only when the command is stopped.
+            ReshardError::Undrained { .. } => Some(Failure::Interrupted),
         }
     }
 }
@@ -451,6 +453,9 @@ async fn drain(
             })
         });
         match ended {
+            // A drain also ends without error when the command is stopped: only the slot's
+            // confirmed position (checked next) says it reached the reshard point.
+            Ok(()) if *stop_rx.borrow() => println!("  draining {name} stopped (interrupted)"),
             Ok(()) => println!("  drained {name}"),
             Err(e) if outcome.is_ok() => outcome = Err(e),
             Err(_) => {}

@@ -283,6 +283,32 @@ impl ClientContext for SinkContext {
     }
 }
 
+/// The context of walbox's short-lived readers (the progress topic, `walbox audit`): they ask
+/// librdkafka for partition ends (`enable.partition.eof`), and librdkafka reports each one as
+/// an error event too. The end of a partition is how such a read finishes, not an error: it is
+/// logged at debug level; every other client error as a warning (the read itself returns it).
+pub struct ReaderContext;
+
+impl ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if is_partition_end(&error) {
+            tracing::debug!(error = %error, reason, "kafka reader reached a partition's end");
+        } else {
+            tracing::warn!(error = %error, reason, "kafka client error");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ReaderContext {}
+
+/// Whether `error` only says that a consumer reached the end of a partition.
+pub fn is_partition_end(error: &KafkaError) -> bool {
+    matches!(
+        error,
+        KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
+    )
+}
+
 impl ProducerContext for SinkContext {
     type DeliveryOpaque = usize;
 

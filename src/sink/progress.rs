@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::KafkaConfig;
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
+use crate::sink::kafka::ReaderContext;
 use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros, rfc3339_now};
 
 /// Shortest gap between two progress records written because the frontier moved.
@@ -191,7 +192,8 @@ pub fn read_last(
     for (k, v) in crate::sink::security_properties(&config.properties) {
         cc.set(k, v);
     }
-    let consumer: BaseConsumer = cc.create().map_err(kafka)?;
+    let consumer: BaseConsumer<ReaderContext> =
+        cc.create_with_context(ReaderContext).map_err(kafka)?;
     let deadline = Instant::now() + timeout;
     let left = || deadline.saturating_duration_since(Instant::now());
     let md = consumer
@@ -260,6 +262,66 @@ pub fn read_last(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a client with `context` logs (at warn level and above) while it reads an empty
+    /// partition of the mock cluster to its end.
+    fn logged_reading_to_the_end<C: rdkafka::consumer::ConsumerContext + 'static>(
+        context: C,
+    ) -> String {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+        mock.create_topic("t", 1, 1).unwrap();
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let consumer: BaseConsumer<C> = ClientConfig::new()
+                .set("bootstrap.servers", mock.bootstrap_servers())
+                .set("group.id", "eof")
+                .set("enable.partition.eof", "true")
+                .create_with_context(context)
+                .unwrap();
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset("t", 0, Offset::Beginning).unwrap();
+            consumer.assign(&tpl).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                assert!(Instant::now() < deadline, "no partition end");
+                if let Some(Err(KafkaError::PartitionEOF(_))) =
+                    consumer.poll(Duration::from_millis(100))
+                {
+                    break;
+                }
+            }
+        });
+        let text = String::from_utf8_lossy(&buffer.0.lock().unwrap()).into_owned();
+        text
+    }
+
+    #[test]
+    fn reaching_a_partitions_end_logs_no_error() {
+        // librdkafka reports the end as an error event: rdkafka's default context logs it at
+        // error level, which is what the readers' context must not do.
+        let default = logged_reading_to_the_end(rdkafka::consumer::DefaultConsumerContext);
+        assert!(default.contains("PartitionEOF"), "{default}");
+        let reader = logged_reading_to_the_end(ReaderContext);
+        assert!(!reader.contains("PartitionEOF"), "{reader}");
+    }
 
     #[test]
     fn record_round_trips_and_suggests_a_margin() {

@@ -405,11 +405,19 @@ impl Walbox {
         subcommand: &str,
         env: &[(K, V)],
     ) -> Walbox {
+        Self::spawn_args(&[subcommand], env)
+    }
+
+    /// Starts `walbox <args…>` with exactly `env` (plus PATH) as its environment.
+    pub fn spawn_args<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>>(
+        args: &[&str],
+        env: &[(K, V)],
+    ) -> Walbox {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("walbox.log");
         let out = File::create(&log).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_walbox"))
-            .arg(subcommand)
+            .args(args)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs(env.iter().map(|(k, v)| (k, v)))
