@@ -18,7 +18,7 @@ use walbox::sandbox::broker::TopicReader;
 use rand::{Rng, SeedableRng};
 
 use crate::support::events::{
-    assert_per_aggregate_commit_order, await_distinct, id_counts, id_of, outbox_ids,
+    assert_per_aggregate_commit_order, await_distinct, distinct_ids, id_counts, id_of, outbox_ids,
     stop_and_read_exactly, write_txn, write_txns,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
@@ -253,6 +253,86 @@ fn a_transaction_open_past_the_transaction_timeout_is_reported_as_timed_out() {
         !t.db.slot_active(&t.slot)
     });
     assert!(t.db.confirmed(&t.slot) < written.after_commit);
+}
+
+/// Issue: under read_committed the progress topic ends at its last stable offset, so another
+/// producer's open transaction on it (another shard's, another deployment's) hid this slot's
+/// newer record, and start-up read an older one and sent events twice.
+#[cfg(feature = "failpoints")]
+#[test]
+fn another_producers_open_transaction_does_not_hide_newer_progress_records() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let Some(t) = setup("eos_hidden") else {
+        return;
+    };
+    let brokers = t.broker.bootstrap_servers();
+    let env = eos_env(&t.db, &t.slot, &brokers, "1ms");
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    let mut walbox = Walbox::spawn(&env);
+    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
+    let first = wait_for_all(&mut reader, &t.db, &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &first);
+    // A walbox that crashes after its next Kafka commit, before the slot hears of it.
+    let mut faulty = env.clone();
+    faulty.push((
+        "FAILPOINTS".into(),
+        "relay::eos-committed=1*off->return".into(),
+    ));
+    let mut crashing = Walbox::spawn(&faulty);
+    wait_until(WAIT, "walbox to read the progress topic", || {
+        crashing.log().contains("kafka transactions ready")
+    });
+    // Then another producer opens a transaction on the progress topic and keeps it open: the
+    // crashing walbox's newer records come behind it.
+    let foreign: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("transactional.id", format!("foreign-{}", t.slot))
+        .create()
+        .expect("producer");
+    let call = Duration::from_secs(30);
+    foreign.init_transactions(call).expect("init_transactions");
+    foreign.begin_transaction().expect("begin");
+    foreign
+        .send(
+            BaseRecord::to("walbox.progress")
+                .key("foreign/db/slot")
+                .payload("{}"),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    foreign.flush(call).expect("flush");
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    let status = crashing.wait_exit(WAIT);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(6),
+        "{}",
+        crashing.log()
+    );
+    wait_until(WAIT, "PostgreSQL to release the slot", || {
+        !t.db.slot_active(&t.slot)
+    });
+    // The restart must not take the older record for the last one.
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to read the progress topic", || {
+        let log = walbox.log();
+        log.contains("waiting for it to end") || log.contains("kafka transactions ready")
+    });
+    foreign.abort_transaction(call).expect("abort");
+    let all = wait_for_all(&mut reader, &t.db, &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+    let twice: Vec<i64> = id_counts(reader.records.iter().map(id_of))
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "{} events in Kafka twice; log:\n{}",
+        twice.len(),
+        walbox.log()
+    );
 }
 
 #[cfg(feature = "failpoints")]
@@ -553,10 +633,17 @@ fn a_zombie_is_fenced_by_the_process_that_took_its_slot() {
     wait_until(WAIT, "the first walbox to stream", || {
         t.db.streaming(&t.slot)
     });
-    let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
+    let brokers = t.broker.bootstrap_servers();
+    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
+    let mut uncommitted = TopicReader::read_uncommitted(&brokers, &[&t.topic], WAIT).unwrap();
     // Its Kafka transaction stays open (50 s, a million events): the records reach the
     // broker, the commit does not.
     let open = write_txn(&t.db, &t.topic, &t.aggregates, false);
+    assert!(
+        uncommitted.poll_until(WAIT, |r| distinct_ids(r).len() >= open.ids.len()),
+        "the open transaction's records reach the broker; log:\n{}",
+        zombie.log()
+    );
     // Frozen, then cut off from PostgreSQL: it still holds a producer and an open transaction.
     let pid = zombie.pid().to_string();
     assert!(std::process::Command::new("kill")
@@ -599,10 +686,16 @@ fn a_zombie_is_fenced_by_the_process_that_took_its_slot() {
     let all = wait_for_all(&mut reader, &t.db, &successor);
     stop_and_read_exactly(&mut successor, &mut reader, &all);
     // The zombie's aborted transaction is hidden from this read_committed reader by its
-    // abort marker: every event exactly once.
+    // abort marker: every event exactly once. A read_uncommitted reader sees its records too.
     for (id, n) in id_counts(reader.records.iter().map(id_of)) {
         assert_eq!(n, 1, "event {id} in Kafka {n} times");
     }
+    uncommitted.read_to_end(WAIT).unwrap();
+    let seen = id_counts(uncommitted.records.iter().map(id_of));
+    assert!(
+        open.ids.iter().all(|id| seen.get(id) == Some(&2)),
+        "read_uncommitted: the aborted copy and the committed one of each open event"
+    );
     assert!(more.ids.iter().all(|id| all.contains(id)));
     assert_per_aggregate_commit_order(&reader.records);
 }

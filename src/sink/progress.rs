@@ -145,7 +145,10 @@ impl Classify for ProgressError {
 
 /// The newest committed record for `key` in the progress topic (blocking; reads every
 /// partition from the beginning to its end, at most `timeout`; records of aborted or open
-/// transactions are not read). `Ok(None)` only when the topic was read completely and holds no
+/// transactions are not read, and a partition is read until its committed view reaches the
+/// high watermark it had at the start, so that another producer's open transaction cannot
+/// hide this slot's newer records: the read then waits for that transaction to end, and
+/// times out when it outlives `timeout`). `Ok(None)` only when the topic was read completely and holds no
 /// record for `key`.
 pub fn read_last(
     config: &KafkaConfig,
@@ -170,6 +173,10 @@ pub fn read_last(
         cc.set(k, v);
     }
     let consumer: BaseConsumer = cc.create().map_err(kafka)?;
+    // ListOffsets answers a read_committed client with the last stable offset: the high
+    // watermarks come from a read_uncommitted one.
+    cc.set("isolation.level", "read_uncommitted");
+    let watermarks: BaseConsumer = cc.create().map_err(kafka)?;
     let deadline = Instant::now() + timeout;
     let left = || deadline.saturating_duration_since(Instant::now());
     let md = consumer
@@ -189,7 +196,9 @@ pub fn read_last(
     let mut tpl = TopicPartitionList::new();
     let mut pending = Vec::new();
     for p in partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, p, left()).map_err(kafka)?;
+        let (low, high) = watermarks
+            .fetch_watermarks(topic, p, left())
+            .map_err(kafka)?;
         if high > low {
             tpl.add_partition_offset(topic, p, Offset::Offset(low))
                 .map_err(kafka)?;
@@ -202,6 +211,7 @@ pub fn read_last(
     consumer.assign(&tpl).map_err(kafka)?;
     let wanted = key.record_key();
     let mut found = None;
+    let mut waiting = false;
     while !pending.is_empty() {
         if left().is_zero() {
             return Err(ProgressError::Timeout(topic.to_owned()));
@@ -227,12 +237,46 @@ pub fn read_last(
                 let (p, offset) = (m.partition(), m.offset());
                 pending.retain(|(q, high)| !(*q == p && offset + 1 >= *high));
             }
-            Some(Err(KafkaError::PartitionEOF(p))) => pending.retain(|(q, _)| *q != p),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                // Under read_committed the end is the last stable offset: an open transaction
+                // of another producer (another shard or deployment) hides every record after
+                // its first one, this slot's newer ones included. Done only once the
+                // committed view reached the high watermark read at the start.
+                let at = position_of(&consumer, topic, p);
+                match pending.iter().find(|(q, _)| *q == p) {
+                    Some((_, high)) if at < *high => {
+                        if !waiting {
+                            waiting = true;
+                            tracing::info!(
+                                topic, partition = p, committed_up_to = at, high_watermark = high,
+                                "an open kafka transaction of another producer hides newer records of the progress topic; waiting for it to end (at most transaction.timeout.ms)"
+                            );
+                        }
+                    }
+                    _ => pending.retain(|(q, _)| *q != p),
+                }
+            }
             Some(Err(e)) => return Err(kafka(e)),
+            // The transaction ended with nothing more to deliver (aborted, say).
+            None if waiting => {
+                pending.retain(|(q, high)| position_of(&consumer, topic, *q) < *high);
+            }
             None => {}
         }
     }
     Ok(found)
+}
+
+/// The consumer's next offset in `topic`'s partition `p` (0 when unknown).
+fn position_of(consumer: &BaseConsumer, topic: &str, p: i32) -> i64 {
+    consumer
+        .position()
+        .ok()
+        .and_then(|tpl| match tpl.find_partition(topic, p)?.offset() {
+            Offset::Offset(at) => Some(at),
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
