@@ -335,6 +335,52 @@ fn another_producers_open_transaction_does_not_hide_newer_progress_records() {
     );
 }
 
+/// Issue: the progress record's key survives a point-in-time restore or a promoted standby,
+/// which reuse LSNs; a record from that other history, far ahead of the server, made every new
+/// transaction below it "already in Kafka": new rows lost without an error.
+#[test]
+fn a_progress_record_beyond_the_servers_wal_is_not_trusted() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let Some(t) = setup("eos_history") else {
+        return;
+    };
+    let brokers = t.broker.bootstrap_servers();
+    let system =
+        t.db.sql("SELECT system_identifier FROM pg_control_system()");
+    let key = format!("{system}/{}/{}", t.db.name, t.slot);
+    let record = serde_json::json!({
+        "slot": t.slot, "database": t.db.name, "system_identifier": system,
+        "confirmed_lsn": "FF/0", "confirmed_commit_time_us": null,
+        "written_at": "2026-01-01T00:00:00Z",
+    });
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .expect("producer");
+    producer
+        .send(
+            BaseRecord::to("walbox.progress")
+                .key(&key)
+                .payload(&record.to_string()),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    producer.flush(Duration::from_secs(30)).expect("flush");
+    let env = eos_env(&t.db, &t.slot, &brokers, "1ms");
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    let mut walbox = Walbox::spawn(&env);
+    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    let all = wait_for_all(&mut reader, &t.db, &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+    assert!(
+        walbox.log().contains("of another history"),
+        "{}",
+        walbox.log()
+    );
+}
+
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_crash_inside_a_kafka_transaction_confirms_nothing_of_it() {
