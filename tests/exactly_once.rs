@@ -335,27 +335,21 @@ fn another_producers_open_transaction_does_not_hide_newer_progress_records() {
     );
 }
 
-/// Issue: the progress record's key survives a point-in-time restore or a promoted standby,
-/// which reuse LSNs; a record from that other history, far ahead of the server, made every new
-/// transaction below it "already in Kafka": new rows lost without an error.
-#[test]
-fn a_progress_record_beyond_the_servers_wal_is_not_trusted() {
+/// Writes a progress record for `t`'s slot at `lsn`, outside any transaction, as another
+/// walbox would have.
+fn write_progress_record(t: &Setup, lsn: &str) {
     use rdkafka::config::ClientConfig;
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let Some(t) = setup("eos_history") else {
-        return;
-    };
-    let brokers = t.broker.bootstrap_servers();
     let system =
         t.db.sql("SELECT system_identifier FROM pg_control_system()");
     let key = format!("{system}/{}/{}", t.db.name, t.slot);
     let record = serde_json::json!({
         "slot": t.slot, "database": t.db.name, "system_identifier": system,
-        "confirmed_lsn": "FF/0", "confirmed_commit_time_us": null,
+        "confirmed_lsn": lsn, "confirmed_commit_time_us": null,
         "written_at": "2026-01-01T00:00:00Z",
     });
     let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
+        .set("bootstrap.servers", t.broker.bootstrap_servers())
         .create()
         .expect("producer");
     producer
@@ -367,6 +361,48 @@ fn a_progress_record_beyond_the_servers_wal_is_not_trusted() {
         .map_err(|(e, _)| e)
         .expect("send");
     producer.flush(Duration::from_secs(30)).expect("flush");
+}
+
+/// Issue: after the slot-lost runbook (`recreate-slot`, then `run`), the old slot's progress
+/// record still said where Kafka was; new transactions below it were skipped as relayed.
+#[test]
+fn recreate_slot_resets_the_progress_record() {
+    let Some(t) = setup("eos_reset") else {
+        return;
+    };
+    let brokers = t.broker.bootstrap_servers();
+    // The old slot's record: 16 MB of WAL ahead of now, reached before walbox runs again.
+    let now: Lsn = t.db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
+    let ahead = Lsn::from(now.as_u64() + 0x100_0000);
+    write_progress_record(&t, &ahead.to_string());
+    let env = eos_env(&t.db, &t.slot, &brokers, "1ms");
+    let (code, out) = support::walbox_cmd(&["recreate-slot", "--confirm-data-loss"], &env);
+    assert_eq!(code, 0, "{out}");
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    t.db.sql(
+        "INSERT INTO payments (wallet_id, amount) SELECT 'w', g FROM generate_series(1, 300000) g",
+    );
+    let past: Lsn = t.db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
+    assert!(
+        past > ahead,
+        "the server's WAL passed the old record: {past} ≤ {ahead}"
+    );
+    let mut walbox = Walbox::spawn(&env);
+    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
+    let all = wait_for_all(&mut reader, &t.db, &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+}
+
+/// Issue: the progress record's key survives a point-in-time restore or a promoted standby,
+/// which reuse LSNs; a record from that other history, far ahead of the server, made every new
+/// transaction below it "already in Kafka": new rows lost without an error.
+#[test]
+fn a_progress_record_beyond_the_servers_wal_is_not_trusted() {
+    let Some(t) = setup("eos_history") else {
+        return;
+    };
+    let brokers = t.broker.bootstrap_servers();
+    write_progress_record(&t, "FF/0");
     let env = eos_env(&t.db, &t.slot, &brokers, "1ms");
     write_txns(&t.db, &t.topic, &t.aggregates, 2);
     let mut walbox = Walbox::spawn(&env);

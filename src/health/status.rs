@@ -20,7 +20,7 @@ use crate::failure::{Failure, FatalError};
 use crate::health::alert::{self, Assessment};
 use crate::health::progress::{self, human_bytes as human, Estimate};
 use crate::pg::control::connect_control;
-use crate::sink::progress::{read_last, ProgressKey, ProgressRecord};
+use crate::sink::progress::{read_last, write_reset, ProgressKey, ProgressRecord};
 use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
 use crate::source::standby::{self, Role};
@@ -346,6 +346,33 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
         )
     })?;
     println!("recreated replication slot {name:?}");
+    // The old slot's record would otherwise still say where Kafka is: in exactly-once mode,
+    // new transactions below it would be skipped as already relayed.
+    if let Some(key) = progress_key(config).await {
+        let kafka = config.kafka.clone();
+        let reset = tokio::task::spawn_blocking(move || {
+            write_reset(&kafka, &key, new, Duration::from_secs(30))
+        })
+        .await;
+        let failed = match reset {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        match failed {
+            None => println!("  progress record reset to the new slot's start"),
+            // Exactly-once mode trusts the record at start: it must not outlive the old slot.
+            Some(e) if config.kafka.exactly_once.is_some() => {
+                return Err(fatal(
+                    Failure::Kafka,
+                    format!("slot recreated, but its progress record was not reset ({e}); run recreate-slot again once Kafka answers, before walbox run"),
+                ));
+            }
+            Some(e) => {
+                println!("  progress record not reset ({e}); the next walbox run writes one")
+            }
+        }
+    }
     if failover == Some(true) {
         println!("  failover: kept (synchronized to standbys, as the old slot was)");
     }
@@ -367,8 +394,8 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
     Ok(())
 }
 
-/// The newest progress record of the configured slot, when Kafka and the server answer.
-async fn last_progress(config: &Config) -> Option<ProgressRecord> {
+/// The configured slot's progress key, when the server answers.
+async fn progress_key(config: &Config) -> Option<ProgressKey> {
     let mut repl = ReplicationConnection::connect(&config.postgres.conn)
         .await
         .ok()?;
@@ -377,11 +404,16 @@ async fn last_progress(config: &Config) -> Option<ProgressRecord> {
     if let Err(e) = repl.close().await {
         tracing::debug!(error = %e, "closing the replication connection");
     }
-    let key = ProgressKey {
+    Some(ProgressKey {
         system_identifier: identity.system_id,
         database: identity.dbname.unwrap_or_default(),
         slot: config.postgres.slot.clone(),
-    };
+    })
+}
+
+/// The newest progress record of the configured slot, when Kafka and the server answer.
+async fn last_progress(config: &Config) -> Option<ProgressRecord> {
+    let key = progress_key(config).await?;
     let kafka = config.kafka.clone();
     let read = tokio::task::spawn_blocking(move || {
         read_last(&kafka, &key, std::time::Duration::from_secs(30))

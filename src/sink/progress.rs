@@ -267,6 +267,40 @@ pub fn read_last(
     Ok(found)
 }
 
+/// Writes `key`'s progress record at `at` outside any transaction (visible to every reader at
+/// once; blocking, at most `timeout`): `walbox recreate-slot`'s reset record, so that the new
+/// slot is never measured against a record of the one it replaces.
+pub fn write_reset(
+    config: &KafkaConfig,
+    key: &ProgressKey,
+    at: Lsn,
+    timeout: Duration,
+) -> Result<(), ProgressError> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let topic = config.progress_topic.as_str();
+    let kafka = |error| ProgressError::Kafka {
+        topic: topic.to_owned(),
+        error,
+    };
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &config.brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("allow.auto.create.topics", "false");
+    for (k, v) in crate::sink::security_properties(&config.properties) {
+        cc.set(k, v);
+    }
+    let producer: BaseProducer = cc.create().map_err(kafka)?;
+    let record = ProgressRecord::new(key, at, None);
+    // Strings and integers only: encoding cannot fail.
+    let value = serde_json::to_vec(&record).unwrap_or_default();
+    let record_key = key.record_key();
+    producer
+        .send(BaseRecord::to(topic).key(&record_key).payload(&value))
+        .map_err(|(e, _)| kafka(e))?;
+    producer.flush(timeout).map_err(kafka)
+}
+
 /// The consumer's next offset in `topic`'s partition `p` (0 when unknown).
 fn position_of(consumer: &BaseConsumer, topic: &str, p: i32) -> i64 {
     consumer
