@@ -1,5 +1,12 @@
 //! Exactly-once mode (`kafka.exactly_once = true`): crashes on both sides of a Kafka commit,
-//! SIGKILLs while a writer commits, a fenced zombie, and faults the broker injects.
+//! SIGKILLs while a writer commits, a fenced zombie, faults the broker injects, and the
+//! progress record (never moved backwards, not hidden by another producer's open
+//! transaction, not trusted from another history, reset by `recreate-slot`).
+//!
+//! What needs Apache Kafka (the real-Kafka lane, `scripts/real-kafka.sh`): fencing, transaction
+//! markers (a `read_committed` reader sees each event once, a `read_uncommitted` one the
+//! aborted copies too), and the coordinator's abort of a transaction past its timeout; those
+//! tests skip themselves on the mock cluster, and the broker-fault tests on a real broker.
 //!
 //! Brokers and `read_committed`: librdkafka's mock cluster writes no transaction markers, and
 //! tansu (the real-broker script) sends no aborted-transaction list, so on both a consumer sees
