@@ -1,5 +1,12 @@
 //! Exactly-once mode (`kafka.exactly_once = true`): crashes on both sides of a Kafka commit,
-//! SIGKILLs while a writer commits, a fenced zombie, and faults the broker injects.
+//! SIGKILLs while a writer commits, a fenced zombie, faults the broker injects, and the
+//! progress record (never moved backwards, not hidden by another producer's open
+//! transaction, not trusted from another history, reset by `recreate-slot`).
+//!
+//! What needs Apache Kafka (the real-Kafka lane, `scripts/real-kafka.sh`): fencing, transaction
+//! markers (a `read_committed` reader sees each event once, a `read_uncommitted` one the
+//! aborted copies too), and the coordinator's abort of a transaction past its timeout; those
+//! tests skip themselves on the mock cluster, and the broker-fault tests on a real broker.
 //!
 //! Brokers and `read_committed`: librdkafka's mock cluster writes no transaction markers, and
 //! tansu (the real-broker script) sends no aborted-transaction list, so on both a consumer sees
@@ -18,7 +25,7 @@ use walbox::sandbox::broker::TopicReader;
 use rand::{Rng, SeedableRng};
 
 use crate::support::events::{
-    assert_per_aggregate_commit_order, await_distinct, id_counts, id_of, outbox_ids,
+    assert_per_aggregate_commit_order, await_distinct, distinct_ids, id_counts, id_of, outbox_ids,
     stop_and_read_exactly, write_txn, write_txns,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
@@ -253,6 +260,168 @@ fn a_transaction_open_past_the_transaction_timeout_is_reported_as_timed_out() {
         !t.db.slot_active(&t.slot)
     });
     assert!(t.db.confirmed(&t.slot) < written.after_commit);
+}
+
+/// Issue: under read_committed the progress topic ends at its last stable offset, so another
+/// producer's open transaction on it (another shard's, another deployment's) hid this slot's
+/// newer record, and start-up read an older one and sent events twice.
+#[cfg(feature = "failpoints")]
+#[test]
+fn another_producers_open_transaction_does_not_hide_newer_progress_records() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let Some(t) = setup("eos_hidden") else {
+        return;
+    };
+    let brokers = t.broker.bootstrap_servers();
+    let env = eos_env(&t.db, &t.slot, &brokers, "1ms");
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    let mut walbox = Walbox::spawn(&env);
+    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
+    let first = wait_for_all(&mut reader, &t.db, &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &first);
+    // A walbox that crashes after its next Kafka commit, before the slot hears of it.
+    let mut faulty = env.clone();
+    faulty.push((
+        "FAILPOINTS".into(),
+        "relay::eos-committed=1*off->return".into(),
+    ));
+    let mut crashing = Walbox::spawn(&faulty);
+    wait_until(WAIT, "walbox to read the progress topic", || {
+        crashing.log().contains("kafka transactions ready")
+    });
+    // Then another producer opens a transaction on the progress topic and keeps it open: the
+    // crashing walbox's newer records come behind it.
+    let foreign: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("transactional.id", format!("foreign-{}", t.slot))
+        .create()
+        .expect("producer");
+    let call = Duration::from_secs(30);
+    foreign.init_transactions(call).expect("init_transactions");
+    foreign.begin_transaction().expect("begin");
+    foreign
+        .send(
+            BaseRecord::to("walbox.progress")
+                .key("foreign/db/slot")
+                .payload("{}"),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    foreign.flush(call).expect("flush");
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    let status = crashing.wait_exit(WAIT);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(6),
+        "{}",
+        crashing.log()
+    );
+    wait_until(WAIT, "PostgreSQL to release the slot", || {
+        !t.db.slot_active(&t.slot)
+    });
+    // The restart must not take the older record for the last one.
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to read the progress topic", || {
+        let log = walbox.log();
+        log.contains("waiting for it to end") || log.contains("kafka transactions ready")
+    });
+    foreign.abort_transaction(call).expect("abort");
+    let all = wait_for_all(&mut reader, &t.db, &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+    let twice: Vec<i64> = id_counts(reader.records.iter().map(id_of))
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "{} events in Kafka twice; log:\n{}",
+        twice.len(),
+        walbox.log()
+    );
+}
+
+/// Writes a progress record for `t`'s slot at `lsn`, outside any transaction, as another
+/// walbox would have.
+fn write_progress_record(t: &Setup, lsn: &str) {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let system =
+        t.db.sql("SELECT system_identifier FROM pg_control_system()");
+    let key = format!("{system}/{}/{}", t.db.name, t.slot);
+    let record = serde_json::json!({
+        "slot": t.slot, "database": t.db.name, "system_identifier": system,
+        "confirmed_lsn": lsn, "confirmed_commit_time_us": null,
+        "written_at": "2026-01-01T00:00:00Z",
+    });
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", t.broker.bootstrap_servers())
+        .create()
+        .expect("producer");
+    producer
+        .send(
+            BaseRecord::to("walbox.progress")
+                .key(&key)
+                .payload(&record.to_string()),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    producer.flush(Duration::from_secs(30)).expect("flush");
+}
+
+/// Issue: after the slot-lost runbook (`recreate-slot`, then `run`), the old slot's progress
+/// record still said where Kafka was; new transactions below it were skipped as relayed.
+#[test]
+fn recreate_slot_resets_the_progress_record() {
+    let Some(t) = setup("eos_reset") else {
+        return;
+    };
+    let brokers = t.broker.bootstrap_servers();
+    // The old slot's record: 16 MB of WAL ahead of now, reached before walbox runs again.
+    let now: Lsn = t.db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
+    let ahead = Lsn::from(now.as_u64() + 0x100_0000);
+    write_progress_record(&t, &ahead.to_string());
+    let env = eos_env(&t.db, &t.slot, &brokers, "1ms");
+    let (code, out) = support::walbox_cmd(&["recreate-slot", "--confirm-data-loss"], &env);
+    assert_eq!(code, 0, "{out}");
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    t.db.sql(
+        "INSERT INTO payments (wallet_id, amount) SELECT 'w', g FROM generate_series(1, 300000) g",
+    );
+    let past: Lsn = t.db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
+    assert!(
+        past > ahead,
+        "the server's WAL passed the old record: {past} ≤ {ahead}"
+    );
+    let mut walbox = Walbox::spawn(&env);
+    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
+    let all = wait_for_all(&mut reader, &t.db, &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+}
+
+/// Issue: the progress record's key survives a point-in-time restore or a promoted standby,
+/// which reuse LSNs; a record from that other history, far ahead of the server, made every new
+/// transaction below it "already in Kafka": new rows lost without an error.
+#[test]
+fn a_progress_record_beyond_the_servers_wal_is_not_trusted() {
+    let Some(t) = setup("eos_history") else {
+        return;
+    };
+    let brokers = t.broker.bootstrap_servers();
+    write_progress_record(&t, "FF/0");
+    let env = eos_env(&t.db, &t.slot, &brokers, "1ms");
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    let mut walbox = Walbox::spawn(&env);
+    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
+    write_txns(&t.db, &t.topic, &t.aggregates, 2);
+    let all = wait_for_all(&mut reader, &t.db, &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+    assert!(
+        walbox.log().contains("of another history"),
+        "{}",
+        walbox.log()
+    );
 }
 
 #[cfg(feature = "failpoints")]
@@ -553,10 +722,17 @@ fn a_zombie_is_fenced_by_the_process_that_took_its_slot() {
     wait_until(WAIT, "the first walbox to stream", || {
         t.db.streaming(&t.slot)
     });
-    let mut reader = TopicReader::new(&t.broker.bootstrap_servers(), &[&t.topic], WAIT).unwrap();
+    let brokers = t.broker.bootstrap_servers();
+    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
+    let mut uncommitted = TopicReader::read_uncommitted(&brokers, &[&t.topic], WAIT).unwrap();
     // Its Kafka transaction stays open (50 s, a million events): the records reach the
     // broker, the commit does not.
     let open = write_txn(&t.db, &t.topic, &t.aggregates, false);
+    assert!(
+        uncommitted.poll_until(WAIT, |r| distinct_ids(r).len() >= open.ids.len()),
+        "the open transaction's records reach the broker; log:\n{}",
+        zombie.log()
+    );
     // Frozen, then cut off from PostgreSQL: it still holds a producer and an open transaction.
     let pid = zombie.pid().to_string();
     assert!(std::process::Command::new("kill")
@@ -599,10 +775,16 @@ fn a_zombie_is_fenced_by_the_process_that_took_its_slot() {
     let all = wait_for_all(&mut reader, &t.db, &successor);
     stop_and_read_exactly(&mut successor, &mut reader, &all);
     // The zombie's aborted transaction is hidden from this read_committed reader by its
-    // abort marker: every event exactly once.
+    // abort marker: every event exactly once. A read_uncommitted reader sees its records too.
     for (id, n) in id_counts(reader.records.iter().map(id_of)) {
         assert_eq!(n, 1, "event {id} in Kafka {n} times");
     }
+    uncommitted.read_to_end(WAIT).unwrap();
+    let seen = id_counts(uncommitted.records.iter().map(id_of));
+    assert!(
+        open.ids.iter().all(|id| seen.get(id) == Some(&2)),
+        "read_uncommitted: the aborted copy and the committed one of each open event"
+    );
     assert!(more.ids.iter().all(|id| all.contains(id)));
     assert_per_aggregate_commit_order(&reader.records);
 }

@@ -152,10 +152,24 @@ fn sigkill_at_random_points_loses_nothing_and_never_confirms_unacked_events() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(13);
     let mut kills = 0;
     let mut checked_txns = 0;
+    let created = db.confirmed(&slot);
     while kills < 20 || !writer.is_finished() {
         let mut walbox = Walbox::spawn(&env);
-        // Fault injection: the kill point is random by design.
-        std::thread::sleep(Duration::from_millis(rng.random_range(150..900)));
+        if kills == 0 {
+            // The first kill comes once something is confirmed, so that the check below
+            // checks something even where start-up is slow (a real broker under load takes
+            // longer than the random window to a first confirmation).
+            wait_until(WAIT, "walbox to confirm a transaction", || {
+                written
+                    .lock()
+                    .unwrap()
+                    .first()
+                    .is_some_and(|w| db.confirmed(&slot) >= w.after_commit.max(created))
+            });
+        } else {
+            // Fault injection: the kill point is random by design.
+            std::thread::sleep(Duration::from_millis(rng.random_range(150..900)));
+        }
         walbox.kill();
         kills += 1;
         // walbox is dead, so the slot's position is final for now: every transaction it

@@ -19,7 +19,8 @@ use super::env::LAYOUT;
 use super::error::ConfigError;
 use super::http::RawHttp;
 use super::kafka::{
-    check_kafka_properties, valid_topic, ExactlyOnce, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC,
+    check_kafka_properties, valid_topic, ExactlyOnce, KafkaConfig, RawKafka,
+    DEFAULT_PROGRESS_TOPIC, TRANSACTION_TIMEOUT_MS,
 };
 use super::layers::{deserialize, read_layers};
 use super::log::{LogConfig, RawLog};
@@ -315,7 +316,7 @@ impl RawConfig {
                     .kafka
                     .properties
                     .get("transaction.timeout.ms")
-                    .map_or(crate::config::TRANSACTION_TIMEOUT_MS, String::as_str);
+                    .map_or(TRANSACTION_TIMEOUT_MS, String::as_str);
                 let timeout = timeout_ms
                     .trim()
                     .parse::<u64>()

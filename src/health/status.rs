@@ -21,7 +21,7 @@ use crate::failure::{Failure, FatalError};
 use crate::health::alert::{self, Assessment};
 use crate::health::progress::{self, human_bytes as human, Estimate};
 use crate::pg::control::connect_control;
-use crate::sink::progress::{read_last, republish_command, ProgressKey, ProgressRecord};
+use crate::sink::progress::{read_last, republish_command, write_reset, ProgressKey, ProgressRecord};
 use crate::source::catalog;
 use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
@@ -374,6 +374,33 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
         )
     })?;
     println!("recreated replication slot {name:?}");
+    // The old slot's record would otherwise still say where Kafka is: in exactly-once mode,
+    // new transactions below it would be skipped as already relayed.
+    if let Some(key) = progress_key(&config.postgres.conn, &config.postgres.slot).await {
+        let kafka = config.kafka.clone();
+        let reset = tokio::task::spawn_blocking(move || {
+            write_reset(&kafka, &key, new, Duration::from_secs(30))
+        })
+        .await;
+        let failed = match reset {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        match failed {
+            None => println!("  progress record reset to the new slot's start"),
+            // Exactly-once mode trusts the record at start: it must not outlive the old slot.
+            Some(e) if config.kafka.exactly_once.is_some() => {
+                return Err(fatal(
+                    Failure::Kafka,
+                    format!("slot recreated, but its progress record was not reset ({e}); run recreate-slot again once Kafka answers, before walbox run"),
+                ));
+            }
+            Some(e) => {
+                println!("  progress record not reset ({e}); the next walbox run writes one")
+            }
+        }
+    }
     if failover == Some(true) {
         println!("  failover: kept (synchronized to standbys, as the old slot was)");
     }
@@ -401,6 +428,21 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
     Ok(())
 }
 
+/// The progress key of `slot` on the server `conn` names, when the server answers.
+async fn progress_key(conn: &ConnInfo, slot: &str) -> Option<ProgressKey> {
+    let mut repl = ReplicationConnection::connect(conn).await.ok()?;
+    let identity = repl.identify_system().await.ok()?;
+    // Terminate, so the server logs no unexpected EOF.
+    if let Err(e) = repl.close().await {
+        tracing::debug!(error = %e, "closing the replication connection");
+    }
+    Some(ProgressKey {
+        system_identifier: identity.system_id,
+        database: identity.dbname.unwrap_or_default(),
+        slot: slot.to_owned(),
+    })
+}
+
 /// The newest progress record of `slot` on the server `conn` names, when Kafka and the server
 /// answer (`walbox recreate-slot`, and the relay's message for a slot found lost).
 pub async fn last_progress(
@@ -408,17 +450,7 @@ pub async fn last_progress(
     slot: &str,
     kafka: &KafkaConfig,
 ) -> Option<ProgressRecord> {
-    let mut repl = ReplicationConnection::connect(conn).await.ok()?;
-    let identity = repl.identify_system().await.ok()?;
-    // Terminate, so the server logs no unexpected EOF.
-    if let Err(e) = repl.close().await {
-        tracing::debug!(error = %e, "closing the replication connection");
-    }
-    let key = ProgressKey {
-        system_identifier: identity.system_id,
-        database: identity.dbname.unwrap_or_default(),
-        slot: slot.to_owned(),
-    };
+    let key = progress_key(conn, slot).await?;
     let kafka = kafka.clone();
     let read = tokio::task::spawn_blocking(move || {
         read_last(&kafka, &key, std::time::Duration::from_secs(30))

@@ -22,7 +22,9 @@
 //!   fences every earlier producer of the slot (and aborts what it left open) before the
 //!   progress topic is read `read_committed`, so the record read is the last one committed.
 //!   Every PostgreSQL transaction whose commit LSN is below it is already in Kafka: what
-//!   PostgreSQL sends again below it is skipped (counted, not produced). This closes the window
+//!   PostgreSQL sends again below it is skipped (counted, not produced). A record beyond the
+//!   server's WAL position (IDENTIFY_SYSTEM's `xlogpos`) is of another history and ignored:
+//!   duplicates rather than silent loss. This closes the window
 //!   between a Kafka commit and the status update that confirms it. It relies on the broker
 //!   hiding the records of aborted transactions from `read_committed` readers, as Kafka does;
 //!   on a broker that does not, it still loses nothing, because a transaction's progress
@@ -130,6 +132,7 @@ impl Relay {
         &mut self,
         key: &ProgressKey,
         bounds: ExactlyOnce,
+        server_at: Lsn,
     ) -> Result<KafkaTxn, RelayError> {
         let id = transactional_id(key);
         let acks = Arc::new(AckQueue::default());
@@ -153,6 +156,19 @@ impl Relay {
             ))
         })
         .map_err(|e| RelayError::Transaction(TxnError::Progress(e)))?;
+        // A record beyond the server's WAL position cannot be of this server's history (a
+        // point-in-time restore, a promoted asynchronous standby that lags, reusing LSNs):
+        // trusting it would skip new transactions as "already in Kafka".
+        let record = record.filter(|r| {
+            let ours = r.confirmed_lsn <= server_at;
+            if !ours {
+                tracing::warn!(
+                    recorded = %r.confirmed_lsn, server_at = %server_at,
+                    "the last progress record lies beyond the server's WAL position: it is of another history (a restore or a promoted standby); ignored, so transactions may be sent again"
+                );
+            }
+            ours
+        });
         let (skip_below, skip_commit_time) = record.map_or((Lsn::ZERO, None), |r| {
             let time = r
                 .confirmed_commit_time_us

@@ -451,12 +451,14 @@ impl Relay {
         let messages = self.settings.heartbeats
             || self.settings.outbox.messages.is_some()
             || pg.drain_to.is_some();
+        // The server's WAL position: no progress record of this history can be beyond it.
+        let server_at = open.identity.xlogpos;
         let stream = open.start(pg, start, messages).await?;
         // Exactly-once: only once this process holds the slot does it fence the previous
         // producer and read what that one committed (a second process that cannot get the
         // slot must not stop the one streaming).
         let eos = match self.settings.kafka.exactly_once {
-            Some(bounds) => Some(self.begin_exactly_once(&eos_key, bounds).await?),
+            Some(bounds) => Some(self.begin_exactly_once(&eos_key, bounds, server_at).await?),
             None => None,
         };
         self.health.set_ready(true);

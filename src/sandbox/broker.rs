@@ -148,10 +148,32 @@ pub struct TopicReader {
 }
 
 impl TopicReader {
-    /// Assigns every partition of `topics` (waiting up to `timeout` for them to exist).
+    /// Assigns every partition of `topics` (waiting up to `timeout` for them to exist); reads
+    /// `read_committed`, librdkafka's default: records of aborted or open Kafka transactions are
+    /// never delivered (on a broker that writes transaction markers).
     pub fn new(bootstrap: &str, topics: &[&str], timeout: Duration) -> Result<Self, KafkaError> {
+        Self::with_isolation(bootstrap, topics, timeout, "read_committed")
+    }
+
+    /// [`TopicReader::new`], reading `read_uncommitted`: the records of open and aborted Kafka
+    /// transactions too.
+    pub fn read_uncommitted(
+        bootstrap: &str,
+        topics: &[&str],
+        timeout: Duration,
+    ) -> Result<Self, KafkaError> {
+        Self::with_isolation(bootstrap, topics, timeout, "read_uncommitted")
+    }
+
+    fn with_isolation(
+        bootstrap: &str,
+        topics: &[&str],
+        timeout: Duration,
+        isolation: &str,
+    ) -> Result<Self, KafkaError> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
+            .set("isolation.level", isolation)
             .set("group.id", "walbox-reader")
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")

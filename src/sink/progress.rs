@@ -168,7 +168,10 @@ impl Classify for ProgressError {
 
 /// The newest committed record for `key` in the progress topic (blocking; reads every
 /// partition from the beginning to its end, at most `timeout`; records of aborted or open
-/// transactions are not read). `Ok(None)` only when the topic was read completely and holds no
+/// transactions are not read, and a partition is read until its committed view reaches the
+/// high watermark it had at the start, so that another producer's open transaction cannot
+/// hide this slot's newer records: the read then waits for that transaction to end, and
+/// times out when it outlives `timeout`). `Ok(None)` only when the topic was read completely and holds no
 /// record for `key`.
 pub fn read_last(
     config: &KafkaConfig,
@@ -194,6 +197,11 @@ pub fn read_last(
     }
     let consumer: BaseConsumer<ReaderContext> =
         cc.create_with_context(ReaderContext).map_err(kafka)?;
+    // ListOffsets answers a read_committed client with the last stable offset: the high
+    // watermarks come from a read_uncommitted one.
+    cc.set("isolation.level", "read_uncommitted");
+    let watermarks: BaseConsumer<ReaderContext> =
+        cc.create_with_context(ReaderContext).map_err(kafka)?;
     let deadline = Instant::now() + timeout;
     let left = || deadline.saturating_duration_since(Instant::now());
     let md = consumer
@@ -213,7 +221,9 @@ pub fn read_last(
     let mut tpl = TopicPartitionList::new();
     let mut pending = Vec::new();
     for p in partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, p, left()).map_err(kafka)?;
+        let (low, high) = watermarks
+            .fetch_watermarks(topic, p, left())
+            .map_err(kafka)?;
         if high > low {
             tpl.add_partition_offset(topic, p, Offset::Offset(low))
                 .map_err(kafka)?;
@@ -226,6 +236,7 @@ pub fn read_last(
     consumer.assign(&tpl).map_err(kafka)?;
     let wanted = key.record_key();
     let mut found = None;
+    let mut waiting = false;
     while !pending.is_empty() {
         if left().is_zero() {
             return Err(ProgressError::Timeout(topic.to_owned()));
@@ -251,12 +262,80 @@ pub fn read_last(
                 let (p, offset) = (m.partition(), m.offset());
                 pending.retain(|(q, high)| !(*q == p && offset + 1 >= *high));
             }
-            Some(Err(KafkaError::PartitionEOF(p))) => pending.retain(|(q, _)| *q != p),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                // Under read_committed the end is the last stable offset: an open transaction
+                // of another producer (another shard or deployment) hides every record after
+                // its first one, this slot's newer ones included. Done only once the
+                // committed view reached the high watermark read at the start.
+                let at = position_of(&consumer, topic, p);
+                match pending.iter().find(|(q, _)| *q == p) {
+                    Some((_, high)) if at < *high => {
+                        if !waiting {
+                            waiting = true;
+                            tracing::info!(
+                                topic, partition = p, committed_up_to = at, high_watermark = high,
+                                "an open kafka transaction of another producer hides newer records of the progress topic; waiting for it to end (at most transaction.timeout.ms)"
+                            );
+                        }
+                    }
+                    _ => pending.retain(|(q, _)| *q != p),
+                }
+            }
             Some(Err(e)) => return Err(kafka(e)),
+            // The transaction ended with nothing more to deliver (aborted, say).
+            None if waiting => {
+                pending.retain(|(q, high)| position_of(&consumer, topic, *q) < *high);
+            }
             None => {}
         }
     }
     Ok(found)
+}
+
+/// Writes `key`'s progress record at `at` outside any transaction (visible to every reader at
+/// once; blocking, at most `timeout`): `walbox recreate-slot`'s reset record, so that the new
+/// slot is never measured against a record of the one it replaces.
+pub fn write_reset(
+    config: &KafkaConfig,
+    key: &ProgressKey,
+    at: Lsn,
+    timeout: Duration,
+) -> Result<(), ProgressError> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let topic = config.progress_topic.as_str();
+    let kafka = |error| ProgressError::Kafka {
+        topic: topic.to_owned(),
+        error,
+    };
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &config.brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("allow.auto.create.topics", "false");
+    for (k, v) in crate::sink::security_properties(&config.properties) {
+        cc.set(k, v);
+    }
+    let producer: BaseProducer = cc.create().map_err(kafka)?;
+    let record = ProgressRecord::new(key, at, None);
+    // Strings and integers only: encoding cannot fail.
+    let value = serde_json::to_vec(&record).unwrap_or_default();
+    let record_key = key.record_key();
+    producer
+        .send(BaseRecord::to(topic).key(&record_key).payload(&value))
+        .map_err(|(e, _)| kafka(e))?;
+    producer.flush(timeout).map_err(kafka)
+}
+
+/// The consumer's next offset in `topic`'s partition `p` (0 when unknown).
+fn position_of(consumer: &BaseConsumer<ReaderContext>, topic: &str, p: i32) -> i64 {
+    consumer
+        .position()
+        .ok()
+        .and_then(|tpl| match tpl.find_partition(topic, p)?.offset() {
+            Offset::Offset(at) => Some(at),
+            _ => None,
+        })
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
