@@ -14,7 +14,9 @@
 //! the next one starts after a capped exponential backoff with jitter; the backoff resets once a
 //! session reaches streaming.
 //!
-//! Shards (`postgres.shards` > 1, [`crate::shard`]): each shard is one such relay, with its own
+//! Shards (`postgres.shards` > 1, [`crate::shard`]): first every slot of the layout is made to
+//! exist, all at one position ([`layout::prepare`]; a server short of slots or walsenders stops
+//! the process before any shard streams), then each shard is one such relay, with its own
 //! slot, checkpoint, slot monitor, leader lock and reconnect loop, all in this process. The
 //! shards share one producer (one set of librdkafka threads, and batches that fill across
 //! shards) and, with `kafka.create_topics`, one admin client; each has its own lane of
@@ -51,6 +53,7 @@ use crate::leader::{self, Leadership};
 use crate::metrics::{self, Health, Metrics, ShardMetrics};
 use crate::relay::{Relay, SessionEnd, Settings};
 use crate::retention;
+use crate::shard::layout;
 use crate::sink::kafka::{AckQueue, KafkaSink, Lane};
 use crate::sink::topics::Topics;
 
@@ -108,6 +111,8 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
             let metrics = Arc::new(Metrics::for_slot(&postgres.slot));
             let mut shard = config.clone();
             shard.postgres = postgres;
+            // Only the layout makes slots, all together (`shard::layout`).
+            shard.postgres.create_slot = false;
             // Retention deletes from the one outbox: one shard's term does it.
             if k > 0 {
                 shard.outbox.retention = None;
@@ -126,6 +131,28 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
         Some((producer, lanes)) => (Some(producer), lanes.into_iter().map(Some).collect()),
         None => (None, vec![None; shards.len()]),
     };
+    // Every shard's slot exists, at one position, before any shard streams.
+    let layout_sink = match &producer {
+        Some(p) => p.owner.clone(),
+        None => KafkaSink::new(&config.kafka, Arc::new(AckQueue::default())).map_err(|e| {
+            FatalError {
+                failure: Failure::Kafka,
+                message: e.to_string(),
+            }
+        })?,
+    };
+    let mut layout_topics = topics.sharing();
+    let prepared = layout::prepare(&config, &layout_sink, &mut layout_topics, stop.clone()).await;
+    drop(layout_sink);
+    match prepared {
+        Ok(true) => {}
+        Ok(false) | Err(_) => {
+            if let Some(producer) = producer {
+                producer.finish(config.relay.shutdown_timeout).await;
+            }
+            return prepared.map(drop);
+        }
+    }
     let tasks: Vec<_> = shards
         .into_iter()
         .zip(lanes)

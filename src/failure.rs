@@ -24,6 +24,7 @@
 //! | 13 | [`Failure::Preflight`] | `walbox check`: at least one check failed (each printed with its fix) |
 //! | 14 | [`Failure::Audit`] | `walbox audit`: outbox rows are missing from Kafka (each listed) |
 //! | 15 | [`Failure::Fenced`] | exactly-once mode: another walbox process took over the slot's Kafka transactions |
+//! | 16 | [`Failure::Capacity`] | the server has too few free replication slots or walsenders for every shard of `postgres.shards` |
 
 use std::fmt;
 
@@ -58,6 +59,8 @@ pub enum Failure {
     Audit,
     /// Exactly-once mode: a newer producer with the same transactional id fenced this one.
     Fenced,
+    /// Too few free replication slots or walsenders for every shard of a layout to start.
+    Capacity,
 }
 
 impl Failure {
@@ -78,6 +81,7 @@ impl Failure {
             Failure::Preflight => 13,
             Failure::Audit => 14,
             Failure::Fenced => 15,
+            Failure::Capacity => 16,
         }
     }
 
@@ -154,6 +158,8 @@ mod tests {
             Failure::Unavailable,
             Failure::Preflight,
             Failure::Audit,
+            Failure::Fenced,
+            Failure::Capacity,
         ];
         let mut codes: Vec<u8> = all.iter().map(|f| f.exit_code()).collect();
         codes.sort();

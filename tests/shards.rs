@@ -553,3 +553,136 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
     stop_and_read_exactly(&mut walbox, &mut reader, &ids);
     assert_per_aggregate_commit_order(&reader.records);
 }
+
+/// A cluster with room for two slots and two walsenders: less than three shards need.
+fn short_cluster() -> &'static walbox::sandbox::postgres::PgCluster {
+    static CLUSTER: std::sync::OnceLock<&'static walbox::sandbox::postgres::PgCluster> =
+        std::sync::OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let settings = [("max_replication_slots", "2"), ("max_wal_senders", "2")];
+        Box::leak(Box::new(support::start_cluster(
+            walbox::sandbox::postgres::PgClusterOptions {
+                settings: settings
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..support::pg_options()
+            },
+        )))
+    })
+}
+
+/// Raises `setting` on `db`'s cluster and restarts it.
+fn raise(db: &TestDb, cluster: &walbox::sandbox::postgres::PgCluster, setting: &str, to: u32) {
+    db.sql(&format!("ALTER SYSTEM SET {setting} = {to}"));
+    cluster.restart().expect("restart PostgreSQL");
+    assert_eq!(db.sql(&format!("SHOW {setting}")).trim(), to.to_string());
+}
+
+/// Runs walbox with `env` to its exit: it must stop with 16 before any shard streams, create
+/// no slot, and name what to raise; returns its last line.
+fn refused_for_capacity(
+    env: &[(String, String)],
+    db: &TestDb,
+    port: u16,
+    kept: &[String],
+) -> String {
+    let mut walbox = Walbox::spawn(env);
+    let mut streamed = false;
+    let status = {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            if !walbox.running() {
+                break walbox.wait_exit(WAIT);
+            }
+            // No shard may stream meanwhile, and no health check may pass with one that does.
+            if db
+                .sql("SELECT count(*) FROM pg_replication_slots WHERE active")
+                .trim()
+                != "0"
+            {
+                streamed = true;
+            }
+            if streamed && http_get(port, "/healthz").is_some_and(|(c, _)| c == 200) {
+                panic!(
+                    "some shards stream while another cannot, and /healthz says 200:\n{}",
+                    walbox.log()
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "walbox did not stop:\n{}",
+                walbox.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    assert_eq!(status.code(), Some(16), "{}", walbox.log());
+    assert!(!streamed, "a shard streamed:\n{}", walbox.log());
+    assert_eq!(slots(db, &db.name), kept, "no slot was created");
+    walbox.last_line()
+}
+
+#[test]
+fn a_server_short_of_slots_or_walsenders_stops_every_shard_and_no_row_is_lost() {
+    if !sharding_supported() {
+        return;
+    }
+    let cluster = short_cluster();
+    let db = TestDb::on(cluster, "shards_short");
+    let (topic, broker) = support::topic_on_broker(&db, 3);
+    let (env, port, names) = served_shards(&db, &broker.bootstrap_servers(), 3);
+    let aggs: Vec<String> = (0..30).map(|i| format!("agg-{i}")).collect();
+
+    // Two slots and two walsenders for three shards: walbox stops before any shard streams.
+    let line = refused_for_capacity(&env, &db, port, &[]);
+    assert!(
+        line.contains("postgres.shards = 3 needs")
+            && line.contains("max_replication_slots to at least 3")
+            && line.contains("max_wal_senders to at least 3"),
+        "{line}"
+    );
+    // Rows committed now are relayed by no shard (no slot exists), not by some of them.
+    write_txns(&db, &topic, &aggs, 2);
+
+    // Enough slots, still two walsenders.
+    raise(&db, cluster, "max_replication_slots", 4);
+    let line = refused_for_capacity(&env, &db, port, &[]);
+    assert!(
+        line.contains("max_wal_senders to at least 3") && !line.contains("max_replication_slots"),
+        "{line}"
+    );
+
+    // A slot of the layout made earlier (by hand, or by a start that stopped half-way) holds
+    // rows of its bucket that the other shards' slots, made later, cannot have: the layout
+    // starts after them, for every shard alike.
+    db.sql(&format!(
+        "SELECT pg_create_logical_replication_slot('{}', 'pgoutput')",
+        names[0]
+    ));
+    write_txns(&db, &topic, &aggs, 2);
+    let line = refused_for_capacity(&env, &db, port, &names[..1]);
+    assert!(line.contains("max_wal_senders to at least 3"), "{line}");
+
+    // Limits raised: every shard starts, and every row committed from then on arrives, in
+    // every shard, with nothing of the rows before.
+    raise(&db, cluster, "max_wal_senders", 4);
+    let mut walbox = start_streaming(&env, &db, &names);
+    assert_eq!(slots(&db, &db.name), names);
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let all: HashSet<i64> = write_txns(&db, &topic, &aggs, 5).into_iter().collect();
+    let bucket = buckets(&db, 3);
+    for k in 0..3 {
+        assert!(
+            all.iter().any(|id| bucket[id] == k),
+            "no row of shard {k}: choose other aggregates"
+        );
+    }
+    await_distinct(&mut reader, all.len(), &walbox);
+    assert!(
+        walbox.log().contains("all at one position"),
+        "{}",
+        walbox.log()
+    );
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+}

@@ -74,6 +74,28 @@ use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros};
 use checkpoint::Checkpoint;
 use error::RejectedTxn;
 
+/// Whether the missing slot of `key` may be created: `Ok` when the progress topic holds no
+/// record of it (it never existed); [`RelayError::SlotGone`] when it does (it existed and is
+/// gone); [`RelayError::Progress`] (transient) when the topic cannot be read to its end.
+pub async fn never_existed(kafka: &KafkaConfig, key: &ProgressKey) -> Result<(), RelayError> {
+    let topic = kafka.progress_topic.clone();
+    let (config, lookup) = (kafka.clone(), key.clone());
+    let evidence = tokio::task::spawn_blocking(move || {
+        progress::read_last(&config, &lookup, PROGRESS_READ_TIMEOUT)
+    })
+    .await
+    .unwrap_or_else(|_| Err(ProgressError::Timeout(topic.clone())));
+    match evidence {
+        Ok(None) => Ok(()),
+        Ok(Some(record)) => Err(RelayError::SlotGone {
+            slot: key.slot.clone(),
+            record: Box::new(record),
+            topic,
+        }),
+        Err(e) => Err(RelayError::Progress(e)),
+    }
+}
+
 /// Position of the transaction being received.
 #[derive(Debug, Clone, Copy)]
 struct OpenTxn {
@@ -345,23 +367,10 @@ impl Relay {
             None => {
                 // A missing slot is created only when the progress topic proves it never
                 // existed; see `sink::progress`.
-                let config = self.settings.kafka.clone();
-                let lookup = key.clone();
-                let evidence = tokio::task::spawn_blocking(move || {
-                    progress::read_last(&config, &lookup, PROGRESS_READ_TIMEOUT)
-                })
-                .await
-                .unwrap_or_else(|_| Err(ProgressError::Timeout(progress_topic.clone())));
-                match evidence {
-                    Ok(Some(record)) => {
-                        return Err(RelayError::SlotGone {
-                            slot: pg.slot.clone(),
-                            record: Box::new(record),
-                            topic: progress_topic,
-                        })
-                    }
-                    Ok(None) if pg.create_slot => open.create_slot(&pg.slot).await?,
-                    Err(e) if pg.create_slot => return Err(RelayError::Progress(e)),
+                match never_existed(&self.settings.kafka, &key).await {
+                    Err(gone @ RelayError::SlotGone { .. }) => return Err(gone),
+                    Ok(()) if pg.create_slot => open.create_slot(&pg.slot).await?,
+                    Err(e) if pg.create_slot => return Err(e),
                     _ => {
                         return Err(
                             OpenError::from(CatalogError::MissingSlot(pg.slot.clone())).into()

@@ -53,6 +53,18 @@ impl Classify for OpenError {
     }
 }
 
+impl OpenError {
+    /// The SQLSTATE of a server error, e.g. `53300` when no walsender is free.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            OpenError::Control(e) => e.sqlstate(),
+            OpenError::Replication(e) => e.sqlstate(),
+            OpenError::Catalog(CatalogError::Query(e)) => e.as_db_error().map(|d| d.code().code()),
+            OpenError::Catalog(_) => None,
+        }
+    }
+}
+
 /// A checked server with a replication connection, before streaming.
 pub struct OpenSession {
     control: tokio_postgres::Client,
