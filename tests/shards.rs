@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
+use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 
 use crate::support::events::{
     assert_per_aggregate_commit_order, await_distinct, distinct_ids, stop_and_read_exactly,
@@ -555,25 +556,92 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
 }
 
 /// A cluster with room for two slots and two walsenders: less than three shards need.
-fn short_cluster() -> &'static walbox::sandbox::postgres::PgCluster {
-    static CLUSTER: std::sync::OnceLock<&'static walbox::sandbox::postgres::PgCluster> =
-        std::sync::OnceLock::new();
-    CLUSTER.get_or_init(|| {
-        let settings = [("max_replication_slots", "2"), ("max_wal_senders", "2")];
-        Box::leak(Box::new(support::start_cluster(
-            walbox::sandbox::postgres::PgClusterOptions {
-                settings: settings
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                ..support::pg_options()
-            },
-        )))
-    })
+fn short_cluster() -> &'static PgCluster {
+    let settings = [("max_replication_slots", "2"), ("max_wal_senders", "2")];
+    Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+        settings: settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..support::pg_options()
+    })))
+}
+
+#[test]
+fn check_counts_a_slot_and_a_walsender_for_every_shard_and_names_each_slot() {
+    if !sharding_supported() {
+        return;
+    }
+    let db = TestDb::on(short_cluster(), "shards_check");
+    let broker = support::broker();
+    let names: Vec<String> = (0..3).map(|k| shard_slot(&db.name, k, 3)).collect();
+    let (code, text) = walbox_cmd(
+        &["check"],
+        &sharded_env(&db, &broker.bootstrap_servers(), 3),
+    );
+    assert_eq!(code, 13, "{text}");
+    let line = |name: &str| line_of(&text, name);
+    let slots = line("max_replication_slots");
+    assert!(
+        slots.starts_with("FAIL")
+            && slots.contains(&names.join(", "))
+            && slots.contains("fix: ALTER SYSTEM SET max_replication_slots = 3;"),
+        "{text}"
+    );
+    let senders = line("max_wal_senders");
+    assert!(
+        senders.starts_with("FAIL")
+            && senders.contains("the 3 shards need a walsender each")
+            && senders.contains("fix: ALTER SYSTEM SET max_wal_senders = 3;"),
+        "{text}"
+    );
+    for name in &names {
+        let slot = line(&format!("slot {name}"));
+        assert!(
+            slot.starts_with("FAIL") && slot.contains("max_replication_slots failed"),
+            "{text}"
+        );
+    }
+    assert!(line("shards").contains(&names.join(", ")), "{text}");
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.get(6..).is_some_and(|r| r.starts_with("slot  "))),
+        "no line for the base slot:\n{text}"
+    );
+
+    // Two shards fit; a hot standby walbox's takeover would need two more walsenders.
+    let (code, text) = walbox_cmd(
+        &["check"],
+        &sharded_env(&db, &broker.bootstrap_servers(), 2),
+    );
+    assert_eq!(code, 0, "{text}");
+    let senders = line_of(&text, "max_wal_senders");
+    assert!(
+        senders.starts_with("WARN")
+            && senders.contains("2 more for a hot standby walbox")
+            && senders.contains("max_wal_senders = 4"),
+        "{text}"
+    );
+    assert!(
+        line_of(&text, "max_replication_slots").starts_with("ok "),
+        "{text}"
+    );
+}
+
+/// The line of check `name` in a `walbox check` report.
+fn line_of(text: &str, name: &str) -> String {
+    text.lines()
+        .find(|l| {
+            l.get(6..)
+                .is_some_and(|r| r.starts_with(&format!("{name}  ")))
+        })
+        .unwrap_or_else(|| panic!("no {name} line:\n{text}"))
+        .to_owned()
 }
 
 /// Raises `setting` on `db`'s cluster and restarts it.
-fn raise(db: &TestDb, cluster: &walbox::sandbox::postgres::PgCluster, setting: &str, to: u32) {
+fn raise(db: &TestDb, cluster: &PgCluster, setting: &str, to: u32) {
     db.sql(&format!("ALTER SYSTEM SET {setting} = {to}"));
     cluster.restart().expect("restart PostgreSQL");
     assert_eq!(db.sql(&format!("SHOW {setting}")).trim(), to.to_string());
@@ -628,6 +696,7 @@ fn a_server_short_of_slots_or_walsenders_stops_every_shard_and_no_row_is_lost() 
     if !sharding_supported() {
         return;
     }
+    // A cluster of its own: the test raises its limits.
     let cluster = short_cluster();
     let db = TestDb::on(cluster, "shards_short");
     let (topic, broker) = support::topic_on_broker(&db, 3);
