@@ -51,7 +51,7 @@ use crate::health::monitor::{self, FatalSignal};
 use crate::health::webhook::Webhook;
 use crate::leader::{self, Leadership};
 use crate::metrics::{self, Health, Metrics, ShardMetrics};
-use crate::relay::{Relay, SessionEnd, Settings};
+use crate::relay::{Relay, RelayError, SessionEnd, Settings};
 use crate::retention;
 use crate::shard::layout;
 use crate::sink::kafka::{AckQueue, KafkaSink, Lane};
@@ -392,6 +392,16 @@ pub async fn run_slot(
                 Err(e) => {
                     if relay.reached_streaming {
                         backoff.reset();
+                    }
+                    // A shard the server has no walsender for: the others go on (its slot
+                    // keeps its rows), `/healthz` fails until it streams.
+                    if let (Some(_), RelayError::Open(open)) = (config.postgres.shard, &e) {
+                        if let Some(setting) = open.exhausted_setting() {
+                            health.set_blocked(Some(format!(
+                                "shard {} cannot stream: {e}; raise {setting} (ALTER SYSTEM SET …; then restart PostgreSQL): its slot keeps its rows until then",
+                                config.postgres.slot
+                            )));
+                        }
                     }
                     // The previous streamer's walsender still holds the slot: it lets go when it
                     // notices its client is gone (at the latest after wal_sender_timeout).

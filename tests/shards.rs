@@ -640,8 +640,8 @@ fn line_of(text: &str, name: &str) -> String {
         .to_owned()
 }
 
-/// Raises `setting` on `db`'s cluster and restarts it.
-fn raise(db: &TestDb, cluster: &PgCluster, setting: &str, to: u32) {
+/// Sets `setting` on `db`'s cluster and restarts it.
+fn set_and_restart(db: &TestDb, cluster: &PgCluster, setting: &str, to: u32) {
     db.sql(&format!("ALTER SYSTEM SET {setting} = {to}"));
     cluster.restart().expect("restart PostgreSQL");
     assert_eq!(db.sql(&format!("SHOW {setting}")).trim(), to.to_string());
@@ -715,7 +715,7 @@ fn a_server_short_of_slots_or_walsenders_stops_every_shard_and_no_row_is_lost() 
     write_txns(&db, &topic, &aggs, 2);
 
     // Enough slots, still two walsenders.
-    raise(&db, cluster, "max_replication_slots", 4);
+    set_and_restart(&db, cluster, "max_replication_slots", 4);
     let line = refused_for_capacity(&env, &db, port, &[]);
     assert!(
         line.contains("max_wal_senders to at least 3") && !line.contains("max_replication_slots"),
@@ -735,11 +735,11 @@ fn a_server_short_of_slots_or_walsenders_stops_every_shard_and_no_row_is_lost() 
 
     // Limits raised: every shard starts, and every row committed from then on arrives, in
     // every shard, with nothing of the rows before.
-    raise(&db, cluster, "max_wal_senders", 4);
+    set_and_restart(&db, cluster, "max_wal_senders", 4);
     let mut walbox = start_streaming(&env, &db, &names);
     assert_eq!(slots(&db, &db.name), names);
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
-    let all: HashSet<i64> = write_txns(&db, &topic, &aggs, 5).into_iter().collect();
+    let mut all: HashSet<i64> = write_txns(&db, &topic, &aggs, 5).into_iter().collect();
     let bucket = buckets(&db, 3);
     for k in 0..3 {
         assert!(
@@ -753,5 +753,22 @@ fn a_server_short_of_slots_or_walsenders_stops_every_shard_and_no_row_is_lost() 
         "{}",
         walbox.log()
     );
+
+    // Later the server restarts with a walsender fewer than the shards need: one shard waits,
+    // its slot keeps its rows, and /healthz fails, naming the setting, until it streams.
+    set_and_restart(&db, cluster, "max_wal_senders", 2);
+    wait_until(WAIT, "/healthz to fail naming max_wal_senders", || {
+        http_get(port, "/healthz")
+            .is_some_and(|(code, body)| code == 503 && body.contains("raise max_wal_senders"))
+    });
+    all.extend(write_txns(&db, &topic, &aggs, 3));
+    set_and_restart(&db, cluster, "max_wal_senders", 4);
+    wait_until(WAIT, "every shard to stream again", || {
+        names.iter().all(|s| db.streaming(s))
+    });
+    wait_until(WAIT, "/healthz to pass again", || {
+        http_get(port, "/healthz").is_some_and(|(code, _)| code == 200)
+    });
+    await_distinct(&mut reader, all.len(), &walbox);
     stop_and_read_exactly(&mut walbox, &mut reader, &all);
 }

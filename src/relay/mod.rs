@@ -403,6 +403,7 @@ impl Relay {
             None => None,
         };
         self.health.set_ready(true);
+        self.health.set_blocked(None);
         // The slot is active: walbox streams from it (the monitor's reading may be older). Set
         // before `streaming`, so a scrape that sees walbox streaming sees the slot active too.
         self.metrics.slot_active.set(1);

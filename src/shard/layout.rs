@@ -53,12 +53,6 @@ use crate::sink::topics::Topics;
 use crate::source::session::{self, OpenError, OpenSession};
 use crate::source::slot::{self, Capacity};
 
-/// SQLSTATE of "too many connections" (also "number of requested standby connections exceeds
-/// max_wal_senders").
-const TOO_MANY_CONNECTIONS: &str = "53300";
-/// SQLSTATE of "all replication slots are in use".
-const LIMIT_EXCEEDED: &str = "53400";
-
 /// Why the layout could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutStartError {
@@ -340,14 +334,7 @@ async fn capacity_error(
     slot: &str,
     error: OpenError,
 ) -> LayoutStartError {
-    let out_of = match error.sqlstate() {
-        Some(TOO_MANY_CONNECTIONS) if error.to_string().contains("max_wal_senders") => {
-            Some("max_wal_senders")
-        }
-        Some(LIMIT_EXCEEDED) => Some("max_replication_slots"),
-        _ => None,
-    };
-    let Some(setting) = out_of else {
+    let Some(setting) = error.exhausted_setting() else {
         return LayoutStartError::Open {
             slot: slot.to_owned(),
             error,

@@ -63,6 +63,18 @@ impl OpenError {
             OpenError::Catalog(_) => None,
         }
     }
+
+    /// The server setting that ran out, when the server refused for want of a walsender
+    /// (`53300` … exceeds `max_wal_senders`) or of a replication slot (`53400`).
+    pub fn exhausted_setting(&self) -> Option<&'static str> {
+        match self.sqlstate() {
+            Some("53300") if self.to_string().contains("max_wal_senders") => {
+                Some("max_wal_senders")
+            }
+            Some("53400") => Some("max_replication_slots"),
+            _ => None,
+        }
+    }
 }
 
 /// A checked server with a replication connection, before streaming.
