@@ -296,7 +296,7 @@ fn shortfall(capacity: &Capacity, shards: usize) -> Option<LayoutStartError> {
     let mut raise = Vec::new();
     if capacity.slots_left(shards) < 0 {
         needs.push(format!(
-            "{} more replication slots, {} are free (max_replication_slots = {}, {} in use)",
+            "replication slots: {} to create, {} free (max_replication_slots = {}, {} in use)",
             capacity.missing_slots(shards),
             capacity.max_slots.saturating_sub(capacity.used_slots),
             capacity.max_slots,
@@ -309,7 +309,7 @@ fn shortfall(capacity: &Capacity, shards: usize) -> Option<LayoutStartError> {
     }
     if capacity.senders_left(shards, 0) < 0 {
         needs.push(format!(
-            "{shards} walsenders, {} are free (max_wal_senders = {}, {} in use)",
+            "walsenders: {shards}, one per shard, {} free (max_wal_senders = {}, {} in use)",
             capacity.max_senders.saturating_sub(capacity.used_senders),
             capacity.max_senders,
             capacity.used_senders
