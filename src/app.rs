@@ -53,9 +53,10 @@ use crate::leader::{self, Leadership};
 use crate::metrics::{self, Health, Metrics, ShardMetrics};
 use crate::relay::{Relay, RelayError, SessionEnd, Settings};
 use crate::retention;
-use crate::shard::layout;
 use crate::sink::kafka::{AckQueue, KafkaSink, Lane};
 use crate::sink::topics::Topics;
+
+pub mod layout;
 
 /// Handles the running relay shares with its caller.
 #[derive(Clone, Default)]
@@ -111,7 +112,7 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
             let metrics = Arc::new(Metrics::for_slot(&postgres.slot));
             let mut shard = config.clone();
             shard.postgres = postgres;
-            // Only the layout makes slots, all together (`shard::layout`).
+            // Only the layout makes slots, all together ([`layout`]).
             shard.postgres.create_slot = false;
             // Retention deletes from the one outbox: one shard's term does it.
             if k > 0 {

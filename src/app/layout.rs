@@ -170,7 +170,7 @@ async fn attempt(
     let names: Vec<String> = shards.iter().map(|s| s.slot.clone()).collect();
     let control = connect_control(&pg.conn).await?;
     lock(&control, pg.base_slot()).await?;
-    let found: Vec<super::FoundSlot> = super::find_slots(&control, pg.base_slot())
+    let found: Vec<crate::shard::FoundSlot> = crate::shard::find_slots(&control, pg.base_slot())
         .await?
         .into_iter()
         .filter(|s| names.contains(&s.name))
