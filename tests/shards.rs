@@ -10,7 +10,6 @@ use std::thread::JoinHandle;
 
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
-use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 
 use crate::support::events::{
     assert_per_aggregate_commit_order, await_distinct, distinct_ids, stop_and_read_exactly,
@@ -21,17 +20,17 @@ use crate::support::{
 };
 
 /// Whether this server has publication row filters; below 15 the tests check the refusal.
-fn sharding_supported() -> bool {
+pub(crate) fn sharding_supported() -> bool {
     major() >= 15
 }
 
 /// The slot names of shard `k` of `n` for base slot `slot`.
-fn shard_slot(slot: &str, k: u32, n: u32) -> String {
+pub(crate) fn shard_slot(slot: &str, k: u32, n: u32) -> String {
     format!("{slot}_{k}of{n}")
 }
 
 /// The walbox slots (and their layouts) of `db`, by name.
-fn slots(db: &TestDb, base: &str) -> Vec<String> {
+pub(crate) fn slots(db: &TestDb, base: &str) -> Vec<String> {
     db.sql(&format!(
         "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() \
          AND (slot_name = '{base}' OR slot_name LIKE '{base}\\_%') ORDER BY slot_name"
@@ -53,7 +52,7 @@ fn slot_metric(body: &str, name: &str, slot: &str) -> Option<f64> {
 }
 
 /// Per id, the bucket of `n` its aggregate hashes to, as PostgreSQL computes it.
-fn buckets(db: &TestDb, n: u32) -> HashMap<i64, u32> {
+pub(crate) fn buckets(db: &TestDb, n: u32) -> HashMap<i64, u32> {
     db.sql(&format!(
         "SELECT id || ' ' || (hashtext(aggregate_id) & 2147483647) % {n} FROM outbox"
     ))
@@ -66,14 +65,14 @@ fn buckets(db: &TestDb, n: u32) -> HashMap<i64, u32> {
 }
 
 /// A writer committing transactions of 1–8 events over 40 aggregates until stopped.
-struct Writer {
-    written: Arc<Mutex<Vec<Written>>>,
-    stop: Arc<AtomicBool>,
+pub(crate) struct Writer {
+    pub(crate) written: Arc<Mutex<Vec<Written>>>,
+    pub(crate) stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Writer {
-    fn start(db: &TestDb, topic: &str) -> Writer {
+    pub(crate) fn start(db: &TestDb, topic: &str) -> Writer {
         let written: Arc<Mutex<Vec<Written>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -99,7 +98,7 @@ impl Writer {
         }
     }
 
-    fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.written
             .lock()
             .unwrap()
@@ -109,7 +108,7 @@ impl Writer {
     }
 
     /// Waits until at least `more` further events are committed.
-    fn wait_for_more(&self, more: usize) {
+    pub(crate) fn wait_for_more(&self, more: usize) {
         let target = self.count() + more;
         wait_until(WAIT, "the writer to commit more events", || {
             self.count() >= target
@@ -117,7 +116,7 @@ impl Writer {
     }
 
     /// Stops writing; returns every id committed.
-    fn finish(mut self) -> HashSet<i64> {
+    pub(crate) fn finish(mut self) -> HashSet<i64> {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.take().unwrap().join().expect("writer");
         self.written
@@ -129,7 +128,7 @@ impl Writer {
     }
 }
 
-fn sharded_env(db: &TestDb, brokers: &str, shards: u32) -> Vec<(String, String)> {
+pub(crate) fn sharded_env(db: &TestDb, brokers: &str, shards: u32) -> Vec<(String, String)> {
     let mut env = walbox_env(db, &db.name, brokers);
     env.push(("WALBOX_POSTGRES_SHARDS".into(), shards.to_string()));
     env
@@ -138,7 +137,7 @@ fn sharded_env(db: &TestDb, brokers: &str, shards: u32) -> Vec<(String, String)>
 /// Starts walbox with `env` and waits until every slot of `names` is streamed from.
 /// [`sharded_env`] with the HTTP endpoints on a free port: the environment, the port, and the
 /// shards' slot names.
-fn served_shards(
+pub(crate) fn served_shards(
     db: &TestDb,
     brokers: &str,
     shards: u32,
@@ -152,7 +151,7 @@ fn served_shards(
     (env, port, names)
 }
 
-fn start_streaming(env: &[(String, String)], db: &TestDb, names: &[String]) -> Walbox {
+pub(crate) fn start_streaming(env: &[(String, String)], db: &TestDb, names: &[String]) -> Walbox {
     let walbox = Walbox::spawn(env);
     wait_until(WAIT, "every shard to stream", || {
         names.iter().all(|s| db.streaming(s))
@@ -553,222 +552,4 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
     await_distinct(&mut reader, ids.len(), &walbox);
     stop_and_read_exactly(&mut walbox, &mut reader, &ids);
     assert_per_aggregate_commit_order(&reader.records);
-}
-
-/// A cluster with room for two slots and two walsenders: less than three shards need.
-fn short_cluster() -> &'static PgCluster {
-    let settings = [("max_replication_slots", "2"), ("max_wal_senders", "2")];
-    Box::leak(Box::new(support::start_cluster(PgClusterOptions {
-        settings: settings
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..support::pg_options()
-    })))
-}
-
-#[test]
-fn check_counts_a_slot_and_a_walsender_for_every_shard_and_names_each_slot() {
-    if !sharding_supported() {
-        return;
-    }
-    let db = TestDb::on(short_cluster(), "shards_check");
-    let broker = support::broker();
-    let names: Vec<String> = (0..3).map(|k| shard_slot(&db.name, k, 3)).collect();
-    let (code, text) = walbox_cmd(
-        &["check"],
-        &sharded_env(&db, &broker.bootstrap_servers(), 3),
-    );
-    assert_eq!(code, 13, "{text}");
-    let line = |name: &str| line_of(&text, name);
-    let slots = line("max_replication_slots");
-    assert!(
-        slots.starts_with("FAIL")
-            && slots.contains(&names.join(", "))
-            && slots.contains("fix: ALTER SYSTEM SET max_replication_slots = 3;"),
-        "{text}"
-    );
-    let senders = line("max_wal_senders");
-    assert!(
-        senders.starts_with("FAIL")
-            && senders.contains("the 3 shards need a walsender each")
-            && senders.contains("fix: ALTER SYSTEM SET max_wal_senders = 3;"),
-        "{text}"
-    );
-    for name in &names {
-        let slot = line(&format!("slot {name}"));
-        assert!(
-            slot.starts_with("FAIL") && slot.contains("max_replication_slots failed"),
-            "{text}"
-        );
-    }
-    assert!(line("shards").contains(&names.join(", ")), "{text}");
-    assert!(
-        !text
-            .lines()
-            .any(|l| l.get(6..).is_some_and(|r| r.starts_with("slot  "))),
-        "no line for the base slot:\n{text}"
-    );
-
-    // Two shards fit; a hot standby walbox's takeover would need two more walsenders.
-    let (code, text) = walbox_cmd(
-        &["check"],
-        &sharded_env(&db, &broker.bootstrap_servers(), 2),
-    );
-    assert_eq!(code, 0, "{text}");
-    let senders = line_of(&text, "max_wal_senders");
-    assert!(
-        senders.starts_with("WARN")
-            && senders.contains("2 more for a hot standby walbox")
-            && senders.contains("max_wal_senders = 4"),
-        "{text}"
-    );
-    assert!(
-        line_of(&text, "max_replication_slots").starts_with("ok "),
-        "{text}"
-    );
-}
-
-/// The line of check `name` in a `walbox check` report.
-fn line_of(text: &str, name: &str) -> String {
-    text.lines()
-        .find(|l| {
-            l.get(6..)
-                .is_some_and(|r| r.starts_with(&format!("{name}  ")))
-        })
-        .unwrap_or_else(|| panic!("no {name} line:\n{text}"))
-        .to_owned()
-}
-
-/// Sets `setting` on `db`'s cluster and restarts it.
-fn set_and_restart(db: &TestDb, cluster: &PgCluster, setting: &str, to: u32) {
-    db.sql(&format!("ALTER SYSTEM SET {setting} = {to}"));
-    cluster.restart().expect("restart PostgreSQL");
-    assert_eq!(db.sql(&format!("SHOW {setting}")).trim(), to.to_string());
-}
-
-/// Runs walbox with `env` to its exit: it must stop with 16 before any shard streams, create
-/// no slot, and name what to raise; returns its last line.
-fn refused_for_capacity(
-    env: &[(String, String)],
-    db: &TestDb,
-    port: u16,
-    kept: &[String],
-) -> String {
-    let mut walbox = Walbox::spawn(env);
-    let mut streamed = false;
-    let status = {
-        let deadline = std::time::Instant::now() + WAIT;
-        loop {
-            if !walbox.running() {
-                break walbox.wait_exit(WAIT);
-            }
-            // No shard may stream meanwhile, and no health check may pass with one that does.
-            if db
-                .sql("SELECT count(*) FROM pg_replication_slots WHERE active")
-                .trim()
-                != "0"
-            {
-                streamed = true;
-            }
-            if streamed && http_get(port, "/healthz").is_some_and(|(c, _)| c == 200) {
-                panic!(
-                    "some shards stream while another cannot, and /healthz says 200:\n{}",
-                    walbox.log()
-                );
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "walbox did not stop:\n{}",
-                walbox.log()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    };
-    assert_eq!(status.code(), Some(16), "{}", walbox.log());
-    assert!(!streamed, "a shard streamed:\n{}", walbox.log());
-    assert_eq!(slots(db, &db.name), kept, "no slot was created");
-    walbox.last_line()
-}
-
-#[test]
-fn a_server_short_of_slots_or_walsenders_stops_every_shard_and_no_row_is_lost() {
-    if !sharding_supported() {
-        return;
-    }
-    // A cluster of its own: the test raises its limits.
-    let cluster = short_cluster();
-    let db = TestDb::on(cluster, "shards_short");
-    let (topic, broker) = support::topic_on_broker(&db, 3);
-    let (env, port, names) = served_shards(&db, &broker.bootstrap_servers(), 3);
-    let aggs: Vec<String> = (0..30).map(|i| format!("agg-{i}")).collect();
-
-    // Two slots and two walsenders for three shards: walbox stops before any shard streams.
-    let line = refused_for_capacity(&env, &db, port, &[]);
-    assert!(
-        line.contains("postgres.shards = 3 needs")
-            && line.contains("max_replication_slots to at least 3")
-            && line.contains("max_wal_senders to at least 3"),
-        "{line}"
-    );
-    // Rows committed now are relayed by no shard (no slot exists), not by some of them.
-    write_txns(&db, &topic, &aggs, 2);
-
-    // Enough slots, still two walsenders.
-    set_and_restart(&db, cluster, "max_replication_slots", 4);
-    let line = refused_for_capacity(&env, &db, port, &[]);
-    assert!(
-        line.contains("max_wal_senders to at least 3") && !line.contains("max_replication_slots"),
-        "{line}"
-    );
-
-    // A slot of the layout made earlier (by hand, or by a start that stopped half-way) holds
-    // rows of its bucket that the other shards' slots, made later, cannot have: the layout
-    // starts after them, for every shard alike.
-    db.sql(&format!(
-        "SELECT pg_create_logical_replication_slot('{}', 'pgoutput')",
-        names[0]
-    ));
-    write_txns(&db, &topic, &aggs, 2);
-    let line = refused_for_capacity(&env, &db, port, &names[..1]);
-    assert!(line.contains("max_wal_senders to at least 3"), "{line}");
-
-    // Limits raised: every shard starts, and every row committed from then on arrives, in
-    // every shard, with nothing of the rows before.
-    set_and_restart(&db, cluster, "max_wal_senders", 4);
-    let mut walbox = start_streaming(&env, &db, &names);
-    assert_eq!(slots(&db, &db.name), names);
-    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
-    let mut all: HashSet<i64> = write_txns(&db, &topic, &aggs, 5).into_iter().collect();
-    let bucket = buckets(&db, 3);
-    for k in 0..3 {
-        assert!(
-            all.iter().any(|id| bucket[id] == k),
-            "no row of shard {k}: choose other aggregates"
-        );
-    }
-    await_distinct(&mut reader, all.len(), &walbox);
-    assert!(
-        walbox.log().contains("all at one position"),
-        "{}",
-        walbox.log()
-    );
-
-    // Later the server restarts with a walsender fewer than the shards need: one shard waits,
-    // its slot keeps its rows, and /healthz fails, naming the setting, until it streams.
-    set_and_restart(&db, cluster, "max_wal_senders", 2);
-    wait_until(WAIT, "/healthz to fail naming max_wal_senders", || {
-        http_get(port, "/healthz")
-            .is_some_and(|(code, body)| code == 503 && body.contains("raise max_wal_senders"))
-    });
-    all.extend(write_txns(&db, &topic, &aggs, 3));
-    set_and_restart(&db, cluster, "max_wal_senders", 4);
-    wait_until(WAIT, "every shard to stream again", || {
-        names.iter().all(|s| db.streaming(s))
-    });
-    wait_until(WAIT, "/healthz to pass again", || {
-        http_get(port, "/healthz").is_some_and(|(code, _)| code == 200)
-    });
-    await_distinct(&mut reader, all.len(), &walbox);
-    stop_and_read_exactly(&mut walbox, &mut reader, &all);
 }

@@ -10,8 +10,11 @@
 //! # Procedure (every start with `postgres.shards` > 1, before any shard's relay)
 //! 1. Under an advisory lock of the base slot (processes starting together make one layout),
 //!    read the layout's slots. All exist and either one is streamed from or all stand at one
-//!    position: nothing to do. Nothing is opened then, so a hot standby process needs no
-//!    walsender here.
+//!    position: nothing to do, and nothing is opened (a hot standby process needs no walsender
+//!    here). All exist at different positions, none streamed from: one replication connection
+//!    names the cluster for the progress topic; a record of any slot means the layout has
+//!    streamed (each shard confirms its own position) and is left as it is; none means a start
+//!    stopped between steps 5 and 6, which step 6 finishes.
 //! 2. Missing slots: count what the layout needs ([`slot::Capacity`]): a free replication slot
 //!    for each missing one and a walsender for every shard. Short: exit 16
 //!    ([`Failure::Capacity`]) naming each setting and the value it needs; nothing is created.
@@ -20,8 +23,7 @@
 //! 4. The progress topic decides ([`crate::relay::never_existed`]): a missing slot with a record
 //!    existed and is gone (exit 7, as for any such slot). A slot that exists with a record has
 //!    streamed: beside a missing one that never existed, the missing shard's rows since the
-//!    layout began are in no slot (exit 7, [`LayoutStartError::Partial`]); with none missing, the
-//!    layout is in use and left as it is.
+//!    layout began are in no slot (exit 7, [`LayoutStartError::Partial`]).
 //! 5. Create the missing slots, each on its shard's replication connection. One fails: drop the
 //!    ones made in this step and stop (exit 16 when the server ran out of slots or walsenders).
 //! 6. Move every slot to the highest position among them, X (`pg_replication_slot_advance`).
@@ -43,6 +45,7 @@ use tokio_postgres::Client;
 use crate::backoff::Backoff;
 use crate::config::{Config, PostgresConfig};
 use crate::failure::{Classify, Failure, FatalError};
+use crate::fault::crash_point;
 use crate::leader::LOCK_CLASS;
 use crate::lsn::Lsn;
 use crate::pg::control::{connect_control, ConnectError};
@@ -50,6 +53,7 @@ use crate::relay::{never_existed, RelayError};
 use crate::sink::kafka::KafkaSink;
 use crate::sink::progress::ProgressKey;
 use crate::sink::topics::Topics;
+use crate::source::replication::{ReplicationConnection, ReplicationError, SystemIdentity};
 use crate::source::session::{self, OpenError, OpenSession};
 use crate::source::slot::{self, Capacity};
 
@@ -70,6 +74,9 @@ pub enum LayoutStartError {
         /// The cause.
         error: OpenError,
     },
+    /// The replication connection that names the cluster failed.
+    #[error("postgres replication: {0}")]
+    Replication(#[from] ReplicationError),
     /// The progress topic: a missing slot existed, or the topic cannot be read.
     #[error(transparent)]
     Evidence(#[from] RelayError),
@@ -118,6 +125,7 @@ impl Classify for LayoutStartError {
                 .as_db_error()
                 .and_then(|d| Failure::from_sqlstate(d.code().code(), d.message())),
             LayoutStartError::Open { error, .. } => error.failure(),
+            LayoutStartError::Replication(e) => e.failure(),
             LayoutStartError::Evidence(e) => e.failure(),
             LayoutStartError::Capacity { .. } => Some(Failure::Capacity),
             LayoutStartError::Missing(_) => Some(Failure::Schema),
@@ -179,19 +187,40 @@ async fn attempt(
         .iter()
         .filter(|n| !found.iter().any(|s| &s.name == *n))
         .collect();
-    let one_position = found.windows(2).all(|w| w[0].confirmed == w[1].confirmed);
-    if missing.is_empty() && (one_position || found.iter().any(|s| s.active)) {
+    let at_one_position = found.windows(2).all(|w| w[0].confirmed == w[1].confirmed);
+    if missing.is_empty() && (at_one_position || found.iter().any(|s| s.active)) {
         return Ok(());
     }
     let list = |v: &[&String]| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
-    if !missing.is_empty() {
-        if !pg.create_slot {
-            return Err(LayoutStartError::Missing(list(&missing)));
+    topics
+        .ensure_progress(sink, &config.kafka.progress_topic)
+        .await
+        .map_err(RelayError::ProgressTopic)?;
+    if missing.is_empty() {
+        // Every slot exists at its own position and none is streamed from: the layout has
+        // streamed (each shard confirms its own position), or a start stopped between making
+        // the slots and moving them to one position. One replication connection names the
+        // cluster for the progress topic; the first record found settles it.
+        let mut repl = ReplicationConnection::connect(&pg.conn).await?;
+        let identity = repl.identify_system().await;
+        let _ = repl.close().await;
+        let identity = identity?;
+        for slot in &found {
+            match never_existed(&config.kafka, &progress_key(&identity, &slot.name)).await {
+                Ok(()) => {}
+                Err(RelayError::SlotGone { .. }) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
         }
-        let capacity = slot::capacity(&control, &names).await?;
-        if let Some(e) = shortfall(&capacity, shards.len()) {
-            return Err(e);
-        }
+        let positions: Vec<Lsn> = found.iter().map(|s| s.confirmed).collect();
+        return move_to_one_position(&control, &names, positions, &[]).await;
+    }
+    if !pg.create_slot {
+        return Err(LayoutStartError::Missing(list(&missing)));
+    }
+    let capacity = slot::capacity(&control, &names).await?;
+    if let Some(e) = shortfall(&capacity, shards.len()) {
+        return Err(e);
     }
     // Every shard's session at once: N walsenders are free, every publication exists.
     let mut opened: Vec<(PostgresConfig, OpenSession)> = Vec::with_capacity(shards.len());
@@ -201,34 +230,19 @@ async fn attempt(
             Err(error) => return Err(capacity_error(&control, &names, &shard.slot, error).await),
         }
     }
-    topics
-        .ensure_progress(sink, &config.kafka.progress_topic)
-        .await
-        .map_err(RelayError::ProgressTopic)?;
-    let key = |slot: &str| {
-        let identity = &opened[0].1.identity;
-        ProgressKey {
-            system_identifier: identity.system_id.clone(),
-            database: identity.dbname.clone().unwrap_or_default(),
-            slot: slot.to_owned(),
-        }
-    };
+    let identity = opened[0].1.identity.clone();
     for name in &missing {
-        never_existed(&config.kafka, &key(name)).await?;
+        never_existed(&config.kafka, &progress_key(&identity, name)).await?;
     }
     let mut relayed = Vec::new();
     for slot in &found {
-        match never_existed(&config.kafka, &key(&slot.name)).await {
+        match never_existed(&config.kafka, &progress_key(&identity, &slot.name)).await {
             Ok(()) => {}
             Err(RelayError::SlotGone { .. }) => relayed.push(&slot.name),
             Err(e) => return Err(e.into()),
         }
     }
     if !relayed.is_empty() {
-        if missing.is_empty() {
-            // The layout has streamed: its positions differ because each shard confirms its own.
-            return Ok(());
-        }
         return Err(LayoutStartError::Partial {
             missing: list(&missing),
             relayed: list(&relayed),
@@ -257,10 +271,21 @@ async fn attempt(
         }
     }
     drop(opened);
-    // Step 6: one position for every shard.
+    crash_point!("layout::slots-created");
+    move_to_one_position(&control, &names, positions, &created).await
+}
+
+/// Step 6: moves every slot of `names` (none streamed from, none with a progress record) to
+/// the highest of their `positions`.
+async fn move_to_one_position(
+    control: &Client,
+    names: &[String],
+    positions: Vec<Lsn>,
+    created: &[String],
+) -> Result<(), LayoutStartError> {
     let to = positions.into_iter().max().unwrap_or(Lsn::ZERO);
-    for name in &names {
-        let at = slot::advance(&control, name, to).await?;
+    for name in names {
+        let at = slot::advance(control, name, to).await?;
         if at < to {
             return Err(LayoutStartError::Advance {
                 slot: name.clone(),
@@ -271,6 +296,15 @@ async fn attempt(
     }
     tracing::info!(slots = %names.join(", "), position = %to, created = %created.join(", "), "every shard's slot exists, all at one position: the shards stream what commits after it");
     Ok(())
+}
+
+/// The progress topic's key of `slot` on the cluster and database `identity` names.
+fn progress_key(identity: &SystemIdentity, slot: &str) -> ProgressKey {
+    ProgressKey {
+        system_identifier: identity.system_id.clone(),
+        database: identity.dbname.clone().unwrap_or_default(),
+        slot: slot.to_owned(),
+    }
 }
 
 /// Waits for the layout lock of `base` (session-level: it goes with the connection).
