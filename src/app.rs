@@ -16,7 +16,9 @@
 //! again made no progress). A data error the server reports at the same transaction session
 //! after session is permanent: the relay stops with exit 8 (`RelayError::Undecodable`).
 //!
-//! Shards (`postgres.shards` > 1, [`crate::shard`]): each shard is one such relay, with its own
+//! Shards (`postgres.shards` > 1, [`crate::shard`]): first every slot of the layout is made to
+//! exist, all at one position ([`layout::prepare`]; a server short of slots or walsenders stops
+//! the process before any shard streams), then each shard is one such relay, with its own
 //! slot, checkpoint, slot monitor, leader lock and reconnect loop, all in this process. The
 //! shards share one producer (one set of librdkafka threads, and batches that fill across
 //! shards) and, with `kafka.create_topics`, one admin client; each has its own lane of
@@ -51,10 +53,12 @@ use crate::health::monitor::{self, FatalSignal};
 use crate::health::webhook::Webhook;
 use crate::leader::{self, Leadership};
 use crate::metrics::{self, Health, Metrics, ShardMetrics};
-use crate::relay::{Relay, SessionEnd, Settings};
+use crate::relay::{Relay, RelayError, SessionEnd, Settings};
 use crate::retention;
 use crate::sink::kafka::{AckQueue, KafkaSink, Lane};
 use crate::sink::topics::Topics;
+
+pub mod layout;
 
 /// Handles the running relay shares with its caller.
 #[derive(Clone, Default)]
@@ -110,6 +114,8 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
             let metrics = Arc::new(Metrics::for_slot(&postgres.slot));
             let mut shard = config.clone();
             shard.postgres = postgres;
+            // Only the layout makes slots, all together ([`layout`]).
+            shard.postgres.create_slot = false;
             // Retention deletes from the one outbox: one shard's term does it.
             if k > 0 {
                 shard.outbox.retention = None;
@@ -128,6 +134,28 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
         Some((producer, lanes)) => (Some(producer), lanes.into_iter().map(Some).collect()),
         None => (None, vec![None; shards.len()]),
     };
+    // Every shard's slot exists, at one position, before any shard streams.
+    let layout_sink = match &producer {
+        Some(p) => p.owner.clone(),
+        None => KafkaSink::new(&config.kafka, Arc::new(AckQueue::default())).map_err(|e| {
+            FatalError {
+                failure: Failure::Kafka,
+                message: e.to_string(),
+            }
+        })?,
+    };
+    let mut layout_topics = topics.sharing();
+    let prepared = layout::prepare(&config, &layout_sink, &mut layout_topics, stop.clone()).await;
+    drop(layout_sink);
+    match prepared {
+        Ok(true) => {}
+        Ok(false) | Err(_) => {
+            if let Some(producer) = producer {
+                producer.finish(config.relay.shutdown_timeout).await;
+            }
+            return prepared.map(drop);
+        }
+    }
     let tasks: Vec<_> = shards
         .into_iter()
         .zip(lanes)
@@ -367,6 +395,16 @@ pub async fn run_slot(
                 Err(e) => {
                     if relay.made_progress {
                         backoff.reset();
+                    }
+                    // A shard the server has no walsender for: the others go on (its slot
+                    // keeps its rows), `/healthz` fails until it streams.
+                    if let (Some(_), RelayError::Open(open)) = (config.postgres.shard, &e) {
+                        if let Some(setting) = open.exhausted_setting() {
+                            health.set_blocked(Some(format!(
+                                "shard {} cannot stream: {e}; raise {setting} (ALTER SYSTEM SET …; then restart PostgreSQL): its slot keeps its rows until then",
+                                config.postgres.slot
+                            )));
+                        }
                     }
                     // The previous streamer's walsender still holds the slot: it lets go when it
                     // notices its client is gone (at the latest after wal_sender_timeout).

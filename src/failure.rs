@@ -24,6 +24,7 @@
 //! | 13 | [`Failure::Preflight`] | `walbox check`: at least one check failed (each printed with its fix) |
 //! | 14 | [`Failure::Audit`] | `walbox audit`: outbox rows are missing from Kafka (each listed) |
 //! | 15 | [`Failure::Fenced`] | exactly-once mode: another walbox process took over the slot's Kafka transactions |
+//! | 16 | [`Failure::Capacity`] | the server has too few free replication slots or walsenders for every shard of `postgres.shards` |
 //! | 17 | [`Failure::Interrupted`] | `walbox reshard` was stopped (SIGTERM/SIGINT) before every old shard was drained: run it again |
 
 use std::fmt;
@@ -59,6 +60,8 @@ pub enum Failure {
     Audit,
     /// Exactly-once mode: a newer producer with the same transactional id fenced this one.
     Fenced,
+    /// Too few free replication slots or walsenders for every shard of a layout to start.
+    Capacity,
     /// A one-shot command that changes state in steps (`walbox reshard`) was stopped by a
     /// signal before it finished; running it again finishes it.
     Interrupted,
@@ -82,6 +85,7 @@ impl Failure {
             Failure::Preflight => 13,
             Failure::Audit => 14,
             Failure::Fenced => 15,
+            Failure::Capacity => 16,
             Failure::Interrupted => 17,
         }
     }
@@ -160,6 +164,7 @@ mod tests {
             Failure::Preflight,
             Failure::Audit,
             Failure::Fenced,
+            Failure::Capacity,
             Failure::Interrupted,
         ];
         let mut codes: Vec<u8> = all.iter().map(|f| f.exit_code()).collect();

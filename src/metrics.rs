@@ -1,7 +1,8 @@
 //! Metrics and health: names defined once, served on their own listener.
 //!
 //! `GET /metrics` returns the Prometheus text format, `GET /healthz` answers 200 while the
-//! process is alive and has not hit a fatal error, `GET /readyz` answers 200 only while a
+//! process is alive, has not hit a fatal error and no shard is blocked (no walsender free for
+//! it), `GET /readyz` answers 200 only while a
 //! replication session is streaming (503 while connecting, reconnecting or stopped).
 //!
 //! Metric names follow `walbox_<name>_<unit>[_total]` and are part of walbox's interface:
@@ -472,6 +473,7 @@ pub struct Health {
     ready: AtomicBool,
     active: AtomicBool,
     fatal: Mutex<Option<String>>,
+    blocked: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -503,8 +505,18 @@ impl Health {
         }
     }
 
+    /// Records why the worker cannot start although it keeps trying (a shard without a free
+    /// walsender), or that it can again (`None`): `/healthz` fails meanwhile.
+    pub fn set_blocked(&self, reason: Option<String>) {
+        if let Ok(mut b) = self.blocked.lock() {
+            *b = reason;
+        }
+    }
+
+    /// The fatal error, else why the worker is blocked: what `/healthz` fails with.
     fn fatal(&self) -> Option<String> {
-        self.fatal.lock().ok().and_then(|f| f.clone())
+        let fatal = self.fatal.lock().ok().and_then(|f| f.clone());
+        fatal.or_else(|| self.blocked.lock().ok().and_then(|b| b.clone()))
     }
 }
 

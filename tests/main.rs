@@ -26,6 +26,7 @@ mod relay;
 mod retention;
 mod routing;
 mod secrets;
+mod shard_layout;
 mod shards;
 mod slot;
 mod standby;

@@ -20,17 +20,17 @@ use crate::support::{
 };
 
 /// Whether this server has publication row filters; below 15 the tests check the refusal.
-fn sharding_supported() -> bool {
+pub(crate) fn sharding_supported() -> bool {
     major() >= 15
 }
 
 /// The slot names of shard `k` of `n` for base slot `slot`.
-fn shard_slot(slot: &str, k: u32, n: u32) -> String {
+pub(crate) fn shard_slot(slot: &str, k: u32, n: u32) -> String {
     format!("{slot}_{k}of{n}")
 }
 
 /// The walbox slots (and their layouts) of `db`, by name.
-fn slots(db: &TestDb, base: &str) -> Vec<String> {
+pub(crate) fn slots(db: &TestDb, base: &str) -> Vec<String> {
     db.sql(&format!(
         "SELECT slot_name FROM pg_replication_slots WHERE database = current_database() \
          AND (slot_name = '{base}' OR slot_name LIKE '{base}\\_%') ORDER BY slot_name"
@@ -52,7 +52,7 @@ fn slot_metric(body: &str, name: &str, slot: &str) -> Option<f64> {
 }
 
 /// Per id, the bucket of `n` its aggregate hashes to, as PostgreSQL computes it.
-fn buckets(db: &TestDb, n: u32) -> HashMap<i64, u32> {
+pub(crate) fn buckets(db: &TestDb, n: u32) -> HashMap<i64, u32> {
     db.sql(&format!(
         "SELECT id || ' ' || (hashtext(aggregate_id) & 2147483647) % {n} FROM outbox"
     ))
@@ -65,14 +65,14 @@ fn buckets(db: &TestDb, n: u32) -> HashMap<i64, u32> {
 }
 
 /// A writer committing transactions of 1–8 events over 40 aggregates until stopped.
-struct Writer {
-    written: Arc<Mutex<Vec<Written>>>,
-    stop: Arc<AtomicBool>,
+pub(crate) struct Writer {
+    pub(crate) written: Arc<Mutex<Vec<Written>>>,
+    pub(crate) stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Writer {
-    fn start(db: &TestDb, topic: &str) -> Writer {
+    pub(crate) fn start(db: &TestDb, topic: &str) -> Writer {
         let written: Arc<Mutex<Vec<Written>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -98,7 +98,7 @@ impl Writer {
         }
     }
 
-    fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.written
             .lock()
             .unwrap()
@@ -108,7 +108,7 @@ impl Writer {
     }
 
     /// Waits until at least `more` further events are committed.
-    fn wait_for_more(&self, more: usize) {
+    pub(crate) fn wait_for_more(&self, more: usize) {
         let target = self.count() + more;
         wait_until(WAIT, "the writer to commit more events", || {
             self.count() >= target
@@ -116,7 +116,7 @@ impl Writer {
     }
 
     /// Stops writing; returns every id committed.
-    fn finish(mut self) -> HashSet<i64> {
+    pub(crate) fn finish(mut self) -> HashSet<i64> {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.take().unwrap().join().expect("writer");
         self.written
@@ -128,7 +128,7 @@ impl Writer {
     }
 }
 
-fn sharded_env(db: &TestDb, brokers: &str, shards: u32) -> Vec<(String, String)> {
+pub(crate) fn sharded_env(db: &TestDb, brokers: &str, shards: u32) -> Vec<(String, String)> {
     let mut env = walbox_env(db, &db.name, brokers);
     env.push(("WALBOX_POSTGRES_SHARDS".into(), shards.to_string()));
     env
@@ -137,7 +137,7 @@ fn sharded_env(db: &TestDb, brokers: &str, shards: u32) -> Vec<(String, String)>
 /// Starts walbox with `env` and waits until every slot of `names` is streamed from.
 /// [`sharded_env`] with the HTTP endpoints on a free port: the environment, the port, and the
 /// shards' slot names.
-fn served_shards(
+pub(crate) fn served_shards(
     db: &TestDb,
     brokers: &str,
     shards: u32,
@@ -151,7 +151,7 @@ fn served_shards(
     (env, port, names)
 }
 
-fn start_streaming(env: &[(String, String)], db: &TestDb, names: &[String]) -> Walbox {
+pub(crate) fn start_streaming(env: &[(String, String)], db: &TestDb, names: &[String]) -> Walbox {
     let walbox = Walbox::spawn(env);
     wait_until(WAIT, "every shard to stream", || {
         names.iter().all(|s| db.streaming(s))

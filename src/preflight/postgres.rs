@@ -11,7 +11,7 @@ use postgres_protocol::escape::{escape_identifier as quote_ident, escape_literal
 use tokio_postgres::Client;
 
 use crate::config::conninfo::ConnInfo;
-use crate::config::Config;
+use crate::config::{Config, OnSlotBusy, PostgresConfig};
 use crate::pg::control::{connect_control, ConnectError};
 use crate::preflight::tables::{
     creation_rights, mapping_check, publication_check, qualified, retention_check, retention_name,
@@ -20,7 +20,7 @@ use crate::preflight::tables::{
 use crate::preflight::Check;
 use crate::source::catalog::{self, CatalogError, MIN_SERVER_VERSION};
 use crate::source::replication::ReplicationConnection;
-use crate::source::slot::{self, SlotHealth};
+use crate::source::slot::{self, Capacity, SlotHealth};
 use crate::source::standby::{self, Role, StandbyError};
 
 const CONNECTION: &str = "postgres";
@@ -50,7 +50,9 @@ pub async fn checks(config: &Config) -> Vec<Check> {
                 names.push(table_check(route));
                 names.push(select_check(route));
             }
-            names.extend([PUBLICATION, SLOT, KEEP_SIZE].map(String::from));
+            names.push(PUBLICATION.into());
+            names.extend(config.postgres.shards().iter().map(slot_check_name));
+            names.push(KEEP_SIZE.into());
             if config.postgres.failover_slot {
                 names.push(FAILOVER.into());
             }
@@ -105,16 +107,12 @@ struct Facts {
     role: Role,
     /// `wal_level = logical`.
     logical: bool,
-    /// `max_replication_slots`.
-    max_slots: i32,
-    /// Replication slots that exist.
-    used_slots: i32,
-    /// Whether the configured slot exists.
-    slot_exists: bool,
-    /// `max_wal_senders`.
-    max_senders: i32,
-    /// Walsenders running.
-    used_senders: i32,
+    /// Slots and walsenders, counted for the layout's slots.
+    capacity: Capacity,
+    /// The layout's slots: `postgres.slot`, or every shard's.
+    slots: Vec<String>,
+    /// Whether a hot standby walbox may take over (`postgres.on_slot_busy = "wait"`).
+    standby: bool,
     /// The current user.
     user: String,
     /// Whether it is a superuser.
@@ -149,27 +147,22 @@ async fn checks_on(
 
     let row = client
         .query_one(
-            "SELECT current_setting('max_replication_slots')::int, \
-                    (SELECT count(*) FROM pg_replication_slots)::int, \
-                    EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1), \
-                    current_setting('max_wal_senders')::int, \
-                    (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int, \
-                    current_user::text, r.rolsuper, r.rolreplication \
+            "SELECT current_user::text, r.rolsuper, r.rolreplication \
              FROM pg_roles r WHERE r.rolname = current_user",
-            &[&pg.slot],
+            &[],
         )
         .await?;
+    let shards = pg.shards();
+    let slots: Vec<String> = shards.iter().map(|s| s.slot.clone()).collect();
     let facts = Facts {
         role,
         logical: server.wal_level == "logical",
-        max_slots: row.get(0),
-        used_slots: row.get(1),
-        slot_exists: row.get(2),
-        max_senders: row.get(3),
-        used_senders: row.get(4),
-        user: row.get(5),
-        superuser: row.get(6),
-        replication: row.get(7),
+        capacity: slot::capacity(client, &slots).await?,
+        slots,
+        standby: pg.on_slot_busy == OnSlotBusy::Wait,
+        user: row.get(0),
+        superuser: row.get(1),
+        replication: row.get(2),
     };
     out.push(slots_check(&facts));
     out.push(senders_check(&facts));
@@ -227,8 +220,13 @@ async fn checks_on(
         creation.as_deref(),
     ));
 
-    let health = slot::read(client, &pg.slot).await?;
-    out.push(slot_check(client, config, &facts, health.as_ref()).await?);
+    let mut first_health = None;
+    for shard in &shards {
+        let health = slot::read(client, &shard.slot).await?;
+        out.push(slot_check(client, shard, &facts, health.as_ref()).await?);
+        first_health = first_health.or(Some(health));
+    }
+    let health = first_health.flatten();
 
     if pg.failover_slot {
         out.push(failover_check(client, &pg.conn, &server, role, health.as_ref()).await?);
@@ -405,60 +403,104 @@ async fn shards_check(
             )));
         }
     }
-    let first = pg.for_shard(crate::config::ShardOf {
-        index: 0,
-        count: pg.shards,
-    });
+    let slots: Vec<String> = pg.shards().into_iter().map(|s| s.slot).collect();
     Ok(Some(Check::ok(
         SHARDS,
         format!(
-            "{} shards by hash of the aggregate id (slots {} …, one walsender each: count them in max_replication_slots and max_wal_senders)",
-            pg.shards, first.slot
+            "{} shards by hash of the aggregate id (slots {}, one walsender each: counted in max_replication_slots and max_wal_senders)",
+            pg.shards,
+            slots.join(", ")
         ),
     )))
 }
 
+/// Replication slots: a free one for each of the layout's slots that does not exist yet.
 fn slots_check(f: &Facts) -> Check {
-    let (max, used, ours) = (f.max_slots, f.used_slots, f.slot_exists);
-    if ours {
-        return Check::ok(
-            SLOTS,
-            format!("{used} of {max} in use, the configured slot among them"),
-        );
+    let c = &f.capacity;
+    let (max, used, n) = (c.max_slots, c.used_slots, f.slots.len());
+    let missing = c.missing_slots(n);
+    if missing == 0 {
+        let ours = if n == 1 {
+            "the configured slot among them".to_owned()
+        } else {
+            format!("the {n} shards' slots among them")
+        };
+        return Check::ok(SLOTS, format!("{used} of {max} in use, {ours}"));
     }
-    if used < max {
-        Check::ok(
-            SLOTS,
-            format!("{used} of {max} in use: one free for walbox's slot"),
-        )
+    if c.slots_left(n) >= 0 {
+        let free = if n == 1 {
+            "one free for walbox's slot".to_owned()
+        } else {
+            format!("{missing} free for the shards' slots walbox creates")
+        };
+        return Check::ok(SLOTS, format!("{used} of {max} in use: {free}"));
+    }
+    let detail = if n == 1 {
+        format!("all {max} replication slots are in use, none is left for walbox's")
     } else {
-        Check::fail(
-            SLOTS,
-            format!("all {max} replication slots are in use, none is left for walbox's"),
-            format!("ALTER SYSTEM SET max_replication_slots = {}; then restart PostgreSQL (or drop an unused slot: SELECT pg_drop_replication_slot('<name>');)", max + 1),
+        let absent: Vec<&str> = f
+            .slots
+            .iter()
+            .filter(|s| !c.existing.contains(s))
+            .map(String::as_str)
+            .collect();
+        format!(
+            "the {n} shards need a slot each and {missing} do not exist yet ({}), but {} of {max} replication slots are free: walbox would stop before any shard streams",
+            absent.join(", "),
+            max.saturating_sub(used)
         )
-    }
+    };
+    Check::fail(
+        SLOTS,
+        detail,
+        format!("ALTER SYSTEM SET max_replication_slots = {}; then restart PostgreSQL (or drop an unused slot: SELECT pg_drop_replication_slot('<name>');)", c.slots_needed(n)),
+    )
 }
 
+/// Walsenders: one for each of the layout's slots (those already streaming from them are
+/// walbox's own), and, when a hot standby walbox may take over, as many again for the
+/// takeover while the old walsenders end.
 fn senders_check(f: &Facts) -> Check {
-    let (max, used) = (f.max_senders, f.used_senders);
-    if used < max {
-        Check::ok(
-            SENDERS,
-            format!("{used} of {max} walsenders running: one free for walbox"),
-        )
-    } else {
-        Check::fail(
-            SENDERS,
+    let c = &f.capacity;
+    let (max, used, n) = (c.max_senders, c.used_senders, f.slots.len());
+    let restart =
+        |to: i64| format!("ALTER SYSTEM SET max_wal_senders = {to}; then restart PostgreSQL");
+    if c.senders_left(n, 0) < 0 {
+        let detail = if n == 1 {
             format!(
                 "all {max} walsenders are in use, none is left for walbox's replication connection"
-            ),
+            )
+        } else {
             format!(
-                "ALTER SYSTEM SET max_wal_senders = {}; then restart PostgreSQL",
-                max + 1
-            ),
-        )
+                "the {n} shards need a walsender each, but {used} of {max} are in use, {} of them by others: walbox would stop before any shard streams",
+                used as usize - c.active.len().min(used as usize)
+            )
+        };
+        return Check::fail(SENDERS, detail, restart(c.senders_needed(n, 0)));
     }
+    let own = if n == 1 {
+        "one free for walbox".to_owned()
+    } else {
+        format!("{n} for the shards, one each")
+    };
+    if f.standby && c.senders_left(n, n) < 0 {
+        return Check::warn(
+            SENDERS,
+            format!(
+                "{used} of {max} walsenders running: {own}, but not {n} more for a hot standby walbox (postgres.on_slot_busy = \"wait\") taking over from one that was cut off, which then waits for the old walsenders to end (wal_sender_timeout)"
+            ),
+            format!("{} (or lower wal_sender_timeout)", restart(c.senders_needed(n, n))),
+        );
+    }
+    let standby = if f.standby {
+        format!(", and {n} more for a hot standby's takeover")
+    } else {
+        String::new()
+    };
+    Check::ok(
+        SENDERS,
+        format!("{used} of {max} walsenders running: {own}{standby}"),
+    )
 }
 
 fn role_check(f: &Facts) -> Check {
@@ -578,13 +620,22 @@ async fn failover_check(
     })
 }
 
+/// The name of `pg`'s slot check: `slot`, or `slot <name>` for each shard.
+fn slot_check_name(pg: &PostgresConfig) -> String {
+    match pg.shard {
+        Some(_) => format!("{SLOT} {}", pg.slot),
+        None => SLOT.to_owned(),
+    }
+}
+
 async fn slot_check(
     client: &Client,
-    config: &Config,
+    pg: &PostgresConfig,
     facts: &Facts,
     health: Option<&SlotHealth>,
 ) -> Result<Check, tokio_postgres::Error> {
-    let pg = &config.postgres;
+    let name = slot_check_name(pg);
+    let slots_short = facts.capacity.slots_left(facts.slots.len()) < 0;
     let create_sql = format!(
         "SELECT pg_create_logical_replication_slot({}, 'pgoutput');",
         escape_literal(&pg.slot)
@@ -592,7 +643,7 @@ async fn slot_check(
     let Some(health) = health else {
         if !pg.create_slot {
             return Ok(Check::fail(
-                SLOT,
+                name,
                 format!("replication slot {:?} does not exist", pg.slot),
                 format!("{create_sql} (or set postgres.create_slot = true)"),
             ));
@@ -601,7 +652,7 @@ async fn slot_check(
         if !facts.logical {
             cannot.push(format!("{WAL_LEVEL} failed"));
         }
-        if facts.used_slots >= facts.max_slots {
+        if slots_short {
             cannot.push(format!("{SLOTS} failed"));
         }
         if !facts.superuser && !facts.replication {
@@ -609,7 +660,7 @@ async fn slot_check(
         }
         return Ok(if cannot.is_empty() {
             Check::ok(
-                SLOT,
+                name,
                 format!(
                     "{:?} does not exist yet: walbox creates it (postgres.create_slot)",
                     pg.slot
@@ -617,7 +668,7 @@ async fn slot_check(
             )
         } else {
             Check::fail(
-                SLOT,
+                name,
                 format!(
                     "replication slot {:?} does not exist and cannot be created: {}",
                     pg.slot,
@@ -630,7 +681,7 @@ async fn slot_check(
     match catalog::slot_state(client, &pg.slot).await {
         Ok(_) => {}
         Err(CatalogError::Query(e)) => return Err(e),
-        Err(e) => return Ok(from_catalog(SLOT.into(), &e)),
+        Err(e) => return Ok(from_catalog(name, &e)),
     }
     if let (true, Some(pid)) = (health.active, health.active_pid) {
         let holder = client
@@ -642,7 +693,7 @@ async fn slot_check(
         let (application, address): (Option<String>, Option<String>) =
             holder.map(|r| (r.get(0), r.get(1))).unwrap_or_default();
         return Ok(Check::fail(
-            SLOT,
+            name,
             format!(
                 "replication slot {:?} is held by pid {pid} (application_name {:?}, client {})",
                 pg.slot,
@@ -653,7 +704,7 @@ async fn slot_check(
         ));
     }
     Ok(Check::ok(
-        SLOT,
+        name,
         format!(
             "{:?}: pgoutput, not held, confirmed up to {}, wal_status {}",
             pg.slot,

@@ -81,6 +81,29 @@ use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros};
 use checkpoint::Checkpoint;
 use error::{Recurrence, RejectedTxn, PERMANENT_AFTER};
 
+/// Whether the missing slot of `key` may be created: `Ok` when the progress topic holds no
+/// record of it (it never existed); [`RelayError::SlotGone`] when it does (it existed and is
+/// gone); [`RelayError::Progress`] (transient) when the topic cannot be read to its end.
+pub async fn never_existed(kafka: &KafkaConfig, key: &ProgressKey) -> Result<(), RelayError> {
+    let topic = kafka.progress_topic.clone();
+    let (config, lookup) = (kafka.clone(), key.clone());
+    let evidence = tokio::task::spawn_blocking(move || {
+        progress::read_last(&config, &lookup, PROGRESS_READ_TIMEOUT)
+    })
+    .await
+    .unwrap_or_else(|_| Err(ProgressError::Timeout(topic.clone())));
+    match evidence {
+        Ok(None) => Ok(()),
+        Ok(Some(record)) => Err(RelayError::SlotGone {
+            slot: key.slot.clone(),
+            record: Box::new(record),
+            topic,
+            time_column: None,
+        }),
+        Err(e) => Err(RelayError::Progress(e)),
+    }
+}
+
 /// Position of the transaction being received.
 #[derive(Debug, Clone, Copy)]
 struct OpenTxn {
@@ -410,24 +433,19 @@ impl Relay {
             None => {
                 // A missing slot is created only when the progress topic proves it never
                 // existed; see `sink::progress`.
-                let config = self.settings.kafka.clone();
-                let lookup = key.clone();
-                let evidence = tokio::task::spawn_blocking(move || {
-                    progress::read_last(&config, &lookup, PROGRESS_READ_TIMEOUT)
-                })
-                .await
-                .unwrap_or_else(|_| Err(ProgressError::Timeout(progress_topic.clone())));
-                match evidence {
-                    Ok(Some(record)) => {
+                match never_existed(&self.settings.kafka, &key).await {
+                    Err(RelayError::SlotGone {
+                        slot, record, topic, ..
+                    }) => {
                         return Err(RelayError::SlotGone {
-                            slot: pg.slot.clone(),
-                            record: Box::new(record),
-                            topic: progress_topic,
+                            slot,
+                            record,
+                            topic,
                             time_column: self.time_column.clone(),
                         })
                     }
-                    Ok(None) if pg.create_slot => open.create_slot(&pg.slot).await?,
-                    Err(e) if pg.create_slot => return Err(RelayError::Progress(e)),
+                    Ok(()) if pg.create_slot => open.create_slot(&pg.slot).await?,
+                    Err(e) if pg.create_slot => return Err(e),
                     _ => {
                         return Err(
                             OpenError::from(CatalogError::MissingSlot(pg.slot.clone())).into()
@@ -462,6 +480,7 @@ impl Relay {
             None => None,
         };
         self.health.set_ready(true);
+        self.health.set_blocked(None);
         // The slot is active: walbox streams from it (the monitor's reading may be older). Set
         // before `streaming`, so a scrape that sees walbox streaming sees the slot active too.
         self.metrics.slot_active.set(1);

@@ -381,13 +381,7 @@ async fn prepare_new_layout(
                     &[&RESHARD_PREFIX],
                 )
                 .await?;
-            let at: Lsn = lsn(client
-                .query_one(
-                    "SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)",
-                    &[&shard.slot, &point.to_string()],
-                )
-                .await?
-                .get(0));
+            let at = crate::source::slot::advance(client, &shard.slot, point).await?;
             if at >= point {
                 break;
             }

@@ -53,6 +53,30 @@ impl Classify for OpenError {
     }
 }
 
+impl OpenError {
+    /// The SQLSTATE of a server error, e.g. `53300` when no walsender is free.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            OpenError::Control(e) => e.sqlstate(),
+            OpenError::Replication(e) => e.sqlstate(),
+            OpenError::Catalog(CatalogError::Query(e)) => e.as_db_error().map(|d| d.code().code()),
+            OpenError::Catalog(_) => None,
+        }
+    }
+
+    /// The server setting that ran out, when the server refused for want of a walsender
+    /// (`53300` … exceeds `max_wal_senders`) or of a replication slot (`53400`).
+    pub fn exhausted_setting(&self) -> Option<&'static str> {
+        match self.sqlstate() {
+            Some("53300") if self.to_string().contains("max_wal_senders") => {
+                Some("max_wal_senders")
+            }
+            Some("53400") => Some("max_replication_slots"),
+            _ => None,
+        }
+    }
+}
+
 /// A checked server with a replication connection, before streaming.
 pub struct OpenSession {
     control: tokio_postgres::Client,

@@ -281,6 +281,98 @@ pub async fn standby_slots(client: &Client) -> Result<StandbySlots, tokio_postgr
     })
 }
 
+/// How many replication slots and walsenders the server has, how many are taken, and how many
+/// of those are a layout's own (its slots, and the walsenders streaming from them): what a
+/// layout of `ours.len()` slots still needs is counted from this, by `walbox run` before it
+/// creates a layout's slots and by `walbox check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    /// `max_replication_slots`.
+    pub max_slots: u32,
+    /// Replication slots that exist (any database, any kind).
+    pub used_slots: u32,
+    /// `max_wal_senders`.
+    pub max_senders: u32,
+    /// Walsenders running (replication connections, streaming or not).
+    pub used_senders: u32,
+    /// The layout's slots that exist.
+    pub existing: Vec<String>,
+    /// The layout's slots a walsender streams from.
+    pub active: Vec<String>,
+}
+
+impl Capacity {
+    /// Slots still to create for a layout of `count` slots.
+    pub fn missing_slots(&self, count: usize) -> usize {
+        count.saturating_sub(self.existing.len())
+    }
+
+    /// Replication slots that would be free after creating the missing ones (negative: short).
+    pub fn slots_left(&self, count: usize) -> i64 {
+        i64::from(self.max_slots) - i64::from(self.used_slots) - self.missing_slots(count) as i64
+    }
+
+    /// Walsenders that would be free with every one of the `count` slots streamed from, plus
+    /// `extra` more connections (negative: short). Walsenders already streaming from the
+    /// layout's slots are counted as the layout's own.
+    pub fn senders_left(&self, count: usize, extra: usize) -> i64 {
+        let others = i64::from(self.used_senders) - self.active.len() as i64;
+        i64::from(self.max_senders) - others - (count + extra) as i64
+    }
+
+    /// `max_replication_slots` a layout of `count` slots needs, everything else staying.
+    pub fn slots_needed(&self, count: usize) -> i64 {
+        i64::from(self.max_slots) - self.slots_left(count)
+    }
+
+    /// `max_wal_senders` a layout of `count` slots (plus `extra` connections) needs.
+    pub fn senders_needed(&self, count: usize, extra: usize) -> i64 {
+        i64::from(self.max_senders) - self.senders_left(count, extra)
+    }
+}
+
+/// Reads [`Capacity`] for the layout whose slots are `ours`.
+pub async fn capacity(client: &Client, ours: &[String]) -> Result<Capacity, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_replication_slots')::int, \
+                    (SELECT count(*) FROM pg_replication_slots)::int, \
+                    current_setting('max_wal_senders')::int, \
+                    (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int, \
+                    coalesce((SELECT array_agg(slot_name::text ORDER BY slot_name) \
+                              FROM pg_replication_slots WHERE slot_name = ANY($1)), '{}'), \
+                    coalesce((SELECT array_agg(slot_name::text ORDER BY slot_name) \
+                              FROM pg_replication_slots WHERE slot_name = ANY($1) AND active), '{}')",
+            &[&ours],
+        )
+        .await?;
+    let count = |i: usize| u32::try_from(row.get::<_, i32>(i)).unwrap_or(0);
+    Ok(Capacity {
+        max_slots: count(0),
+        used_slots: count(1),
+        max_senders: count(2),
+        used_senders: count(3),
+        existing: row.get(4),
+        active: row.get(5),
+    })
+}
+
+/// Moves a slot that no walsender streams from forward to `to`
+/// (`pg_replication_slot_advance`); returns where it is now, which is short of `to` when the
+/// server has not flushed (on a standby: replayed) that far yet.
+pub async fn advance(client: &Client, slot: &str, to: Lsn) -> Result<Lsn, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)",
+            &[&slot, &to.to_string()],
+        )
+        .await?;
+    Ok(row
+        .get::<_, Option<String>>(0)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(Lsn::ZERO))
+}
+
 /// Drops the slot (which must not be active) and creates it again with pgoutput; returns the new
 /// slot's consistent point. Events committed between the old slot's confirmed position and that
 /// point are not in the new slot's stream. `failover` (PostgreSQL 17+, the old slot's flag) is
