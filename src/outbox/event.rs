@@ -45,8 +45,9 @@ impl HeaderName {
 }
 
 /// Headers held inline up to walbox's own four and two configured ones: no allocation per
-/// event (CloudEvents headers spill to the heap).
-pub type Headers = smallvec::SmallVec<[(HeaderName, Bytes); 6]>;
+/// event (CloudEvents headers spill to the heap). A `None` value is a header with a null value
+/// (a NULL header column with `compat = "debezium"`).
+pub type Headers = smallvec::SmallVec<[(HeaderName, Option<Bytes>); 6]>;
 
 /// One record to produce.
 #[derive(Debug, Clone, PartialEq, Eq)]

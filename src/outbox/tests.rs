@@ -56,7 +56,7 @@ fn header<'a>(e: &'a OutboxEvent, name: &str) -> Option<&'a [u8]> {
     e.headers
         .iter()
         .find(|(k, _)| k.as_str() == name)
-        .map(|(_, v)| &v[..])
+        .and_then(|(_, v)| v.as_deref())
 }
 
 const SEED_000: &[(&str, u32)] = &[
