@@ -11,7 +11,9 @@
 #   /var/cache/walbox/postgresql), one directory per major. Never inside the
 #   repository. `WALBOX_PG_MAJORS="13 18"` installs only those ("" for none);
 # - the pinned Apache Kafka broker of the real-Kafka test lane, with Debian's
-#   JRE and Maven when missing (scripts/install-kafka.sh).
+#   JRE and Maven when missing (scripts/install-kafka.sh), and the pinned Kafka
+#   Connect and Debezium PostgreSQL connector of its Debezium differential test
+#   (scripts/install-debezium.sh).
 #
 # Idempotent: does nothing when everything is installed (each cached major has
 # a marker file naming its package version). Non-interactive; downloads are
@@ -172,4 +174,5 @@ else
   done
 fi
 bash "$(dirname "${BASH_SOURCE[0]}")/install-kafka.sh"
+bash "$(dirname "${BASH_SOURCE[0]}")/install-debezium.sh"
 echo "install-deps: done"

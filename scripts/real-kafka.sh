@@ -12,7 +12,9 @@
 # inbox's consumer group (rebalances, restarts, the retention guard), the
 # progress topic and the start-up decision read from it, `walbox audit`,
 # SASL/SCRAM handshakes (plain and over TLS), routing with topic creation,
-# and the core relay's SIGKILL test. Ignored tests (those needing a real
+# the Debezium differential test (Kafka Connect standalone with the Debezium
+# PostgreSQL connector, from scripts/install-debezium.sh), and the core
+# relay's SIGKILL test. Ignored tests (those needing a real
 # broker) run too. Tests that inject broker faults need the mock cluster and
 # say "external broker: … skipped" here.
 #
@@ -21,9 +23,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/install-kafka.sh >/dev/null
+bash scripts/install-debezium.sh >/dev/null
 
 if [ "$#" -eq 0 ]; then
-  set -- exactly_once:: inbox:: progress:: audit:: kafka_security:: routing:: \
+  set -- exactly_once:: inbox:: progress:: audit:: kafka_security:: routing:: debezium:: \
     relay::sigkill_at_random_points
 fi
 

@@ -10,6 +10,7 @@ mod connection;
 // Needs the fault points: `cargo test --features failpoints` (the documented test command).
 #[cfg(feature = "failpoints")]
 mod crash;
+mod debezium;
 mod deploy;
 mod exactly_once;
 mod failover;

@@ -664,3 +664,39 @@ fn a_refused_property_file_is_named_by_its_file_key_without_its_content() {
         );
     }
 }
+
+#[test]
+fn outbox_compat_picks_the_routers_column_defaults() {
+    let load = |toml: &str| {
+        load_from(
+            Some(file(&format!("{MINIMAL}{toml}")).path()),
+            &mut std::iter::empty(),
+        )
+    };
+    let c = load("[outbox]\ncompat = \"debezium\"").unwrap();
+    let cols = &c.outbox.tables[0].columns;
+    assert_eq!(
+        (
+            cols.id.as_str(),
+            cols.aggregate_id.as_str(),
+            cols.aggregate_type.as_str()
+        ),
+        ("id", "aggregateid", "aggregatetype")
+    );
+    assert_eq!(
+        (cols.event_type.as_str(), cols.payload.as_str()),
+        ("type", "payload")
+    );
+    assert_eq!(cols.topic, None);
+    let c = load("[outbox]\ncompat = \"debezium\"\n[outbox.columns]\ntopic = \"dest\"").unwrap();
+    assert_eq!(c.outbox.tables[0].columns.topic.as_deref(), Some("dest"));
+    let c = load("").unwrap();
+    assert_eq!(c.outbox.tables[0].columns.topic.as_deref(), Some("topic"));
+    let e = load("[outbox]\ncompat = \"kafka-connect\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("outbox.compat \"kafka-connect\" must be \"walbox\" or \"debezium\""),
+        "{e}"
+    );
+}

@@ -85,8 +85,10 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
     // The config file (clap reads it) and the log filter override (main reads it).
     accepted: &["WALBOX_CONFIG", LOG_ENV],
     // `walbox inbox`'s, the variables of the tests and benchmarks, and where the sandbox and
-    // scripts/install-deps.sh keep other PostgreSQL majors (which ones).
+    // scripts/install-deps.sh keep other PostgreSQL majors (which ones), and where
+    // scripts/install-debezium.sh keeps Debezium (which version).
     foreign: &[
+        "WALBOX_DEBEZIUM_",
         "WALBOX_INBOX_",
         "WALBOX_TEST_",
         "WALBOX_BENCH_",
@@ -183,6 +185,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["outbox"], "on_invalid", Kind::Str),
     (&["outbox"], "dead_letter_topic", Kind::Str),
     (&["outbox"], "on_change", Kind::Str),
+    (&["outbox"], "compat", Kind::Str),
     (&["outbox", "retention"], "enabled", Kind::Bool),
     (&["outbox", "retention"], "keep", Kind::Str),
     (&["outbox", "retention"], "interval", Kind::Str),

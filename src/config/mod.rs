@@ -66,7 +66,7 @@ pub use kafka::{
 pub(crate) use layers::{deserialize, read_layers};
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
 pub use outbox::{
-    ColumnNames, OnChange, OnInvalid, OutboxConfig, Route, RouteSource, ValueFormat,
+    ColumnNames, Compat, OnChange, OnInvalid, OutboxConfig, Route, RouteSource, ValueFormat,
     MAX_OUTBOX_TABLES,
 };
 pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};

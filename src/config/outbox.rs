@@ -12,6 +12,14 @@
 //! - topic from the `topic` column when the table has one and it is not NULL, else
 //!   `outbox.event.${aggregate_type}`;
 //! - value `payload` as stored.
+//!
+//! `compat = "debezium"` makes a route write the records of Debezium's Outbox Event Router
+//! (`io.debezium.transforms.outbox.EventRouter`, with Connect's `StringConverter` and its default
+//! header converter): the column defaults become the router's (`id`, `aggregateid`,
+//! `aggregatetype`, `type`, `payload`), no topic column is read unless `columns.topic` names one,
+//! no `event_type` header is added (the router places none unless told to), and a header column
+//! that is NULL is sent as a header with a null value instead of being left out. walbox's own
+//! `walbox.*` headers stay. docs/migrating.md lists what still differs.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,6 +59,8 @@ pub struct RawRoute {
     pub dead_letter_topic: Option<String>,
     /// What an UPDATE/DELETE/TRUNCATE of the table does: `warn` or `fail`.
     pub on_change: Option<String>,
+    /// `walbox` (default) or `debezium`: whose record layout the route writes.
+    pub compat: Option<String>,
     /// `[.columns]`.
     #[serde(default)]
     pub columns: RawColumns,
@@ -112,6 +122,7 @@ const ROUTE_KEYS: &[&str] = &[
     "on_invalid",
     "dead_letter_topic",
     "on_change",
+    "compat",
     "columns",
     "headers",
     "envelope",
@@ -188,14 +199,23 @@ pub struct ColumnNames {
     pub aggregate_type: String,
     /// Event type.
     pub event_type: String,
-    /// Topic.
-    pub topic: String,
+    /// Topic column, if read (none with [`Compat::Debezium`] unless configured).
+    pub topic: Option<String>,
     /// Payload.
     pub payload: String,
     /// Event timestamp, if configured.
     pub timestamp: Option<String>,
     /// Explicit partition, if configured.
     pub partition: Option<String>,
+}
+
+/// Whose record layout a route writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compat {
+    /// walbox's: the seeds' column names, the `event_type` header, NULL header columns left out.
+    Walbox,
+    /// Debezium's Outbox Event Router's (see the module docs).
+    Debezium,
 }
 
 /// Where rows come from.
@@ -240,6 +260,8 @@ pub struct Route {
     pub on_invalid: OnInvalid,
     /// Non-insert changes.
     pub on_change: OnChange,
+    /// Whose record layout.
+    pub compat: Compat,
     /// Extra columns → header names.
     pub headers: Vec<(String, String)>,
     /// Extra columns → envelope field names.
@@ -333,13 +355,28 @@ impl RawRoute {
             RouteSource::Table { schema, table } => format!("{schema}.{table}").into(),
             RouteSource::Messages { prefix } => format!("message:{prefix}").into(),
         };
+        let compat = match self.compat.as_deref().unwrap_or("walbox") {
+            "walbox" => Compat::Walbox,
+            "debezium" => Compat::Debezium,
+            other => {
+                return Err(invalid(format!(
+                    "{what}.compat {other:?} must be \"walbox\" or \"debezium\""
+                )))
+            }
+        };
+        let debezium = compat == Compat::Debezium;
+        let pick = |walbox: &str, router: &str| if debezium { router } else { walbox }.to_owned();
         let c = self.columns;
         let columns = ColumnNames {
             id: c.id.unwrap_or_else(|| "id".into()),
-            aggregate_id: c.aggregate_id.unwrap_or_else(|| "aggregate_id".into()),
-            aggregate_type: c.aggregate_type.unwrap_or_else(|| "aggregate_type".into()),
-            event_type: c.event_type.unwrap_or_else(|| "event_type".into()),
-            topic: c.topic.unwrap_or_else(|| "topic".into()),
+            aggregate_id: c
+                .aggregate_id
+                .unwrap_or_else(|| pick("aggregate_id", "aggregateid")),
+            aggregate_type: c
+                .aggregate_type
+                .unwrap_or_else(|| pick("aggregate_type", "aggregatetype")),
+            event_type: c.event_type.unwrap_or_else(|| pick("event_type", "type")),
+            topic: c.topic.or_else(|| (!debezium).then(|| "topic".into())),
             payload: c.payload.unwrap_or_else(|| "payload".into()),
             timestamp: c.timestamp,
             partition: c.partition,
@@ -424,6 +461,7 @@ impl RawRoute {
             tombstones: self.tombstones.unwrap_or(false),
             on_invalid,
             on_change,
+            compat,
             headers: self.headers.into_iter().collect(),
             envelope: self.envelope.into_iter().collect(),
         })

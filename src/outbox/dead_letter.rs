@@ -78,22 +78,22 @@ pub fn dead_letter(
         key: rejected.key,
         value: rejected.payload,
         headers: smallvec::smallvec![
-            (HeaderName::Static("id"), id.clone()),
+            (HeaderName::Static("id"), Some(id.clone())),
             (
                 HeaderName::Static("walbox.error"),
-                Bytes::copy_from_slice(reason.as_bytes()),
+                Some(Bytes::copy_from_slice(reason.as_bytes())),
             ),
             (
                 HeaderName::Static(SOURCE_HEADER),
-                Bytes::copy_from_slice(rejected.source.as_bytes()),
+                Some(Bytes::copy_from_slice(rejected.source.as_bytes())),
             ),
             (
                 HeaderName::Static("walbox.commit_lsn"),
-                Bytes::from(position.commit_lsn.to_string()),
+                Some(Bytes::from(position.commit_lsn.to_string())),
             ),
             (
                 HeaderName::Static("walbox.index"),
-                Bytes::from(position.index.to_string()),
+                Some(Bytes::from(position.index.to_string())),
             ),
         ],
         timestamp_ms: pg_micros_to_unix_ms(position.commit_time),
@@ -127,7 +127,7 @@ mod tests {
         e.headers
             .iter()
             .find(|(h, _)| h.as_str() == name)
-            .map(|(_, v)| v.as_ref())
+            .and_then(|(_, v)| v.as_deref())
             .unwrap_or_else(|| panic!("no header {name}"))
     }
 

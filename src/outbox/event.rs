@@ -50,8 +50,9 @@ impl HeaderName {
 pub const SOURCE_HEADER: &str = "walbox.source";
 
 /// Headers held inline up to walbox's own five and two configured ones: no allocation per
-/// event (CloudEvents headers spill to the heap).
-pub type Headers = smallvec::SmallVec<[(HeaderName, Bytes); 7]>;
+/// event (CloudEvents headers spill to the heap). A `None` value is a header with a null value
+/// (a NULL header column with `compat = "debezium"`).
+pub type Headers = smallvec::SmallVec<[(HeaderName, Option<Bytes>); 7]>;
 
 /// One record to produce.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::config::{valid_topic, OnInvalid, OutboxConfig, Route, RouteSource};
+use crate::config::{valid_topic, Compat, OnInvalid, OutboxConfig, Route, RouteSource};
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
@@ -267,7 +267,7 @@ impl OutboxMapper {
             .iter()
             .map(|(col, f)| (need(col), Arc::from(f.as_str())))
             .collect();
-        let topic = find(&c.topic);
+        let topic = c.topic.as_deref().and_then(find);
         let aggregate_type = find(&c.aggregate_type);
         let payload_kind = match payload.map(|i| rel.columns[i].type_oid) {
             Some(BYTEA_OID) => PayloadKind::Bytes,
@@ -413,7 +413,7 @@ impl OutboxMapper {
             },
         });
         let aggregate_type = text(&c.aggregate_type);
-        let topic = text(&c.topic);
+        let topic = c.topic.as_deref().and_then(text);
         let timestamp = c.timestamp.as_deref().and_then(text);
         let partition = c.partition.as_deref().and_then(text);
         let route_cfg = &self.routes[route];
@@ -596,18 +596,21 @@ impl OutboxMapper {
         };
         let lsn_text = self.lsn_text(position.commit_lsn);
         let mut headers = Headers::new();
-        headers.push((HeaderName::Static("id"), id.clone()));
-        if let Some(t) = &row.event_type {
-            headers.push((HeaderName::Static("event_type"), t.clone()));
+        headers.push(valued(HeaderName::Static("id"), id.clone()));
+        if let (Some(t), Compat::Walbox) = (&row.event_type, r.compat) {
+            headers.push(valued(HeaderName::Static("event_type"), t.clone()));
         }
-        headers.push((HeaderName::Static("walbox.commit_lsn"), lsn_text.clone()));
-        headers.push((
+        headers.push(valued(
+            HeaderName::Static("walbox.commit_lsn"),
+            lsn_text.clone(),
+        ));
+        headers.push(valued(
             HeaderName::Static("walbox.index"),
             self.scratch.borrow_mut().texts.text(position.index),
         ));
         headers.push((
             HeaderName::Static(SOURCE_HEADER),
-            self.sources[route].clone(),
+            Some(self.sources[route].clone()),
         ));
         let value = match (&row.payload, r.format) {
             (None, _) => None,
@@ -640,31 +643,34 @@ impl OutboxMapper {
                 (_, Some(PayloadKind::Bytes)) => "application/octet-stream",
                 _ => "text/plain",
             };
-            headers.push((
+            headers.push(valued(
                 HeaderName::Static("ce_specversion"),
                 Bytes::from_static(b"1.0"),
             ));
-            headers.push((HeaderName::Static("ce_id"), id.clone()));
-            headers.push((
+            headers.push(valued(HeaderName::Static("ce_id"), id.clone()));
+            headers.push(valued(
                 HeaderName::Static("ce_source"),
                 Bytes::from(ce_source.clone()),
             ));
             if let Some(t) = &row.event_type {
-                headers.push((HeaderName::Static("ce_type"), t.clone()));
+                headers.push(valued(HeaderName::Static("ce_type"), t.clone()));
             }
-            headers.push((
+            headers.push(valued(
                 HeaderName::Static("ce_time"),
                 Bytes::from(timestamp::rfc3339_ms(timestamp_ms)),
             ));
-            headers.push((HeaderName::Static("ce_subject"), key.clone()));
-            headers.push((
+            headers.push(valued(HeaderName::Static("ce_subject"), key.clone()));
+            headers.push(valued(
                 HeaderName::Static("content-type"),
                 Bytes::from_static(content_type.as_bytes()),
             ));
         }
         for (name, v) in row.headers {
-            if let Some(v) = v {
-                headers.push((name, v));
+            match (v, r.compat) {
+                (Some(v), _) => headers.push((name, Some(v))),
+                // The router sends a NULL column as a header with a null value.
+                (None, Compat::Debezium) => headers.push((name, None)),
+                (None, Compat::Walbox) => {}
             }
         }
         Ok(OutboxEvent {
@@ -679,6 +685,11 @@ impl OutboxMapper {
             source: r.name.clone(),
         })
     }
+}
+
+/// A header with a value.
+fn valued(name: HeaderName, value: Bytes) -> (HeaderName, Option<Bytes>) {
+    (name, Some(value))
 }
 
 /// Decodes bytea's text output `\x0a1b…` into bytes.

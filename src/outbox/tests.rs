@@ -56,7 +56,7 @@ fn header<'a>(e: &'a OutboxEvent, name: &str) -> Option<&'a [u8]> {
     e.headers
         .iter()
         .find(|(k, _)| k.as_str() == name)
-        .map(|(_, v)| &v[..])
+        .and_then(|(_, v)| v.as_deref())
 }
 
 const SEED_000: &[(&str, u32)] = &[
@@ -358,4 +358,72 @@ fn bytea_hex() {
     assert_eq!(decode_bytea_hex(b"\\x0"), None);
     assert_eq!(decode_bytea_hex(b"\\xzz"), None);
     assert_eq!(decode_bytea_hex(b"abc"), None);
+}
+
+/// Debezium's outbox table: `id`, `aggregatetype`, `aggregateid`, `type`, `payload`, a `topic`
+/// column the router never reads, and a header column.
+const DEBEZIUM_TABLE: &[(&str, u32)] = &[
+    ("id", 2950),
+    ("aggregatetype", 1043),
+    ("aggregateid", 1043),
+    ("type", 1043),
+    ("topic", 25),
+    ("payload", JSONB_OID),
+    ("tenant", 25),
+];
+
+#[test]
+fn debezium_compat_writes_the_event_routers_layout() {
+    let headers = "[outbox.headers]\ntenant = \"tenant\"\ntype = \"eventType\"";
+    let row = |tenant: Option<&'static str>| {
+        [
+            Some("0b6e"),
+            Some("order"),
+            Some("o-1"),
+            Some("order.placed"),
+            Some("elsewhere"),
+            Some("{\"a\": 1}"),
+            tenant,
+        ]
+    };
+    let mut m = OutboxMapper::new(&outbox(&format!(
+        "[outbox]\ncompat = \"debezium\"\n{headers}"
+    )));
+    m.relation(&relation(1, "outbox", DEBEZIUM_TABLE));
+    let e = m.map_insert(&insert(1, &row(None)), POS).unwrap().unwrap();
+    assert_eq!(&*e.topic, "outbox.event.order", "no topic column is read");
+    assert_eq!(e.key.as_deref(), Some(&b"o-1"[..]));
+    assert_eq!(header(&e, "id"), Some(&b"0b6e"[..]));
+    assert_eq!(
+        header(&e, "event_type"),
+        None,
+        "the router adds no type header"
+    );
+    assert_eq!(header(&e, "eventType"), Some(&b"order.placed"[..]));
+    let tenant: Vec<_> = e
+        .headers
+        .iter()
+        .filter(|(k, _)| k.as_str() == "tenant")
+        .collect();
+    assert_eq!(
+        tenant.len(),
+        1,
+        "a NULL header column is a header with a null value"
+    );
+    assert_eq!(tenant[0].1, None);
+    let e = m
+        .map_insert(&insert(1, &row(Some("t-1"))), POS)
+        .unwrap()
+        .unwrap();
+    assert_eq!(header(&e, "tenant"), Some(&b"t-1"[..]));
+
+    // walbox's own layout leaves a NULL header column out and reads the topic column.
+    let mut m = OutboxMapper::new(&outbox(&format!(
+        "[outbox.columns]\naggregate_id = \"aggregateid\"\naggregate_type = \"aggregatetype\"\nevent_type = \"type\"\n{headers}"
+    )));
+    m.relation(&relation(1, "outbox", DEBEZIUM_TABLE));
+    let e = m.map_insert(&insert(1, &row(None)), POS).unwrap().unwrap();
+    assert_eq!(&*e.topic, "elsewhere");
+    assert_eq!(header(&e, "event_type"), Some(&b"order.placed"[..]));
+    assert!(e.headers.iter().all(|(k, _)| k.as_str() != "tenant"));
 }

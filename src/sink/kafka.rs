@@ -486,7 +486,7 @@ impl KafkaSink {
         for (name, value) in &event.headers {
             headers = headers.insert(Header {
                 key: name.as_str(),
-                value: Some(&value[..]),
+                value: value.as_deref(),
             });
         }
         let mut record: BaseRecord<'_, [u8], [u8], usize> =

@@ -419,7 +419,7 @@ pub async fn table_shape(
     }
     // Routing: every variable the topic template uses needs its column, unless a topic column
     // or a fallback topic covers rows without it.
-    if !has(&c.topic) && route.fallback_topic.is_none() {
+    if !c.topic.as_deref().is_some_and(has) && route.fallback_topic.is_none() {
         for (var, col) in [
             ("${aggregate_type}", &c.aggregate_type),
             ("${event_type}", &c.event_type),

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod debezium;
 pub mod events;
 pub mod kafka;
 pub mod proxy;

@@ -1,0 +1,284 @@
+//! Side by side with Debezium: one outbox table in Debezium's own layout, relayed through two
+//! slots, by Kafka Connect with the Debezium PostgreSQL connector and its Outbox Event Router,
+//! and by walbox with `compat = "debezium"`, each under its own topic prefix on the real-Kafka
+//! lane's broker. After stripping the prefixes, every record must be the same: topic, partition
+//! (same partition count), key bytes, value bytes, headers (names and bytes, apart from
+//! walbox's own `walbox.*` ones; see docs/migrating.md), and the order within each partition,
+//! hence per key. Runs only with `WALBOX_TEST_KAFKA=apache` (scripts/real-kafka.sh).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Instant;
+
+use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
+
+use crate::support::debezium::{Connect, ConnectorSpec};
+use crate::support::{self, kafka, wait_until, walbox_env, TestDb, Walbox, WAIT};
+
+/// Debezium's outbox table, as its documentation creates it, with three more columns that the
+/// router places in headers (each sometimes NULL).
+const TABLE: &str = "
+DROP TABLE outbox;
+CREATE TABLE outbox (
+    id            uuid         PRIMARY KEY,
+    aggregatetype varchar(255) NOT NULL,
+    aggregateid   varchar(255) NOT NULL,
+    type          varchar(255) NOT NULL,
+    payload       jsonb,
+    tenant        text,
+    attempt       integer,
+    traceparent   text
+);";
+
+/// The routing values; each has a topic of [`PARTITIONS`] partitions per side.
+const AGGREGATE_TYPES: [&str; 3] = ["order", "customer", "invoice"];
+const PARTITIONS: i32 = 3;
+const DBZ_PREFIX: &str = "dbz.";
+const WBX_PREFIX: &str = "wbx.";
+
+/// The router's settings: its defaults, apart from the topic (prefixed for the comparison) and
+/// the commonly used header placements.
+fn router() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "route.topic.replacement",
+            format!("{DBZ_PREFIX}outbox.event.${{routedByValue}}"),
+        ),
+        (
+            "table.fields.additional.placement",
+            "type:header:eventType,tenant:header:tenant,attempt:header:attempt,traceparent:header:traceparent"
+                .into(),
+        ),
+    ]
+}
+
+/// walbox's configuration for the same table: the compatibility mode, the same placements.
+fn walbox_toml() -> String {
+    format!(
+        "[outbox]\ntable = \"public.outbox\"\ncompat = \"debezium\"\n\
+         topic = \"{WBX_PREFIX}outbox.event.${{aggregate_type}}\"\n\
+         [outbox.headers]\ntype = \"eventType\"\ntenant = \"tenant\"\nattempt = \"attempt\"\n\
+         traceparent = \"traceparent\"\n"
+    )
+}
+
+/// One row's SQL values after `id`: aggregatetype, aggregateid, type, payload, tenant, attempt,
+/// traceparent. `n` varies the payload kind and which optional columns are NULL.
+fn row(n: usize, aggregate: usize) -> String {
+    let agg_type = AGGREGATE_TYPES[aggregate % AGGREGATE_TYPES.len()];
+    let payload = match n % 5 {
+        0 => format!("jsonb_build_object('n', {n}, 'items', jsonb_build_array(1, 2.5, 'x'), 'ok', true)"),
+        1 => format!("to_jsonb('plain string {n}'::text)"),
+        2 => format!("jsonb_build_object('text', 'caf\u{e9} \"q\" \\\\ \u{2713} \u{65e5}\u{672c} \u{1f389} {n}')"),
+        3 => "'null'::jsonb".to_owned(),
+        _ => format!("'[{n}, {{\"nested\": {{\"k\": \"v\"}}}}]'::jsonb"),
+    };
+    let tenant = if n % 3 == 0 {
+        "NULL".to_owned()
+    } else {
+        format!("'tenant-{}'", n % 4)
+    };
+    let attempt = if n % 4 == 0 {
+        "NULL".to_owned()
+    } else {
+        (n % 7).to_string()
+    };
+    let trace = if n % 2 == 0 {
+        format!("'00-{n:032x}-{n:016x}-01'")
+    } else {
+        "NULL".to_owned()
+    };
+    format!(
+        "gen_random_uuid(), '{agg_type}', '{agg_type}-{aggregate}', '{agg_type}.changed', {payload}, {tenant}, {attempt}, {trace}"
+    )
+}
+
+const INSERT: &str =
+    "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant, attempt, traceparent) VALUES ";
+
+/// The workload: single-row and multi-row transactions over many aggregates, a rolled-back
+/// transaction, and a payload past 512 KiB. Returns how many rows committed.
+fn write_workload(db: &TestDb) -> usize {
+    let aggregates = 40;
+    let mut committed = 0;
+    let mut n = 0;
+    for t in 0..60 {
+        let rows = if t % 4 == 0 { 1 + t % 7 } else { 1 };
+        let values: Vec<String> = (0..rows)
+            .map(|i| {
+                n += 1;
+                format!("({})", row(n, (t * 7 + i * 3) % aggregates))
+            })
+            .collect();
+        db.sql(&format!("BEGIN; {INSERT}{}; COMMIT;", values.join(", ")));
+        committed += rows;
+        if t == 20 {
+            db.sql(&format!(
+                "BEGIN; {INSERT}({}), ({}); ROLLBACK;",
+                row(1000, 1),
+                row(1001, 2)
+            ));
+        }
+    }
+    // Large: a 600 KiB JSON string field, and a multi-row transaction around it.
+    let large = "jsonb_build_object('blob', repeat('\u{e9}x', 300 * 1024), 'n', 1)";
+    db.sql(&format!(
+        "BEGIN; {INSERT}(gen_random_uuid(), 'order', 'order-1', 'order.large', {large}, 't', 1, NULL), ({}); COMMIT;",
+        row(2000, 1)
+    ));
+    committed + 2
+}
+
+/// The records of `prefix`'s topics, by topic with the prefix stripped and partition, in
+/// partition order.
+fn read_side(
+    bootstrap: &str,
+    prefix: &str,
+    n: usize,
+    what: &str,
+) -> BTreeMap<(String, i32), Vec<ConsumedRecord>> {
+    let topics: Vec<String> = AGGREGATE_TYPES
+        .iter()
+        .map(|t| format!("{prefix}outbox.event.{t}"))
+        .collect();
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let mut reader = TopicReader::new(bootstrap, &names, WAIT).expect("read topics");
+    assert!(
+        reader.poll_until(WAIT, |r| r.len() >= n),
+        "{what}: read {} of {n} records",
+        reader.records.len()
+    );
+    reader.read_to_end(WAIT).expect("read to the end");
+    assert_eq!(
+        reader.records.len(),
+        n,
+        "{what}: more records than committed rows"
+    );
+    let mut by_partition: BTreeMap<(String, i32), Vec<ConsumedRecord>> = BTreeMap::new();
+    for r in reader.records {
+        let topic = r.topic.strip_prefix(prefix).expect("prefixed").to_owned();
+        by_partition
+            .entry((topic, r.partition))
+            .or_default()
+            .push(r);
+    }
+    for records in by_partition.values_mut() {
+        records.sort_by_key(|r| r.offset);
+    }
+    by_partition
+}
+
+/// The headers a consumer of either relay reads, by name: without walbox's own `walbox.*` and
+/// Debezium's own `__debezium.context.*` headers, and sorted, because the router places headers
+/// in its placement order and walbox in column-name order (both in docs/migrating.md).
+fn comparable_headers(r: &ConsumedRecord) -> Vec<(String, Vec<u8>)> {
+    let mut headers: Vec<(String, Vec<u8>)> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| !k.starts_with("walbox.") && !k.starts_with("__debezium.context."))
+        .cloned()
+        .collect();
+    headers.sort();
+    headers
+}
+
+#[test]
+fn walbox_in_debezium_compat_mode_writes_the_event_routers_records() {
+    let Some(server) = kafka::apache() else {
+        eprintln!("needs Apache Kafka and Kafka Connect: run with WALBOX_TEST_KAFKA=apache (scripts/real-kafka.sh); skipped");
+        return;
+    };
+    if let Err(e) = support::debezium::installed() {
+        panic!("{e}");
+    }
+    let bootstrap = server.bootstrap_servers();
+    let broker = support::broker();
+    for prefix in [DBZ_PREFIX, WBX_PREFIX] {
+        for t in AGGREGATE_TYPES {
+            broker
+                .create_topic(&format!("{prefix}outbox.event.{t}"), PARTITIONS)
+                .expect("create a topic");
+        }
+    }
+    let db = TestDb::new("dbz");
+    db.sql(TABLE);
+    let dbz_slot = format!("dbz_{}", db.name);
+    let wbx_slot = format!("wbx_{}", db.name);
+
+    let router = router();
+    let connect = Connect::start(&ConnectorSpec {
+        db: &db,
+        slot: &dbz_slot,
+        publication: &dbz_slot,
+        bootstrap: &bootstrap,
+        router: &router,
+    });
+    eprintln!(
+        "Kafka Connect with Debezium: task running, slot streaming {:?} after start; RSS {:?} KiB",
+        connect.start_time,
+        connect.rss_kib()
+    );
+
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(walbox_toml().as_bytes()).unwrap();
+    let mut env = walbox_env(&db, &wbx_slot, &bootstrap);
+    env.push(("WALBOX_CONFIG".into(), file.path().display().to_string()));
+    let started = Instant::now();
+    let walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox's slot to stream", || db.streaming(&wbx_slot));
+    eprintln!("walbox: slot streaming {:?} after start", started.elapsed());
+
+    let committed = write_workload(&db);
+    let dbz = read_side(&bootstrap, DBZ_PREFIX, committed, "Debezium");
+    let wbx = read_side(&bootstrap, WBX_PREFIX, committed, "walbox");
+    eprintln!(
+        "RSS after the workload: Kafka Connect {:?} KiB, walbox {:?} KiB",
+        connect.rss_kib(),
+        support::debezium::rss_kib(walbox.pid())
+    );
+
+    assert_eq!(
+        dbz.keys().collect::<Vec<_>>(),
+        wbx.keys().collect::<Vec<_>>(),
+        "the same topics and partitions hold records; walbox log:\n{}",
+        walbox.log()
+    );
+    for ((topic, partition), theirs) in &dbz {
+        let ours = &wbx[&(topic.clone(), *partition)];
+        assert_eq!(
+            ours.len(),
+            theirs.len(),
+            "{topic}[{partition}]: record count"
+        );
+        for (i, (d, w)) in theirs.iter().zip(ours).enumerate() {
+            let at = format!("{topic}[{partition}] record {i}");
+            assert_eq!(w.key, d.key, "{at}: key");
+            assert!(
+                w.payload == d.payload,
+                "{at}: value differs: Debezium {} bytes {:?}…, walbox {} bytes {:?}…",
+                d.payload.as_ref().map_or(0, Vec::len),
+                String::from_utf8_lossy(&d.payload.clone().unwrap_or_default())
+                    .chars()
+                    .take(80)
+                    .collect::<String>(),
+                w.payload.as_ref().map_or(0, Vec::len),
+                String::from_utf8_lossy(&w.payload.clone().unwrap_or_default())
+                    .chars()
+                    .take(80)
+                    .collect::<String>()
+            );
+            assert_eq!(
+                comparable_headers(w),
+                comparable_headers(d),
+                "{at}: headers"
+            );
+        }
+    }
+    let large = dbz
+        .values()
+        .flatten()
+        .filter(|r| r.payload.as_ref().is_some_and(|p| p.len() >= 512 * 1024))
+        .count();
+    assert_eq!(large, 1, "the large payload went through");
+    drop(connect);
+}
