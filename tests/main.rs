@@ -12,6 +12,7 @@ mod connection;
 mod crash;
 mod deploy;
 mod exactly_once;
+mod exactly_once_faults;
 mod failover;
 mod failures;
 mod faults;

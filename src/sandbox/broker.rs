@@ -148,10 +148,30 @@ pub struct TopicReader {
 }
 
 impl TopicReader {
-    /// Assigns every partition of `topics` (waiting up to `timeout` for them to exist).
+    /// Assigns every partition of `topics` (waiting up to `timeout` for them to exist); reads
+    /// only committed records (`isolation.level=read_committed`, librdkafka's default).
     pub fn new(bootstrap: &str, topics: &[&str], timeout: Duration) -> Result<Self, KafkaError> {
+        Self::with_isolation(bootstrap, topics, timeout, "read_committed")
+    }
+
+    /// [`TopicReader::new`] that also reads the records of open and aborted transactions.
+    pub fn read_uncommitted(
+        bootstrap: &str,
+        topics: &[&str],
+        timeout: Duration,
+    ) -> Result<Self, KafkaError> {
+        Self::with_isolation(bootstrap, topics, timeout, "read_uncommitted")
+    }
+
+    fn with_isolation(
+        bootstrap: &str,
+        topics: &[&str],
+        timeout: Duration,
+        isolation: &str,
+    ) -> Result<Self, KafkaError> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
+            .set("isolation.level", isolation)
             .set("group.id", "walbox-reader")
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
