@@ -8,7 +8,6 @@
 //! These need a broker that writes transaction markers and fences producers: on the mock cluster
 //! (or `WALBOX_TEST_KAFKA_BROKERS`) each test says why it is skipped.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -255,7 +254,7 @@ fn cut_postgresql_connections_lose_nothing_and_duplicate_nothing() {
     };
     let started = Instant::now();
     let rig = Rig::new("eosf_pgcut", &server.bootstrap_servers());
-    let proxy = Proxy::start(SocketAddr::from(rig.db.addr()));
+    let proxy = Proxy::start(rig.db.addr());
     let mut env = rig.env.clone();
     env.retain(|(k, _)| k != "WALBOX_POSTGRES_URL");
     env.push((
