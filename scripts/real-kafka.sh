@@ -8,7 +8,10 @@
 #   bash scripts/real-kafka.sh                    # the lane's modules (below)
 #   bash scripts/real-kafka.sh exactly_once::     # only these test filters
 #
-# The lane: exactly-once (fencing, transaction markers, read_committed), the
+# The lane: exactly-once (fencing, transaction markers, read_committed; the
+# fault suite: SIGKILLs, a broker restart, a partition leader killed in a
+# three-node cluster, cut PostgreSQL connections), `walbox check`'s
+# transactions probe, the
 # inbox's consumer group (rebalances, restarts, the retention guard), the
 # progress topic and the start-up decision read from it, `walbox audit`,
 # SASL/SCRAM handshakes (plain and over TLS), routing with topic creation,
@@ -26,8 +29,9 @@ bash scripts/install-kafka.sh >/dev/null
 bash scripts/install-debezium.sh >/dev/null
 
 if [ "$#" -eq 0 ]; then
-  set -- exactly_once:: inbox:: progress:: audit:: kafka_security:: routing:: debezium:: \
-    relay::sigkill_at_random_points
+  set -- exactly_once:: exactly_once_faults:: inbox:: progress:: audit:: \
+    kafka_security:: routing:: debezium:: relay::sigkill_at_random_points \
+    check::exactly_once_probes check::a_transaction_log_needing
 fi
 
 log=$(mktemp -t walbox-kafka-broker.XXXXXX.log)

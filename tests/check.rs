@@ -791,3 +791,86 @@ fn retention_says_what_it_will_do_or_which_grant_it_lacks() {
         ],
     );
 }
+
+/// The environment of [`walbox_env`] in exactly-once mode.
+fn exactly_once_env(db: &TestDb, brokers: &str) -> Vec<(String, String)> {
+    with(
+        walbox_env(db, &db.name, brokers),
+        "WALBOX_KAFKA_EXACTLY_ONCE",
+        "true",
+    )
+}
+
+#[test]
+fn exactly_once_probes_the_transaction_coordinator() {
+    let db = TestDb::new("check_txn");
+    db.create_slot_and_publication(&db.name);
+    let broker = support::broker();
+    // Without exactly-once there is no transactions check.
+    let run = check(&walbox_env(&db, &db.name, &broker.bootstrap_servers()), &[]);
+    assert!(!run.stdout.contains("kafka transactions"), "{}", run.stdout);
+    let run = check(&exactly_once_env(&db, &broker.bootstrap_servers()), &[]);
+    run.expect("kafka transactions", "ok", &["InitProducerId"]);
+}
+
+#[test]
+fn a_transactional_id_the_cluster_refuses_fails_with_the_acl_to_grant() {
+    let db = TestDb::new("check_txn_acl");
+    db.create_slot_and_publication(&db.name);
+    let broker = support::broker();
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: refusing transactional ids needs the mock cluster; skipped");
+        return;
+    };
+    // Only a transactional producer looks for a transaction coordinator.
+    mock.request_errors(
+        RDKafkaApiKey::FindCoordinator,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED; 20],
+    );
+    let run = check(&exactly_once_env(&db, &broker.bootstrap_servers()), &[]);
+    run.failed();
+    run.expect("idempotent producer", "ok", &[]);
+    run.expect(
+        "kafka transactions",
+        "FAIL",
+        &["refused", "fix: grant", "--transactional-id walbox/"],
+    );
+}
+
+/// A transaction log that needs more replicas than there are brokers: the coordinator never
+/// becomes available, so InitProducerId goes unanswered.
+#[test]
+fn a_transaction_log_needing_more_brokers_fails_with_its_setting() {
+    if support::kafka::apache().is_none() {
+        eprintln!("needs Apache Kafka (WALBOX_TEST_KAFKA=apache): the mock cluster has no transaction log; skipped");
+        return;
+    }
+    let server =
+        walbox::sandbox::kafka::KafkaServer::start(walbox::sandbox::kafka::KafkaServerOptions {
+            watchdog: true,
+            properties: vec![(
+                "transaction.state.log.replication.factor".into(),
+                "3".into(),
+            )],
+            ..Default::default()
+        })
+        .expect("start a broker");
+    let brokers = server.bootstrap_servers();
+    walbox::sandbox::broker::Broker::External(brokers.clone())
+        .create_topic(walbox::config::DEFAULT_PROGRESS_TOPIC, 1)
+        .expect("create the progress topic");
+    let db = TestDb::new("check_txn_rf");
+    db.create_slot_and_publication(&db.name);
+    let run = check(&exactly_once_env(&db, &brokers), &[]);
+    run.failed();
+    run.expect("idempotent producer", "ok", &[]);
+    run.expect(
+        "kafka transactions",
+        "FAIL",
+        &[
+            "InitProducerId",
+            "transaction.state.log.replication.factor",
+            "live brokers (1)",
+        ],
+    );
+}

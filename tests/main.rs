@@ -13,6 +13,7 @@ mod crash;
 mod debezium;
 mod deploy;
 mod exactly_once;
+mod exactly_once_faults;
 mod failover;
 mod failures;
 mod faults;

@@ -1,10 +1,16 @@
 //! The Kafka checks of `walbox check`: the brokers answer, each topic the configuration names
-//! exists (or `kafka.create_topics` is on), and the cluster grants the idempotent producer.
+//! exists (or `kafka.create_topics` is on), the cluster grants the idempotent producer, and, with
+//! `kafka.exactly_once`, it grants a transactional producer.
 //!
 //! The client is configured exactly like the relay's producer (`sink::kafka::DEFAULT_PROPERTIES`
 //! and the user's `kafka.properties`), so it authenticates and connects the same way. Nothing is
 //! produced: the idempotent producer asks for a producer id (InitProducerId) when it starts,
 //! and its statistics say when one was assigned.
+//!
+//! The transactions check starts a short-lived transactional producer and waits for
+//! `init_transactions` (InitProducerId with a transactional id, answered by the transaction
+//! coordinator). Its transactional id is [`PROBE_TRANSACTIONAL_ID`] and this process's id, never
+//! the id a running walbox derives from its slot: initialising that one would fence it.
 //!
 //! What only a real cluster can show is left to it: the right to create topics (the check says
 //! that walbox will create them, not that it may) and topics rendered from row values, which
@@ -26,6 +32,11 @@ use crate::sink::kafka::DEFAULT_PROPERTIES;
 
 const BROKERS: &str = "kafka brokers";
 const IDEMPOTENCE: &str = "idempotent producer";
+const TRANSACTIONS: &str = "kafka transactions";
+
+/// The prefix of the transactional id the transactions check initialises (then `/<pid>`): under
+/// the `walbox/` prefix of the relay's own ids, so a prefixed ACL covers both.
+pub const PROBE_TRANSACTIONAL_ID: &str = "walbox/check";
 
 /// How long the brokers have to answer the metadata request.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
@@ -94,6 +105,9 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> Vec<Check> {
                 .map(|t| Check::skipped(topic_check(t), BROKERS)),
         );
         out.push(Check::skipped(IDEMPOTENCE, BROKERS));
+        if kafka.exactly_once.is_some() {
+            out.push(Check::skipped(TRANSACTIONS, BROKERS));
+        }
     };
     let mut out = Vec::new();
     let mut cc = ClientConfig::new();
@@ -181,7 +195,63 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> Vec<Check> {
     }
 
     out.push(idempotence(&producer));
+    if kafka.exactly_once.is_some() {
+        out.push(transactions(&cc, metadata.brokers().len()));
+    }
     out
+}
+
+/// Initialises a transactional producer of its own: the transaction coordinator must answer
+/// InitProducerId for a transactional id.
+fn transactions(base: &ClientConfig, brokers: usize) -> Check {
+    let mut cc = base.clone();
+    cc.remove("statistics.interval.ms");
+    cc.set(
+        "transactional.id",
+        format!("{PROBE_TRANSACTIONAL_ID}/{}", std::process::id()),
+    );
+    let producer: BaseProducer<Probe> = match cc.create_with_context(Probe {
+        eos: Mutex::new(None),
+    }) {
+        Ok(p) => p,
+        Err(e) => {
+            return Check::fail(
+                TRANSACTIONS,
+                format!("cannot create a transactional producer: {e}"),
+                "check kafka.properties",
+            )
+        }
+    };
+    let secs = PRODUCER_ID_TIMEOUT.as_secs();
+    match producer.init_transactions(PRODUCER_ID_TIMEOUT) {
+        Ok(()) => Check::ok(
+            TRANSACTIONS,
+            "the transaction coordinator initialised a transactional producer (InitProducerId)",
+        ),
+        Err(e) => {
+            let code = e.rdkafka_error_code();
+            let denied = matches!(
+                code,
+                Some(
+                    RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                        | RDKafkaErrorCode::ClusterAuthorizationFailed
+                )
+            );
+            if denied {
+                Check::fail(
+                    TRANSACTIONS,
+                    format!("the cluster refused a transactional producer: {e}"),
+                    "grant walbox's principal Write and Describe on transactional ids prefixed walbox/ (kafka-acls.sh --add --allow-principal User:<walbox> --operation Write --operation Describe --transactional-id walbox/ --resource-pattern-type prefixed)",
+                )
+            } else {
+                Check::fail(
+                    TRANSACTIONS,
+                    format!("no transaction coordinator answered InitProducerId within {secs} s: {e}"),
+                    format!("on the brokers, transaction.state.log.replication.factor and transaction.state.log.min.isr must not exceed the live brokers ({brokers}); then check the brokers' logs"),
+                )
+            }
+        }
+    }
 }
 
 /// Waits for the producer id the idempotent producer asks for when it starts.

@@ -40,9 +40,10 @@ const CLUSTER_ID: &str = "d2FsYm94LXRlc3RzLWtmaw";
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The watchdog blocks reading stdin, a pipe whose write end only this process holds, so EOF
-/// means we are gone; then it kills the broker's JVM and removes its directory.
+/// means we are gone; then it kills the broker's JVM (the one in `broker.pid`, which a restart
+/// rewrites) and removes its directory.
 const WATCHDOG_SCRIPT: &str =
-    "trap '' HUP INT\nread -r _ || true\nkill -9 \"$1\" 2>/dev/null\nrm -rf \"$2\"";
+    "trap '' HUP INT\nread -r _ || true\nkill -9 \"$(cat \"$1/broker.pid\")\" 2>/dev/null\nrm -rf \"$1\"";
 
 /// Where installed Kafka versions live, one directory per version with its jars in `libs/`:
 /// `$WALBOX_KAFKA_CACHE`, by default `/var/cache/walbox/kafka`.
@@ -111,9 +112,23 @@ pub struct KafkaServer {
     sasl_plaintext: Option<u16>,
     sasl_ssl: Option<u16>,
     log: PathBuf,
+    /// `server.properties`, in the server's directory.
+    config: PathBuf,
+    /// The java program and its arguments before the main class.
+    command: (PathBuf, Vec<String>),
 }
 
-fn free_port() -> Result<u16> {
+/// One node of a quorum: its id, its ports, and the static voters (`None`: a standalone
+/// controller of its own).
+pub(crate) struct Node {
+    pub id: u32,
+    pub plaintext: u16,
+    pub controller: u16,
+    /// `controller.quorum.voters` (`id@host:port,…`).
+    pub voters: Option<String>,
+}
+
+pub(crate) fn free_port() -> Result<u16> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -130,6 +145,20 @@ fn tail(path: &Path, lines: usize) -> String {
 impl KafkaServer {
     /// Formats a fresh storage and starts the broker; returns once it answers metadata.
     pub fn start(opts: KafkaServerOptions) -> Result<KafkaServer> {
+        let node = Node {
+            id: 1,
+            plaintext: free_port()?,
+            controller: free_port()?,
+            voters: None,
+        };
+        let mut server = Self::spawn_node(opts, &node)?;
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// Formats a fresh storage for `node` and starts its JVM, without waiting for it to answer
+    /// (a node of a quorum answers only once a majority of the voters runs).
+    pub(crate) fn spawn_node(opts: KafkaServerOptions, node: &Node) -> Result<KafkaServer> {
         let version = kafka_version();
         let libs = kafka_cache().join(&version).join("libs");
         if !libs.join(format!("kafka_2.13-{version}.jar")).is_file() {
@@ -147,8 +176,7 @@ impl KafkaServer {
             .log_file
             .clone()
             .unwrap_or_else(|| root.join("broker.log"));
-        let plaintext = free_port()?;
-        let controller = free_port()?;
+        let (plaintext, controller) = (node.plaintext, node.controller);
         let (sasl_plaintext, sasl_ssl) = match opts.scram {
             Some(_) => (Some(free_port()?), Some(free_port()?)),
             None => (None, None),
@@ -162,13 +190,16 @@ impl KafkaServer {
         let mut props: Vec<(String, String)> = Vec::new();
         let mut set = |k: &str, v: String| props.push((k.to_owned(), v));
         set("process.roles", "broker,controller".into());
-        set("node.id", "1".into());
+        set("node.id", node.id.to_string());
         set("controller.listener.names", "CONTROLLER".into());
         set("inter.broker.listener.name", "PLAINTEXT".into());
-        set(
-            "controller.quorum.bootstrap.servers",
-            format!("127.0.0.1:{controller}"),
-        );
+        match &node.voters {
+            Some(voters) => set("controller.quorum.voters", voters.clone()),
+            None => set(
+                "controller.quorum.bootstrap.servers",
+                format!("127.0.0.1:{controller}"),
+            ),
+        }
         set("log.dirs", root.join("data").display().to_string());
         for (k, v) in [
             ("num.partitions", "1"),
@@ -257,18 +288,19 @@ impl KafkaServer {
         let classpath = format!("{}/*", libs.display());
         let java = |main: &str| {
             let mut cmd = Command::new(java_program());
-            cmd.arg("-Xms256m")
-                .arg("-Xmx1g")
-                .arg(format!("-Dlog4j2.configurationFile={}", log4j.display()))
-                .arg("-cp")
-                .arg(&classpath)
+            cmd.args(classpath_args(&log4j, &classpath))
                 .arg(main)
                 .current_dir(&root)
                 .stdin(Stdio::null());
             cmd
         };
         let mut format = java("kafka.tools.StorageTool");
-        format.args(["format", "--standalone", "-t", CLUSTER_ID, "-c"]);
+        format.arg("format");
+        // A static quorum (controller.quorum.voters) is formatted without naming controllers.
+        if node.voters.is_none() {
+            format.arg("--standalone");
+        }
+        format.args(["-t", CLUSTER_ID, "-c"]);
         format.arg(&config);
         if let Some((user, password)) = &opts.scram {
             for mechanism in ["SCRAM-SHA-256", "SCRAM-SHA-512"] {
@@ -286,15 +318,8 @@ impl KafkaServer {
             return Err(KafkaServerError::Format(format!("{}: {last}", out.status)));
         }
 
-        let stdout = fs::File::create(root.join("stdout"))
-            .map_err(io_err("creating the broker's output file"))?;
-        let child = java("kafka.Kafka")
-            .arg(&config)
-            .stdout(stdout.try_clone().map_err(io_err("dup"))?)
-            .stderr(stdout)
-            .process_group(0) // Ctrl-C on the terminal goes to the tests, which stop it
-            .spawn()
-            .map_err(io_err("starting java (kafka.Kafka)"))?;
+        let broker = java("kafka.Kafka");
+        let child = spawn_broker(broker, &config, &root)?;
         let mut server = KafkaServer {
             child,
             watchdog: None,
@@ -303,16 +328,43 @@ impl KafkaServer {
             sasl_plaintext,
             sasl_ssl,
             log,
+            config,
+            command: (java_program(), classpath_args(&log4j, &classpath)),
         };
         if opts.watchdog {
             server.spawn_watchdog(&root)?;
         }
-        server.wait_ready()?;
         Ok(server)
     }
 
+    /// SIGKILLs the broker's JVM (its storage stays, for [`KafkaServer::restart`]).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the broker again on its storage and ports after [`KafkaServer::kill`], and
+    /// returns once it answers metadata.
+    pub fn restart(&mut self) -> Result<()> {
+        self.spawn_again()?;
+        self.wait_ready()
+    }
+
+    /// Starts the killed broker's JVM again, without waiting for it to answer.
+    pub(crate) fn spawn_again(&mut self) -> Result<()> {
+        self.kill();
+        let root = self.config.parent().map(Path::to_owned).unwrap_or_default();
+        let mut cmd = Command::new(&self.command.0);
+        cmd.args(&self.command.1)
+            .arg("kafka.Kafka")
+            .current_dir(&root)
+            .stdin(Stdio::null());
+        self.child = spawn_broker(cmd, &self.config, &root)?;
+        Ok(())
+    }
+
     /// Waits until the broker answers metadata naming itself, or fails with its log.
-    fn wait_ready(&mut self) -> Result<()> {
+    pub(crate) fn wait_ready(&mut self) -> Result<()> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", self.bootstrap_servers())
             .set("log_level", "0")
@@ -344,7 +396,6 @@ impl KafkaServer {
     fn spawn_watchdog(&mut self, root: &Path) -> Result<()> {
         let child = Command::new("/bin/sh")
             .args(["-c", WATCHDOG_SCRIPT, "walbox-kafka-watchdog"])
-            .arg(self.child.id().to_string())
             .arg(root)
             .current_dir("/")
             .stdin(Stdio::piped())
@@ -394,6 +445,36 @@ fn write(path: &Path, contents: &[u8]) -> Result<()> {
     fs::File::create(path)
         .and_then(|mut f| f.write_all(contents))
         .map_err(io_err(format!("writing {}", path.display())))
+}
+
+/// The JVM's arguments before the main class: heap, log configuration, class path.
+fn classpath_args(log4j: &Path, classpath: &str) -> Vec<String> {
+    vec![
+        "-Xms256m".into(),
+        "-Xmx1g".into(),
+        format!("-Dlog4j2.configurationFile={}", log4j.display()),
+        "-cp".into(),
+        classpath.into(),
+    ]
+}
+
+/// Runs `kafka.Kafka` (`cmd`) on `config`, its output appended to `stdout` in `root`, in a
+/// process group of its own (Ctrl-C on the terminal goes to the tests, which stop it).
+fn spawn_broker(mut cmd: Command, config: &Path, root: &Path) -> Result<Child> {
+    let stdout = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("stdout"))
+        .map_err(io_err("creating the broker's output file"))?;
+    let child = cmd
+        .arg(config)
+        .stdout(stdout.try_clone().map_err(io_err("dup"))?)
+        .stderr(stdout)
+        .process_group(0)
+        .spawn()
+        .map_err(io_err("starting java (kafka.Kafka)"))?;
+    write(&root.join("broker.pid"), child.id().to_string().as_bytes())?;
+    Ok(child)
 }
 
 /// `$JAVA_HOME/bin/java` when set, else `java` from `PATH`.

@@ -5,6 +5,7 @@
 pub mod broker;
 pub mod demo;
 pub mod kafka;
+pub mod kafka_cluster;
 pub mod postgres;
 mod programs;
 pub mod standby;
