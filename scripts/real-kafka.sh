@@ -31,7 +31,7 @@ bash scripts/install-debezium.sh >/dev/null
 if [ "$#" -eq 0 ]; then
   set -- exactly_once:: exactly_once_faults:: inbox:: progress:: audit:: \
     kafka_security:: routing:: debezium:: relay::sigkill_at_random_points \
-    check::exactly_once_probes check::a_transaction_log_needing
+    check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing
 fi
 
 log=$(mktemp -t walbox-kafka-broker.XXXXXX.log)

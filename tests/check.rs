@@ -5,7 +5,6 @@
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use walbox::config::conninfo::ConnInfo;
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions, MD5_ROLE, NOPRIVS_ROLE};
 use walbox::source::replication::ReplicationConnection;
@@ -16,15 +15,15 @@ use crate::support::{self, free_port, wait_until, walbox_env, TestDb, Walbox, WA
 const CHECKS_FAILED: i32 = 13;
 
 /// The output of one `walbox check` run.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Run {
     /// The line of check `name`, panicking with the whole output when there is none.
-    fn line(&self, name: &str) -> &str {
+    pub(crate) fn line(&self, name: &str) -> &str {
         self.stdout
             .lines()
             .find(|l| {
@@ -37,7 +36,7 @@ impl Run {
     }
 
     /// Asserts that check `name` has `status` and that its line contains each of `parts`.
-    fn expect(&self, name: &str, status: &str, parts: &[&str]) {
+    pub(crate) fn expect(&self, name: &str, status: &str, parts: &[&str]) {
         let line = self.line(name);
         assert!(
             line.split_whitespace().next() == Some(status),
@@ -49,7 +48,7 @@ impl Run {
         }
     }
 
-    fn failed(&self) {
+    pub(crate) fn failed(&self) {
         assert_eq!(
             self.code,
             Some(CHECKS_FAILED),
@@ -64,7 +63,7 @@ impl Run {
         );
     }
 
-    fn passed(&self) {
+    pub(crate) fn passed(&self) {
         assert_eq!(
             self.code,
             Some(0),
@@ -76,7 +75,7 @@ impl Run {
 }
 
 /// `walbox check` (with `args`) with exactly `env`.
-fn check(env: &[(String, String)], args: &[&str]) -> Run {
+pub(crate) fn check(env: &[(String, String)], args: &[&str]) -> Run {
     let args: Vec<&str> = std::iter::once("check")
         .chain(args.iter().copied())
         .collect();
@@ -88,7 +87,11 @@ fn check(env: &[(String, String)], args: &[&str]) -> Run {
     }
 }
 
-fn with(mut env: Vec<(String, String)>, key: &str, value: &str) -> Vec<(String, String)> {
+pub(crate) fn with(
+    mut env: Vec<(String, String)>,
+    key: &str,
+    value: &str,
+) -> Vec<(String, String)> {
     env.retain(|(k, _)| k != key);
     env.push((key.to_owned(), value.to_owned()));
     env
@@ -618,115 +621,6 @@ fn mapped_columns_must_exist_with_usable_types() {
 }
 
 #[test]
-fn unreachable_brokers_fail_without_the_sasl_password_and_skip_the_kafka_checks() {
-    let db = TestDb::new("check_nobroker");
-    db.create_slot_and_publication(&db.name);
-    let brokers = format!("127.0.0.1:{}", free_port());
-    let secret = "sasl-secret-9c1e";
-    let mut env = walbox_env(&db, &db.name, &brokers);
-    for (key, value) in [
-        ("WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL", "sasl_plaintext"),
-        ("WALBOX_KAFKA_PROPERTY_SASL_MECHANISMS", "PLAIN"),
-        ("WALBOX_KAFKA_PROPERTY_SASL_USERNAME", "walbox"),
-        ("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", secret),
-    ] {
-        env = with(env, key, value);
-    }
-    let run = check(&env, &[]);
-    run.failed();
-    assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret));
-    run.expect(
-        "kafka brokers",
-        "FAIL",
-        &[
-            &format!("no answer from {brokers}"),
-            "fix: check kafka.brokers",
-        ],
-    );
-    run.expect(
-        "topic walbox.progress",
-        "skipped",
-        &["kafka brokers failed"],
-    );
-    run.expect("idempotent producer", "skipped", &[]);
-    run.expect("slot", "ok", &[]);
-}
-
-#[test]
-fn a_missing_or_forbidden_topic_fails_unless_walbox_may_create_it() {
-    let db = TestDb::new("check_topic");
-    db.create_slot_and_publication(&db.name);
-    let broker = support::broker();
-    let topic = format!("orders_{}", db.name);
-    let env = with(
-        walbox_env(&db, &db.name, &broker.bootstrap_servers()),
-        "WALBOX_OUTBOX_TOPIC",
-        &topic,
-    );
-    let run = check(&env, &[]);
-    run.failed();
-    run.expect(
-        &format!("topic {topic}"),
-        "FAIL",
-        &[
-            &format!("topic {topic:?} does not exist"),
-            "or set kafka.create_topics = true",
-        ],
-    );
-    let run = check(
-        &with(env.clone(), "WALBOX_KAFKA_CREATE_TOPICS", "true"),
-        &[],
-    );
-    run.expect(
-        &format!("topic {topic}"),
-        "ok",
-        &["walbox creates it (kafka.create_topics)"],
-    );
-
-    let Some(mock) = broker.mock_cluster() else {
-        eprintln!("external broker: topic errors need the mock cluster; skipped");
-        return;
-    };
-    broker.create_topic(&topic, 1).unwrap();
-    mock.topic_error(
-        &topic,
-        RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
-    )
-    .unwrap();
-    let run = check(&env, &[]);
-    run.failed();
-    run.expect(
-        &format!("topic {topic}"),
-        "FAIL",
-        &[
-            "the cluster answers TopicAuthorizationFailed (Broker: Topic authorization failed)",
-            "fix: grant walbox's principal Describe and Write on the topic",
-        ],
-    );
-}
-
-#[test]
-fn a_cluster_without_the_idempotent_producer_fails() {
-    let db = TestDb::new("check_idempotence");
-    db.create_slot_and_publication(&db.name);
-    let broker = support::broker();
-    let Some(mock) = broker.mock_cluster() else {
-        eprintln!("external broker: disabling InitProducerId needs the mock cluster; skipped");
-        return;
-    };
-    mock.apiversion(RDKafkaApiKey::InitProducerId, None, None)
-        .unwrap();
-    let run = check(&walbox_env(&db, &db.name, &broker.bootstrap_servers()), &[]);
-    run.failed();
-    run.expect("kafka brokers", "ok", &[]);
-    run.expect(
-        "idempotent producer",
-        "FAIL",
-        &["fix: brokers of Kafka 0.11 or newer"],
-    );
-}
-
-#[test]
 fn a_failover_slot_needs_17_and_synchronized_standby_slots() {
     let db = TestDb::new("check_failover");
     let broker = support::broker();
@@ -788,89 +682,6 @@ fn retention_says_what_it_will_do_or_which_grant_it_lacks() {
         &[
             &format!("{role} lacks SELECT or DELETE on public.outbox"),
             &format!("fix: GRANT SELECT, DELETE ON public.outbox TO \"{role}\";"),
-        ],
-    );
-}
-
-/// The environment of [`walbox_env`] in exactly-once mode.
-fn exactly_once_env(db: &TestDb, brokers: &str) -> Vec<(String, String)> {
-    with(
-        walbox_env(db, &db.name, brokers),
-        "WALBOX_KAFKA_EXACTLY_ONCE",
-        "true",
-    )
-}
-
-#[test]
-fn exactly_once_probes_the_transaction_coordinator() {
-    let db = TestDb::new("check_txn");
-    db.create_slot_and_publication(&db.name);
-    let broker = support::broker();
-    // Without exactly-once there is no transactions check.
-    let run = check(&walbox_env(&db, &db.name, &broker.bootstrap_servers()), &[]);
-    assert!(!run.stdout.contains("kafka transactions"), "{}", run.stdout);
-    let run = check(&exactly_once_env(&db, &broker.bootstrap_servers()), &[]);
-    run.expect("kafka transactions", "ok", &["InitProducerId"]);
-}
-
-#[test]
-fn a_transactional_id_the_cluster_refuses_fails_with_the_acl_to_grant() {
-    let db = TestDb::new("check_txn_acl");
-    db.create_slot_and_publication(&db.name);
-    let broker = support::broker();
-    let Some(mock) = broker.mock_cluster() else {
-        eprintln!("external broker: refusing transactional ids needs the mock cluster; skipped");
-        return;
-    };
-    // Only a transactional producer looks for a transaction coordinator.
-    mock.request_errors(
-        RDKafkaApiKey::FindCoordinator,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED; 20],
-    );
-    let run = check(&exactly_once_env(&db, &broker.bootstrap_servers()), &[]);
-    run.failed();
-    run.expect("idempotent producer", "ok", &[]);
-    run.expect(
-        "kafka transactions",
-        "FAIL",
-        &["refused", "fix: grant", "--transactional-id walbox/"],
-    );
-}
-
-/// A transaction log that needs more replicas than there are brokers: the coordinator never
-/// becomes available, so InitProducerId goes unanswered.
-#[test]
-fn a_transaction_log_needing_more_brokers_fails_with_its_setting() {
-    if support::kafka::apache().is_none() {
-        eprintln!("needs Apache Kafka (WALBOX_TEST_KAFKA=apache): the mock cluster has no transaction log; skipped");
-        return;
-    }
-    let server =
-        walbox::sandbox::kafka::KafkaServer::start(walbox::sandbox::kafka::KafkaServerOptions {
-            watchdog: true,
-            properties: vec![(
-                "transaction.state.log.replication.factor".into(),
-                "3".into(),
-            )],
-            ..Default::default()
-        })
-        .expect("start a broker");
-    let brokers = server.bootstrap_servers();
-    walbox::sandbox::broker::Broker::External(brokers.clone())
-        .create_topic(walbox::config::DEFAULT_PROGRESS_TOPIC, 1)
-        .expect("create the progress topic");
-    let db = TestDb::new("check_txn_rf");
-    db.create_slot_and_publication(&db.name);
-    let run = check(&exactly_once_env(&db, &brokers), &[]);
-    run.failed();
-    run.expect("idempotent producer", "ok", &[]);
-    run.expect(
-        "kafka transactions",
-        "FAIL",
-        &[
-            "InitProducerId",
-            "transaction.state.log.replication.factor",
-            "live brokers (1)",
         ],
     );
 }

@@ -5,6 +5,7 @@ mod support;
 
 mod audit;
 mod check;
+mod check_kafka;
 mod cli;
 mod connection;
 // Needs the fault points: `cargo test --features failpoints` (the documented test command).

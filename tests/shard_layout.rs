@@ -95,8 +95,8 @@ fn check_counts_a_slot_and_a_walsender_for_every_shard_and_names_each_slot() {
 fn line_of(text: &str, name: &str) -> String {
     text.lines()
         .find(|l| {
-            l.get(6..)
-                .is_some_and(|r| r.starts_with(&format!("{name}  ")))
+            l.split_once(' ')
+                .is_some_and(|(_, r)| r.trim_start().starts_with(&format!("{name}  ")))
         })
         .unwrap_or_else(|| panic!("no {name} line:\n{text}"))
         .to_owned()

@@ -21,7 +21,9 @@ use crate::failure::{Failure, FatalError};
 use crate::health::alert::{self, Assessment};
 use crate::health::progress::{self, human_bytes as human, Estimate};
 use crate::pg::control::connect_control;
-use crate::sink::progress::{read_last, republish_command, write_reset, ProgressKey, ProgressRecord};
+use crate::sink::progress::{
+    read_last, republish_command, write_reset, ProgressKey, ProgressRecord,
+};
 use crate::source::catalog;
 use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};

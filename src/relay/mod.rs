@@ -435,7 +435,10 @@ impl Relay {
                 // existed; see `sink::progress`.
                 match never_existed(&self.settings.kafka, &key).await {
                     Err(RelayError::SlotGone {
-                        slot, record, topic, ..
+                        slot,
+                        record,
+                        topic,
+                        ..
                     }) => {
                         return Err(RelayError::SlotGone {
                             slot,

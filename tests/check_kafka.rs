@@ -1,0 +1,200 @@
+//! `walbox check`'s Kafka checks: brokers, topics, the idempotent producer and, in
+//! exactly-once mode, the transaction coordinator; each made to fail on the mock cluster (or,
+//! where only a real broker can, on Apache Kafka), asserting its line and its fix.
+
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+use crate::check::{check, with};
+use crate::support::{self, free_port, walbox_env, TestDb};
+
+#[test]
+fn unreachable_brokers_fail_without_the_sasl_password_and_skip_the_kafka_checks() {
+    let db = TestDb::new("check_nobroker");
+    db.create_slot_and_publication(&db.name);
+    let brokers = format!("127.0.0.1:{}", free_port());
+    let secret = "sasl-secret-9c1e";
+    let mut env = walbox_env(&db, &db.name, &brokers);
+    for (key, value) in [
+        ("WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL", "sasl_plaintext"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_MECHANISMS", "PLAIN"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_USERNAME", "walbox"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", secret),
+    ] {
+        env = with(env, key, value);
+    }
+    let run = check(&env, &[]);
+    run.failed();
+    assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret));
+    run.expect(
+        "kafka brokers",
+        "FAIL",
+        &[
+            &format!("no answer from {brokers}"),
+            "fix: check kafka.brokers",
+        ],
+    );
+    run.expect(
+        "topic walbox.progress",
+        "skipped",
+        &["kafka brokers failed"],
+    );
+    run.expect("idempotent producer", "skipped", &[]);
+    run.expect("slot", "ok", &[]);
+}
+
+#[test]
+fn a_missing_or_forbidden_topic_fails_unless_walbox_may_create_it() {
+    let db = TestDb::new("check_topic");
+    db.create_slot_and_publication(&db.name);
+    let broker = support::broker();
+    let topic = format!("orders_{}", db.name);
+    let env = with(
+        walbox_env(&db, &db.name, &broker.bootstrap_servers()),
+        "WALBOX_OUTBOX_TOPIC",
+        &topic,
+    );
+    let run = check(&env, &[]);
+    run.failed();
+    run.expect(
+        &format!("topic {topic}"),
+        "FAIL",
+        &[
+            &format!("topic {topic:?} does not exist"),
+            "or set kafka.create_topics = true",
+        ],
+    );
+    let run = check(
+        &with(env.clone(), "WALBOX_KAFKA_CREATE_TOPICS", "true"),
+        &[],
+    );
+    run.expect(
+        &format!("topic {topic}"),
+        "ok",
+        &["walbox creates it (kafka.create_topics)"],
+    );
+
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: topic errors need the mock cluster; skipped");
+        return;
+    };
+    broker.create_topic(&topic, 1).unwrap();
+    mock.topic_error(
+        &topic,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+    )
+    .unwrap();
+    let run = check(&env, &[]);
+    run.failed();
+    run.expect(
+        &format!("topic {topic}"),
+        "FAIL",
+        &[
+            "the cluster answers TopicAuthorizationFailed (Broker: Topic authorization failed)",
+            "fix: grant walbox's principal Describe and Write on the topic",
+        ],
+    );
+}
+
+#[test]
+fn a_cluster_without_the_idempotent_producer_fails() {
+    let db = TestDb::new("check_idempotence");
+    db.create_slot_and_publication(&db.name);
+    let broker = support::broker();
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: disabling InitProducerId needs the mock cluster; skipped");
+        return;
+    };
+    mock.apiversion(RDKafkaApiKey::InitProducerId, None, None)
+        .unwrap();
+    let run = check(&walbox_env(&db, &db.name, &broker.bootstrap_servers()), &[]);
+    run.failed();
+    run.expect("kafka brokers", "ok", &[]);
+    run.expect(
+        "idempotent producer",
+        "FAIL",
+        &["fix: brokers of Kafka 0.11 or newer"],
+    );
+}
+
+/// The environment of [`walbox_env`] in exactly-once mode.
+fn exactly_once_env(db: &TestDb, brokers: &str) -> Vec<(String, String)> {
+    with(
+        walbox_env(db, &db.name, brokers),
+        "WALBOX_KAFKA_EXACTLY_ONCE",
+        "true",
+    )
+}
+
+#[test]
+fn exactly_once_probes_the_transaction_coordinator() {
+    let db = TestDb::new("check_txn");
+    db.create_slot_and_publication(&db.name);
+    let broker = support::broker();
+    // Without exactly-once there is no transactions check.
+    let run = check(&walbox_env(&db, &db.name, &broker.bootstrap_servers()), &[]);
+    assert!(!run.stdout.contains("kafka transactions"), "{}", run.stdout);
+    let run = check(&exactly_once_env(&db, &broker.bootstrap_servers()), &[]);
+    run.expect("kafka transactions", "ok", &["InitProducerId"]);
+}
+
+#[test]
+fn a_transactional_id_the_cluster_refuses_fails_with_the_acl_to_grant() {
+    let db = TestDb::new("check_txn_acl");
+    db.create_slot_and_publication(&db.name);
+    let broker = support::broker();
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: refusing transactional ids needs the mock cluster; skipped");
+        return;
+    };
+    // Only a transactional producer looks for a transaction coordinator.
+    mock.request_errors(
+        RDKafkaApiKey::FindCoordinator,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED; 20],
+    );
+    let run = check(&exactly_once_env(&db, &broker.bootstrap_servers()), &[]);
+    run.failed();
+    run.expect("idempotent producer", "ok", &[]);
+    run.expect(
+        "kafka transactions",
+        "FAIL",
+        &["refused", "fix: grant", "--transactional-id walbox/"],
+    );
+}
+
+/// A transaction log that needs more replicas than there are brokers: the coordinator never
+/// becomes available, so InitProducerId goes unanswered.
+#[test]
+fn a_transaction_log_needing_more_brokers_fails_with_its_setting() {
+    if support::kafka::apache().is_none() {
+        eprintln!("needs Apache Kafka (WALBOX_TEST_KAFKA=apache): the mock cluster has no transaction log; skipped");
+        return;
+    }
+    let server =
+        walbox::sandbox::kafka::KafkaServer::start(walbox::sandbox::kafka::KafkaServerOptions {
+            watchdog: true,
+            properties: vec![(
+                "transaction.state.log.replication.factor".into(),
+                "3".into(),
+            )],
+            ..Default::default()
+        })
+        .expect("start a broker");
+    let brokers = server.bootstrap_servers();
+    walbox::sandbox::broker::Broker::External(brokers.clone())
+        .create_topic(walbox::config::DEFAULT_PROGRESS_TOPIC, 1)
+        .expect("create the progress topic");
+    let db = TestDb::new("check_txn_rf");
+    db.create_slot_and_publication(&db.name);
+    let run = check(&exactly_once_env(&db, &brokers), &[]);
+    run.failed();
+    run.expect("idempotent producer", "ok", &[]);
+    run.expect(
+        "kafka transactions",
+        "FAIL",
+        &[
+            "InitProducerId",
+            "transaction.state.log.replication.factor",
+            "live brokers (1)",
+        ],
+    );
+}
