@@ -188,9 +188,9 @@ pub struct ColumnNames {
     pub aggregate_type: String,
     /// Event type.
     pub event_type: String,
-    /// Topic.
+    /// Column naming the destination topic.
     pub topic: String,
-    /// Payload.
+    /// Column holding the record value.
     pub payload: String,
     /// Event timestamp, if configured.
     pub timestamp: Option<String>,
@@ -203,9 +203,9 @@ pub struct ColumnNames {
 pub enum RouteSource {
     /// An outbox table.
     Table {
-        /// Schema.
+        /// The table's schema (`public` when the route names none).
         schema: String,
-        /// Table.
+        /// The table's name, without its schema.
         table: String,
     },
     /// Logical messages with this prefix.
