@@ -48,7 +48,9 @@ use tokio_postgres::IsolationLevel;
 use crate::config::{Config, OnInvalid, RouteSource};
 use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
-use crate::outbox::{EventPosition, OutboxError, OutboxMapper, SOURCE_HEADER};
+use crate::outbox::{
+    EventPosition, OutboxError, OutboxMapper, COMMIT_LSN_HEADER, ERROR_HEADER, SOURCE_HEADER,
+};
 use crate::pg::control::connect_control;
 use crate::republish::{check_window, describe, insert_of, refused, select, Window};
 use crate::sink::kafka::ReaderContext;
@@ -251,10 +253,10 @@ impl Expected {
     ) {
         let Some(id) = header("id") else { return };
         let source = header(SOURCE_HEADER);
-        if source.is_none() && header("walbox.commit_lsn").is_none() {
+        if source.is_none() && header(COMMIT_LSN_HEADER).is_none() {
             return; // another producer's record
         }
-        let dead_letter = header("walbox.error").is_some();
+        let dead_letter = header(ERROR_HEADER).is_some();
         let Some(rows) = self.index.get(topic).and_then(|ids| {
             ids.get(&(Bytes::copy_from_slice(id), key.map(Bytes::copy_from_slice)))
         }) else {

@@ -13,6 +13,10 @@
 //! | `relay::produced`        | an event was handed to the producer (mid-transaction)         |
 //! | `relay::acked`           | the broker's acks moved the frontier, before the status update |
 //! | `relay::status-sent`     | a status update confirming a new position reached the socket  |
+//! | `relay::eos-before-commit` | exactly-once: a transaction's records were sent, before its commit |
+//! | `relay::eos-committed`   | exactly-once: the Kafka transaction committed, before the frontier moves |
+//! | `reshard::drained`       | `walbox reshard` drained the old layout up to the reshard point |
+//! | `reshard::old-slot-dropped` | `walbox reshard` dropped one of the old layout's slots       |
 //! | `inbox::batch-committed` | an inbox batch committed in PostgreSQL, before its offsets move |
 
 /// Crashes the process at fault point `$name` when it is set to fire; see the module docs.

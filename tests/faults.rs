@@ -6,16 +6,14 @@
 //! `failures.rs`; its brokers advertise their own addresses, so a proxy cannot sit in between.)
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
 use walbox::sandbox::broker::TopicReader;
 use walbox::sandbox::postgres::PgCluster;
 
 use crate::support::events::{
-    assert_per_aggregate_commit_order, await_distinct, distinct_ids, stop_and_read_exactly,
-    write_txn, write_txns, Written,
+    assert_per_aggregate_commit_order, await_distinct, distinct_ids, random_writer,
+    stop_and_read_exactly, write_txn, write_txns, RandomWrites,
 };
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::{
@@ -46,25 +44,17 @@ fn a_slow_reset_and_blackholed_link_to_postgres_loses_nothing() {
     });
 
     // The writer goes straight to PostgreSQL: only walbox's link is faulted.
-    let written: Arc<Mutex<Vec<Written>>> = Arc::default();
-    let writer = {
-        let (db, topic, written) = (db.clone(), topic.clone(), written.clone());
-        std::thread::spawn(move || {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(31);
-            let mut total = 0;
-            while total < 6_000 {
-                let n = rng.random_range(1..=20).min(6_000 - total);
-                let aggs: Vec<String> = (0..n)
-                    .map(|_| format!("agg-{}", rng.random_range(0..40)))
-                    .collect();
-                written
-                    .lock()
-                    .unwrap()
-                    .push(write_txn(&db, &topic, &aggs, false));
-                total += n;
-            }
-        })
-    };
+    let (written, writer) = random_writer(
+        &db,
+        &topic,
+        RandomWrites {
+            seed: 31,
+            total: 6_000,
+            max_rows: 20,
+            aggregates: 40,
+            other_table_one_in: None,
+        },
+    );
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let more = |reader: &mut TopicReader, what: &str| {
         let seen = reader.records.len();

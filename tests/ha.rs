@@ -2,13 +2,13 @@
 //! standbys that take over when it is killed or cut off from PostgreSQL.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
 use walbox::sandbox::broker::TopicReader;
 
-use crate::support::events::{assert_per_aggregate_commit_order, distinct_ids, write_txn, Written};
+use crate::support::events::{
+    assert_per_aggregate_commit_order, distinct_ids, random_writer, write_txn, RandomWrites,
+};
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::{
     self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
@@ -85,25 +85,17 @@ fn a_standby_takes_over_within_the_bound_after_each_sigkill_and_nothing_is_missi
     );
 
     // A writer streams 20,000 events while the active walbox is killed again and again.
-    let written: Arc<Mutex<Vec<Written>>> = Arc::default();
-    let writer = {
-        let (db, topic, written) = (db.clone(), topic.clone(), written.clone());
-        std::thread::spawn(move || {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(23);
-            let mut total = 0;
-            while total < 20_000 {
-                let n = rng.random_range(1..=50).min(20_000 - total);
-                let aggs: Vec<String> = (0..n)
-                    .map(|_| format!("agg-{}", rng.random_range(0..50)))
-                    .collect();
-                written
-                    .lock()
-                    .unwrap()
-                    .push(write_txn(&db, &topic, &aggs, false));
-                total += n;
-            }
-        })
-    };
+    let (written, writer) = random_writer(
+        &db,
+        &topic,
+        RandomWrites {
+            seed: 23,
+            total: 20_000,
+            max_rows: 50,
+            aggregates: 50,
+            other_table_one_in: None,
+        },
+    );
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let mut takeovers = Vec::new();
     for round in 0..4 {

@@ -751,3 +751,27 @@ fn the_checker_sees_imports_and_cycles() {
     assert_eq!(inline[..3], ["mod", "tests", "{"]);
     assert_eq!(code_of("a // crate::x\n\"crate::y\" b"), "a \n\"\" b");
 }
+
+#[test]
+fn every_fault_point_is_in_the_table_of_fault_rs() {
+    let src = root().join("src");
+    let table = std::fs::read_to_string(src.join("fault.rs")).unwrap();
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut points = BTreeSet::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for rest in text.split("crash_point!(\"").skip(1) {
+            points.insert(rest[..rest.find('"').unwrap()].to_owned());
+        }
+    }
+    assert!(points.len() >= 5, "fault points not seen: {points:?}");
+    let missing: Vec<&String> = points
+        .iter()
+        .filter(|p| !table.contains(&format!("//! | `{p}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "fault points missing from the table in src/fault.rs: {missing:?}"
+    );
+}

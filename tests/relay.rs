@@ -2,7 +2,6 @@
 //! ordering, crashes, broker outages, PostgreSQL restarts.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
@@ -11,7 +10,8 @@ use walbox::sandbox::broker::TopicReader;
 use walbox::sandbox::postgres::PgCluster;
 
 use crate::support::events::{
-    assert_per_aggregate_commit_order, distinct_ids, id_of, write_txn, Written,
+    assert_per_aggregate_commit_order, distinct_ids, id_of, random_writer, write_txn, RandomWrites,
+    Written,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
@@ -130,23 +130,17 @@ fn sigkill_at_random_points_loses_nothing_and_never_confirms_unacked_events() {
     let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
 
     // The writer streams 50,000 events in transactions of 1–50 rows while walbox is killed.
-    let written: Arc<Mutex<Vec<Written>>> = Arc::default();
-    let writer = {
-        let (db, topic, written) = (db.clone(), topic.clone(), written.clone());
-        std::thread::spawn(move || {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-            let mut total = 0;
-            while total < 50_000 {
-                let n = rng.random_range(1..=50).min(50_000 - total);
-                let aggs: Vec<String> = (0..n)
-                    .map(|_| format!("agg-{}", rng.random_range(0..100)))
-                    .collect();
-                let w = write_txn(&db, &topic, &aggs, rng.random_ratio(1, 4));
-                written.lock().unwrap().push(w);
-                total += n;
-            }
-        })
-    };
+    let (written, writer) = random_writer(
+        &db,
+        &topic,
+        RandomWrites {
+            seed: 11,
+            total: 50_000,
+            max_rows: 50,
+            aggregates: 100,
+            other_table_one_in: Some(4),
+        },
+    );
 
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(13);

@@ -78,7 +78,7 @@ pub struct Config {
     pub alerts: AlertsConfig,
     /// Listen address of the HTTP endpoints; `None` disables them.
     pub http_listen: Option<SocketAddr>,
-    /// Logging.
+    /// Validated `[log]`: format and level filter.
     pub log: LogConfig,
 }
 

@@ -89,7 +89,7 @@ pub enum LogFormat {
 /// Validated `[log]`.
 #[derive(Debug, Clone)]
 pub struct LogConfig {
-    /// Format.
+    /// Line format: human-readable text or one JSON object per line.
     pub format: LogFormat,
     /// `tracing` filter directive.
     pub level: String,

@@ -199,9 +199,10 @@ pub struct ColumnNames {
     pub aggregate_type: String,
     /// Event type.
     pub event_type: String,
-    /// Topic column, if read (none with [`Compat::Debezium`] unless configured).
+    /// Column naming the destination topic, if one is read (none with [`Compat::Debezium`]
+    /// unless configured).
     pub topic: Option<String>,
-    /// Payload.
+    /// Column holding the record value.
     pub payload: String,
     /// Event timestamp, if configured.
     pub timestamp: Option<String>,
@@ -223,9 +224,9 @@ pub enum Compat {
 pub enum RouteSource {
     /// An outbox table.
     Table {
-        /// Schema.
+        /// The table's schema (`public` when the route names none).
         schema: String,
-        /// Table.
+        /// The table's name, without its schema.
         table: String,
     },
     /// Logical messages with this prefix.

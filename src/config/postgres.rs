@@ -80,7 +80,7 @@ pub struct PostgresConfig {
     pub primary: Option<ConnInfo>,
     /// Replication slot.
     pub slot: String,
-    /// Publication.
+    /// Publication the slot decodes (`postgres.publication`).
     pub publication: String,
     /// Create the slot when missing.
     pub create_slot: bool,

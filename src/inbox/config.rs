@@ -195,7 +195,7 @@ pub struct InboxConfig {
     pub retention: RetentionConfig,
     /// HTTP endpoints; `None` disables them.
     pub http_listen: Option<SocketAddr>,
-    /// Logging.
+    /// Validated `[log]`: format and level filter.
     pub log: LogConfig,
 }
 

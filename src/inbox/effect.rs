@@ -27,11 +27,11 @@ use tokio_postgres::types::{ToSql, Type};
 /// One consumed record, owned (detached from librdkafka's buffers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
-    /// Topic.
+    /// The topic it was consumed from.
     pub topic: String,
-    /// Partition.
+    /// The partition it was consumed from.
     pub partition: i32,
-    /// Offset.
+    /// Its offset in that partition (the offset committed is one past it).
     pub offset: i64,
     /// Key bytes.
     pub key: Option<Vec<u8>>,

@@ -67,9 +67,9 @@ const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Handles a running inbox shares with its caller.
 #[derive(Clone, Default)]
 pub struct Handles {
-    /// Metrics.
+    /// The inbox's counters and gauges, served on `/metrics`.
     pub metrics: Arc<InboxMetrics>,
-    /// Health.
+    /// What `/healthz` and `/readyz` answer.
     pub health: Arc<Health>,
 }
 

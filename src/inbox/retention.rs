@@ -31,7 +31,7 @@ use super::config::InboxKafka;
 /// A topic's retention settings as the broker reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicRetention {
-    /// Topic.
+    /// The topic the settings belong to.
     pub topic: String,
     /// `retention.ms`; `None` = forever (-1).
     pub retention: Option<Duration>,
@@ -110,7 +110,7 @@ pub enum DescribeError {
     /// The broker answered with an error or an unreadable value.
     #[error("cannot read the configuration of topic {topic:?}: {message}")]
     Topic {
-        /// Topic.
+        /// The topic whose configuration was asked for.
         topic: String,
         /// What went wrong.
         message: String,

@@ -76,19 +76,19 @@ impl Default for Progress {
 pub struct DeadLetter {
     /// Producer (idempotent, `acks=all`).
     pub producer: FutureProducer,
-    /// Topic.
+    /// The dead-letter topic (`kafka.dead_letter_topic`).
     pub topic: String,
 }
 
 /// What every partition worker shares.
 pub struct WorkerEnv {
-    /// Connections.
+    /// Connections to the inbox database.
     pub pool: Arc<Pool>,
     /// Effect settings.
     pub effect: EffectConfig,
     /// Dead-letter topic, when a policy needs it.
     pub dead_letter: Option<DeadLetter>,
-    /// Metrics.
+    /// The inbox's counters, shared with `/metrics`.
     pub metrics: Arc<InboxMetrics>,
     /// Where fatal errors go.
     pub fatal: mpsc::UnboundedSender<FatalError>,

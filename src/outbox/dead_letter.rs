@@ -21,7 +21,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::event::{EventPosition, HeaderName, OutboxEvent, SOURCE_HEADER};
+use super::event::{
+    EventPosition, HeaderName, OutboxEvent, COMMIT_LSN_HEADER, ERROR_HEADER, INDEX_HEADER,
+    SOURCE_HEADER,
+};
 use crate::config::OnInvalid;
 use crate::timestamp::pg_micros_to_unix_ms;
 
@@ -80,7 +83,7 @@ pub fn dead_letter(
         headers: smallvec::smallvec![
             (HeaderName::Static("id"), Some(id.clone())),
             (
-                HeaderName::Static("walbox.error"),
+                HeaderName::Static(ERROR_HEADER),
                 Some(Bytes::copy_from_slice(reason.as_bytes())),
             ),
             (
@@ -88,11 +91,11 @@ pub fn dead_letter(
                 Some(Bytes::copy_from_slice(rejected.source.as_bytes())),
             ),
             (
-                HeaderName::Static("walbox.commit_lsn"),
+                HeaderName::Static(COMMIT_LSN_HEADER),
                 Some(Bytes::from(position.commit_lsn.to_string())),
             ),
             (
-                HeaderName::Static("walbox.index"),
+                HeaderName::Static(INDEX_HEADER),
                 Some(Bytes::from(position.index.to_string())),
             ),
         ],

@@ -49,6 +49,16 @@ impl HeaderName {
 /// outbox (`walbox audit` matches on both; ids of different tables may be equal).
 pub const SOURCE_HEADER: &str = "walbox.source";
 
+/// The header carrying the event's commit LSN (`X/Y`): with [`INDEX_HEADER`], its position in
+/// the WAL, and what tells walbox's records from other producers'.
+pub const COMMIT_LSN_HEADER: &str = "walbox.commit_lsn";
+
+/// The header carrying the event's index within its transaction.
+pub const INDEX_HEADER: &str = "walbox.index";
+
+/// The header a dead letter carries: why the original event could not be published.
+pub const ERROR_HEADER: &str = "walbox.error";
+
 /// Headers held inline up to walbox's own five and two configured ones: no allocation per
 /// event (CloudEvents headers spill to the heap). A `None` value is a header with a null value
 /// (a NULL header column with `compat = "debezium"`).

@@ -40,7 +40,10 @@ use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
 use crate::timestamp::{self, pg_micros_to_unix_micros, pg_micros_to_unix_ms};
 pub use dead_letter::{dead_letter, Rejected};
 use envelope::{Payload, PayloadKind};
-pub use event::{EventPosition, HeaderName, Headers, OutboxEvent, SOURCE_HEADER};
+pub use event::{
+    EventPosition, HeaderName, Headers, OutboxEvent, COMMIT_LSN_HEADER, ERROR_HEADER, INDEX_HEADER,
+    SOURCE_HEADER,
+};
 use template::{Template, Vars};
 
 /// Type OIDs with a special meaning for payloads.
@@ -601,11 +604,11 @@ impl OutboxMapper {
             headers.push(valued(HeaderName::Static("event_type"), t.clone()));
         }
         headers.push(valued(
-            HeaderName::Static("walbox.commit_lsn"),
+            HeaderName::Static(COMMIT_LSN_HEADER),
             lsn_text.clone(),
         ));
         headers.push(valued(
-            HeaderName::Static("walbox.index"),
+            HeaderName::Static(INDEX_HEADER),
             self.scratch.borrow_mut().texts.text(position.index),
         ));
         headers.push((

@@ -43,7 +43,7 @@ pub enum TlsError {
     RootCert {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The I/O or parse error, as text.
         reason: String,
     },
     /// The handshake failed for another reason than the certificate (e.g. the connection

@@ -305,7 +305,7 @@ pub struct SendFailure {
     pub id: String,
     /// Commit LSN.
     pub lsn: Lsn,
-    /// Topic.
+    /// The topic the event was meant for.
     pub topic: String,
     /// The producer's error.
     #[source]
@@ -320,7 +320,7 @@ pub struct DeliveryFailure {
     pub id: String,
     /// Commit LSN (from the record's header).
     pub lsn: String,
-    /// Topic.
+    /// The topic the record was produced to.
     pub topic: String,
     /// The error.
     pub error: rdkafka::error::KafkaError,

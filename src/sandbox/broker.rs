@@ -95,11 +95,11 @@ impl Broker {
 /// One record as a consumer reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumedRecord {
-    /// Topic.
+    /// The topic it was read from.
     pub topic: String,
-    /// Partition.
+    /// The partition it was read from.
     pub partition: i32,
-    /// Offset.
+    /// Its offset in that partition.
     pub offset: i64,
     /// Key bytes.
     pub key: Option<Vec<u8>>,

@@ -143,8 +143,9 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
             r.header_str("id").unwrap_or("?"),
             format!(
                 "{}/{}",
-                r.header_str("walbox.commit_lsn").unwrap_or("?"),
-                r.header_str("walbox.index").unwrap_or("?")
+                r.header_str(crate::outbox::COMMIT_LSN_HEADER)
+                    .unwrap_or("?"),
+                r.header_str(crate::outbox::INDEX_HEADER).unwrap_or("?")
             ),
             String::from_utf8_lossy(r.payload.as_deref().unwrap_or_default()),
         );
@@ -155,7 +156,7 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
     let last_commit = rows
         .iter()
         .filter_map(|r| {
-            r.header_str("walbox.commit_lsn")?
+            r.header_str(crate::outbox::COMMIT_LSN_HEADER)?
                 .parse::<crate::lsn::Lsn>()
                 .ok()
         })

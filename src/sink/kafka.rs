@@ -59,7 +59,7 @@ pub struct Ack {
 /// A record the broker failed, read back for the error message or a dead letter.
 #[derive(Debug, Default, Clone)]
 pub struct FailedRecord {
-    /// Topic.
+    /// The topic the record was produced to.
     pub topic: String,
     /// Header `id`.
     pub id: String,
@@ -67,9 +67,9 @@ pub struct FailedRecord {
     pub lsn: String,
     /// Header `walbox.index`.
     pub index: String,
-    /// Key.
+    /// The record key, as produced.
     pub key: Option<bytes::Bytes>,
-    /// Value.
+    /// The record value, as produced.
     pub payload: Option<bytes::Bytes>,
 }
 
@@ -326,8 +326,8 @@ impl ProducerContext for SinkContext {
                 let failed = FailedRecord {
                     topic: msg.topic().to_owned(),
                     id: header("id"),
-                    lsn: header("walbox.commit_lsn"),
-                    index: header("walbox.index"),
+                    lsn: header(crate::outbox::COMMIT_LSN_HEADER),
+                    index: header(crate::outbox::INDEX_HEADER),
                     key: msg.key().map(bytes::Bytes::copy_from_slice),
                     payload: msg.payload().map(bytes::Bytes::copy_from_slice),
                 };

@@ -98,7 +98,7 @@ pub enum CatalogError {
     WrongSlot {
         /// The slot.
         slot: String,
-        /// Why.
+        /// What is wrong with it (plugin, database, temporary, …).
         reason: String,
     },
     /// `postgres.url` names a standby that cannot be decoded from.

@@ -2,6 +2,10 @@
 //! transaction inserted, and the checks every delivery test makes on what arrived.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
@@ -13,6 +17,47 @@ pub struct Written {
     pub ids: Vec<i64>,
     /// `pg_current_wal_insert_lsn()` right after COMMIT: at or past the commit's end LSN.
     pub after_commit: Lsn,
+}
+
+/// What [`random_writer`] writes: `total` events in transactions of 1..=`max_rows` rows, each
+/// row for one of `aggregates` aggregates (`agg-0`, …), seeded so that a run can be repeated.
+pub struct RandomWrites {
+    pub seed: u64,
+    pub total: usize,
+    pub max_rows: usize,
+    pub aggregates: usize,
+    /// A row in a non-outbox table too, in one transaction in this many (`None`: never).
+    pub other_table_one_in: Option<u32>,
+}
+
+/// A thread writing `writes` straight to PostgreSQL; every committed transaction is pushed to
+/// the returned list as it commits.
+pub fn random_writer(
+    db: &TestDb,
+    topic: &str,
+    writes: RandomWrites,
+) -> (Arc<Mutex<Vec<Written>>>, std::thread::JoinHandle<()>) {
+    let written: Arc<Mutex<Vec<Written>>> = Arc::default();
+    let (db, topic, list) = (db.clone(), topic.to_owned(), written.clone());
+    let writer = std::thread::spawn(move || {
+        let mut rng = StdRng::seed_from_u64(writes.seed);
+        let mut total = 0;
+        while total < writes.total {
+            let n = rng
+                .random_range(1..=writes.max_rows)
+                .min(writes.total - total);
+            let aggs: Vec<String> = (0..n)
+                .map(|_| format!("agg-{}", rng.random_range(0..writes.aggregates)))
+                .collect();
+            let other = writes
+                .other_table_one_in
+                .is_some_and(|k| rng.random_ratio(1, k));
+            let w = write_txn(&db, &topic, &aggs, other);
+            list.lock().unwrap().push(w);
+            total += n;
+        }
+    });
+    (written, writer)
 }
 
 /// `n` transactions of [`write_txn`] (no other table); returns the ids of every row.
