@@ -24,9 +24,10 @@
 //!   offsets are committed synchronously before librdkafka gives the partitions up. The next
 //!   owner therefore starts exactly after the last committed transaction, except when the
 //!   process dies in between, which the inbox absorbs.
-//! - A static member (`kafka.group_instance_id`) never leaves the group on shutdown: its
-//!   partitions wait for it (up to `session.timeout.ms`) instead of moving to another member
-//!   and back.
+//! - A static member (`kafka.group_instance_id`) sends no LeaveGroup when it stops (librdkafka
+//!   closes a static member without one, KIP-345): its partitions wait for it, up to
+//!   `session.timeout.ms`, instead of moving to another member and back (`inbox::group` tests
+//!   this on a real broker).
 //! - Offsets are also committed asynchronously every `kafka.commit_interval`.
 //! - `walbox_inbox_assigned_partitions` is the set of partitions assigned minus those revoked
 //!   (a cooperative assignment adds, an eager one replaces after revoking all), and each
@@ -537,8 +538,7 @@ pub struct ConsumerLoop {
     shared: Arc<Shared>,
     commit_interval: Duration,
     /// `kafka.group_instance_id` is set: a fatal error may be a fence by a member with the
-    /// same id, which librdkafka reports as a generic fatal error; and stopping must not
-    /// leave the group.
+    /// same id, which librdkafka reports as a generic fatal error.
     static_member: bool,
 }
 
@@ -623,13 +623,7 @@ impl ConsumerLoop {
         health.set_ready(false);
         let all: Vec<Tp> = self.shared.lock().workers.keys().cloned().collect();
         self.shared.stop(&self.consumer, &all);
-        // Unsubscribing sends LeaveGroup, static member or not: the group rebalances at once
-        // (the other members take this member's partitions, and give them back when it
-        // returns). A static member only closes (dropping the consumer), which sends no
-        // LeaveGroup (KIP-345), so a restart within `session.timeout.ms` moves no partition.
-        if !self.static_member {
-            self.consumer.unsubscribe();
-        }
+        self.consumer.unsubscribe();
         tracing::info!("consumer stopped; processed offsets committed");
     }
 }

@@ -214,7 +214,7 @@ fn a_restarted_static_member_gets_its_partitions_back_without_a_rebalance() {
     });
     let b_revoked = metric(port_b, REVOKED).expect("b's metrics");
 
-    for stop in [Stop::Term, Stop::Kill] {
+    for stop in [Stop::Kill, Stop::Term] {
         match stop {
             Stop::Term => {
                 a.terminate();
