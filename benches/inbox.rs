@@ -446,7 +446,7 @@ impl Bench {
         partitions: i32,
         n: usize,
     ) -> anyhow::Result<Vec<Rec>> {
-        self.broker_mut().create_topic(topic, partitions)?;
+        tokio::task::block_in_place(|| self.broker_mut().create_topic(topic, partitions))?;
         let p = producer(&self.broker().bootstrap(), "5")?;
         let mut records = Vec::with_capacity(n);
         for i in 0..n {
@@ -666,7 +666,7 @@ impl Bench {
     ) -> anyhow::Result<Latency> {
         self.reset().await?;
         let topic = format!("latency_{}", self.runs);
-        self.broker_mut().create_topic(&topic, 4)?;
+        tokio::task::block_in_place(|| self.broker_mut().create_topic(&topic, 4))?;
         let config = self.inbox_config(&topic, Form::Effect, batch_max, true)?;
         let bootstrap = self.broker().bootstrap();
         let total = (rate * secs.as_secs()) as usize;
