@@ -3,14 +3,16 @@
 //!
 //! `cargo bench --bench inbox`:
 //! 1. starts a private PostgreSQL cluster (the sandbox's settings, `track_commit_timestamp=on`)
-//!    with `migrations/inbox.sql` and 50 accounts, and librdkafka's mock Kafka cluster in a
-//!    child process (or `WALBOX_BENCH_KAFKA_BROKERS`);
-//! 2. produces N records (50 keys, an `id` header, a small JSON payload) to a 1-, a 4- and a
-//!    16-partition topic;
+//!    with `migrations/inbox.sql` and 50 accounts, and the Kafka brokers to compare: librdkafka's
+//!    mock cluster in a child process and a single-node Apache Kafka broker (the sandbox's, from
+//!    the jars `scripts/install-kafka.sh` installs), or `WALBOX_BENCH_KAFKA_BROKERS` alone;
+//! 2. produces the same N records (50 keys, an `id` header, a small JSON payload) to a 1-, a 4-
+//!    and a 16-partition topic on each broker;
 //! 3. for each topic, with `fsync` off and on (`ALTER SYSTEM` + reload), with the one-statement
 //!    effect (`UPDATE accounts … WHERE id = $key`) and with the stored-record form, drains the
 //!    topic from the beginning with a fresh consumer group and an empty inbox:
-//!    - `walbox inbox` with the default settings (`effect.batch_max = 100`, no linger);
+//!    - `walbox inbox` with the default settings (`effect.batch_max = 100`, no linger), from
+//!      each broker in turn (their rates side by side in one row);
 //!    - the per-record inbox (`effect.batch_max = 1`: one transaction per record, what
 //!      `walbox inbox` did before batching);
 //!    - the direct reference: the same multi-row `INSERT … ON CONFLICT DO NOTHING RETURNING`,
@@ -30,7 +32,9 @@
 //! (N = 5,000, 3 s latency runs), `WALBOX_BENCH_LATENCY_SECS` (default 10; 0 skips them),
 //! `WALBOX_BENCH_INBOX_PARTITIONS` (default `1,4,16`; `none` runs only the latency part), `WALBOX_BENCH_INBOX_FSYNC` (`off`, `on`,
 //! default `both`),
-//! `WALBOX_BENCH_INBOX_OUTPUT` (default `benches/inbox-results.md`), `WALBOX_BENCH_KAFKA_BROKERS`.
+//! `WALBOX_BENCH_INBOX_OUTPUT` (default `benches/inbox-results.md`), `WALBOX_BENCH_KAFKA_BROKERS`,
+//! `WALBOX_BENCH_INBOX_KAFKA` (`mock`, `apache` or, the default, `both`; `both` runs the mock
+//! alone, saying so, when Apache Kafka is not installed).
 
 #[path = "e2e/broker.rs"]
 mod broker;
@@ -52,6 +56,8 @@ use tokio_postgres::{Client, NoTls};
 use walbox::inbox::config::{load_from, InboxConfig};
 use walbox::inbox::metrics::InboxMetrics;
 use walbox::inbox::Handles;
+use walbox::sandbox::broker::Broker;
+use walbox::sandbox::kafka::{KafkaServer, KafkaServerOptions};
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 
 use broker::BenchBroker;
@@ -77,6 +83,10 @@ struct Settings {
     output: PathBuf,
     partitions: Vec<i32>,
     fsync: Vec<bool>,
+    /// Compare the mock cluster …
+    mock: bool,
+    /// … and/or Apache Kafka.
+    apache: bool,
 }
 
 impl Settings {
@@ -107,9 +117,17 @@ impl Settings {
             Some("on") => vec![true],
             Some(v) => bail!("WALBOX_BENCH_INBOX_FSYNC={v}: off, on or both"),
         };
+        let (mock, apache) = match var("WALBOX_BENCH_INBOX_KAFKA").as_deref() {
+            None | Some("both") => (true, true),
+            Some("mock") => (true, false),
+            Some("apache") => (false, true),
+            Some(v) => bail!("WALBOX_BENCH_INBOX_KAFKA={v}: mock, apache or both"),
+        };
         Ok(Settings {
             partitions,
             fsync,
+            mock,
+            apache,
             records: num(
                 "WALBOX_BENCH_INBOX_RECORDS",
                 if quick { 5_000 } else { 20_000 },
@@ -182,9 +200,51 @@ struct Rec {
     offset: i64,
 }
 
+/// One of the Kafka brokers compared.
+struct Kafka {
+    /// Its name in the tables.
+    name: &'static str,
+    broker: BenchBroker,
+    /// The Apache Kafka broker process (stopped on drop).
+    _server: Option<KafkaServer>,
+}
+
+/// The brokers to compare: `WALBOX_BENCH_KAFKA_BROKERS` alone when set, else the mock cluster
+/// and/or Apache Kafka as `settings` says.
+fn start_brokers(settings: &Settings) -> anyhow::Result<Vec<Kafka>> {
+    let external = std::env::var("WALBOX_BENCH_KAFKA_BROKERS").is_ok_and(|b| !b.trim().is_empty());
+    let mut brokers = Vec::new();
+    if external || settings.mock {
+        let broker = BenchBroker::start()?;
+        let name = if broker.is_mock() { "mock" } else { "external" };
+        brokers.push(Kafka {
+            name,
+            broker,
+            _server: None,
+        });
+    }
+    if !external && settings.apache {
+        match KafkaServer::start(KafkaServerOptions {
+            watchdog: true,
+            ..Default::default()
+        }) {
+            Ok(server) => brokers.push(Kafka {
+                name: "Apache Kafka",
+                broker: BenchBroker::External(Broker::External(server.bootstrap_servers())),
+                _server: Some(server),
+            }),
+            Err(e) if settings.mock => eprintln!("inbox bench: mock cluster only: {e}"),
+            Err(e) => return Err(e).context("starting Apache Kafka"),
+        }
+    }
+    Ok(brokers)
+}
+
 struct Bench {
     cluster: PgCluster,
-    broker: BenchBroker,
+    brokers: Vec<Kafka>,
+    /// The broker of the current measurement (an index into `brokers`).
+    current: usize,
     admin: Client,
     url: String,
     runs: usize,
@@ -215,10 +275,11 @@ async fn run() -> anyhow::Result<()> {
     let url = cluster.socket_url("bench");
     let (admin, conn) = tokio_postgres::connect(&url, NoTls).await?;
     tokio::spawn(conn);
-    let broker = BenchBroker::start()?;
+    let brokers = start_brokers(&settings)?;
     let mut bench = Bench {
         cluster,
-        broker,
+        brokers,
+        current: 0,
         admin,
         url,
         runs: 0,
@@ -226,40 +287,62 @@ async fn run() -> anyhow::Result<()> {
     let n = settings.records;
     let version: String = bench.admin.query_one("SELECT version()", &[]).await?.get(0);
 
+    let names: Vec<&str> = bench.brokers.iter().map(|k| k.name).collect();
     let mut out = String::new();
     writeln!(
         out,
-        "# walbox inbox benchmark\n\n{version}; {} Kafka; {n} records, {ACCOUNTS} keys; \
+        "# walbox inbox benchmark\n\n{version}; Kafka: {}; {n} records, {ACCOUNTS} keys; \
          `effect.max_parallel = {CONNECTIONS}`; rates from the first record applied to the last.\n",
-        if bench.broker.is_mock() {
-            "librdkafka mock"
-        } else {
-            "external"
-        }
+        names.join(" and ")
     )?;
-    writeln!(
-        out,
-        "| partitions | form | fsync | walbox (batch_max 100) | per-record (batch_max 1) | direct INSERT | ×per-record | ×direct |\n|---|---|---|---|---|---|---|---|"
-    )?;
+    let mut header = String::from("| partitions | form | fsync |");
+    for name in &names {
+        write!(
+            header,
+            " walbox, {name} (batch_max 100) | per-record, {name} (batch_max 1) |"
+        )?;
+    }
+    header.push_str(" direct INSERT |");
+    for name in &names {
+        write!(header, " ×per-record, {name} | ×direct, {name} |")?;
+    }
+    let columns = 4 + 4 * names.len();
+    writeln!(out, "{header}\n|{}", "---|".repeat(columns))?;
     for &partitions in &settings.partitions {
         let topic = format!("inbox_{partitions}");
-        let records = bench.produce_backlog(&topic, partitions, n)?;
+        let mut records = Vec::new();
+        for k in 0..bench.brokers.len() {
+            bench.current = k;
+            records = bench.produce_backlog(&topic, partitions, n)?;
+        }
         for &fsync in &settings.fsync {
             bench.set_fsync(fsync).await?;
             for form in [Form::Effect, Form::Stored] {
-                let batched = bench.drain(&topic, n, form, 100).await?;
-                let naive = bench.drain(&topic, n, form, 1).await?;
+                let mut rates = Vec::new();
+                for k in 0..bench.brokers.len() {
+                    bench.current = k;
+                    let batched = bench.drain(&topic, n, form, 100).await?;
+                    let naive = bench.drain(&topic, n, form, 1).await?;
+                    rates.push((batched, naive));
+                }
                 let direct = bench.direct(&records, partitions, form).await?;
-                let line = format!(
-                    "| {partitions} | {} | {} | {} | {} | {} | {:.1}× | {:.2}× |",
+                let mut line = format!(
+                    "| {partitions} | {} | {} |",
                     form.name(),
-                    if fsync { "on" } else { "off" },
-                    rate(batched),
-                    rate(naive),
-                    rate(direct),
-                    batched / naive,
-                    batched / direct
+                    if fsync { "on" } else { "off" }
                 );
+                for (batched, naive) in &rates {
+                    write!(line, " {} | {} |", rate(*batched), rate(*naive))?;
+                }
+                write!(line, " {} |", rate(direct))?;
+                for (batched, naive) in &rates {
+                    write!(
+                        line,
+                        " {:.1}× | {:.2}× |",
+                        batched / naive,
+                        batched / direct
+                    )?;
+                }
                 eprintln!("{line}");
                 writeln!(out, "{line}")?;
             }
@@ -269,7 +352,7 @@ async fn run() -> anyhow::Result<()> {
     writeln!(
         out,
         "\nLatency, send → inbox commit (4 partitions, one-statement effect, {} s per rate):\n\n\
-         | rate | fsync | batch_max | p50 | p99 | max |\n|---|---|---|---|---|---|",
+         | rate | fsync | batch_max | Kafka | p50 | p99 | max |\n|---|---|---|---|---|---|---|",
         settings.latency.as_secs()
     )?;
     for &fsync in &settings.fsync {
@@ -278,16 +361,20 @@ async fn run() -> anyhow::Result<()> {
         }
         bench.set_fsync(fsync).await?;
         for (rate, batch_max) in [(1_000, 100), (1_000, 1), (10_000, 100)] {
-            let l = bench.latency(rate, batch_max, settings.latency).await?;
-            let line = format!(
-                "| {rate}/s | {} | {batch_max} | {} | {} | {} |",
-                if fsync { "on" } else { "off" },
-                ms(l.p50),
-                ms(l.p99),
-                ms(l.max)
-            );
-            eprintln!("{line}");
-            writeln!(out, "{line}")?;
+            for k in 0..bench.brokers.len() {
+                bench.current = k;
+                let l = bench.latency(rate, batch_max, settings.latency).await?;
+                let line = format!(
+                    "| {rate}/s | {} | {batch_max} | {} | {} | {} | {} |",
+                    if fsync { "on" } else { "off" },
+                    bench.brokers[k].name,
+                    ms(l.p50),
+                    ms(l.p99),
+                    ms(l.max)
+                );
+                eprintln!("{line}");
+                writeln!(out, "{line}")?;
+            }
         }
     }
     writeln!(
@@ -301,6 +388,7 @@ async fn run() -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", settings.output.display()))?;
     eprintln!("written to {}", settings.output.display());
     bench.cluster.stop()?;
+    drop(bench.brokers);
     Ok(())
 }
 
@@ -342,6 +430,15 @@ fn record_for(i: usize, id: String, offset: i64) -> Rec {
 }
 
 impl Bench {
+    /// The broker of the current measurement.
+    fn broker(&self) -> &BenchBroker {
+        &self.brokers[self.current].broker
+    }
+
+    fn broker_mut(&mut self) -> &mut BenchBroker {
+        &mut self.brokers[self.current].broker
+    }
+
     /// Produces `n` records to a new topic, each key to one partition (as the relay does).
     fn produce_backlog(
         &mut self,
@@ -349,8 +446,8 @@ impl Bench {
         partitions: i32,
         n: usize,
     ) -> anyhow::Result<Vec<Rec>> {
-        self.broker.create_topic(topic, partitions)?;
-        let p = producer(&self.broker.bootstrap(), "5")?;
+        tokio::task::block_in_place(|| self.broker_mut().create_topic(topic, partitions))?;
+        let p = producer(&self.broker().bootstrap(), "5")?;
         let mut records = Vec::with_capacity(n);
         for i in 0..n {
             let r = record_for(i, format!("{topic}-{i}"), i as i64);
@@ -421,7 +518,7 @@ impl Bench {
         self.runs += 1;
         let mut env: Vec<(String, String)> = [
             ("WALBOX_INBOX_POSTGRES_URL", self.url.clone()),
-            ("WALBOX_INBOX_KAFKA_BROKERS", self.broker.bootstrap()),
+            ("WALBOX_INBOX_KAFKA_BROKERS", self.broker().bootstrap()),
             (
                 "WALBOX_INBOX_KAFKA_GROUP_ID",
                 format!("bench-{}", self.runs),
@@ -438,7 +535,7 @@ impl Bench {
         if form == Form::Effect {
             env.push(("WALBOX_INBOX_EFFECT_SQL".into(), EFFECT.into()));
         }
-        if latency && self.broker.is_mock() {
+        if latency && self.broker().is_mock() {
             // The mock cluster answers a fetch when `fetch.wait.max.ms` expires, not when a
             // record arrives (a real broker does): without this the latency would be the
             // mock's fetch wait. Only the latency runs set it; the drains keep the defaults.
@@ -569,9 +666,9 @@ impl Bench {
     ) -> anyhow::Result<Latency> {
         self.reset().await?;
         let topic = format!("latency_{}", self.runs);
-        self.broker.create_topic(&topic, 4)?;
+        tokio::task::block_in_place(|| self.broker_mut().create_topic(&topic, 4))?;
         let config = self.inbox_config(&topic, Form::Effect, batch_max, true)?;
-        let bootstrap = self.broker.bootstrap();
+        let bootstrap = self.broker().bootstrap();
         let total = (rate * secs.as_secs()) as usize;
         let mut sent: HashMap<String, i64> = HashMap::with_capacity(total);
         let sent_ref = &mut sent;

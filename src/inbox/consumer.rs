@@ -24,7 +24,15 @@
 //!   offsets are committed synchronously before librdkafka gives the partitions up. The next
 //!   owner therefore starts exactly after the last committed transaction, except when the
 //!   process dies in between, which the inbox absorbs.
+//! - A static member (`kafka.group_instance_id`) sends no LeaveGroup when it stops (librdkafka
+//!   closes a static member without one, KIP-345): its partitions wait for it, up to
+//!   `session.timeout.ms`, instead of moving to another member and back (`inbox::group` tests
+//!   this on a real broker).
 //! - Offsets are also committed asynchronously every `kafka.commit_interval`.
+//! - `walbox_inbox_assigned_partitions` is the set of partitions assigned minus those revoked
+//!   (a cooperative assignment adds, an eager one replaces after revoking all), and each
+//!   rebalance is logged with its partitions (`list`) and, on assignment, what this member owns
+//!   (`owned`): a member that keeps a partition through a rebalance never logs it revoked.
 //! - `walbox_inbox_consumer_lag_records` counts, per partition, the records from where the group
 //!   would start again to the end of the log: the committed offset, or, for a partition the
 //!   group never committed, the start `auto.offset.reset` implies (the log start under
@@ -134,6 +142,8 @@ struct State {
     /// The first offset received per partition since it was assigned (for the lag of a
     /// partition with nothing committed under `auto.offset.reset = latest`).
     first: HashMap<Tp, i64>,
+    /// The partitions the group assigned to this member now (assignments minus revocations).
+    assigned: std::collections::BTreeSet<Tp>,
 }
 
 /// Where a partition the group never committed starts again: what `auto.offset.reset` says.
@@ -219,23 +229,64 @@ impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {
-                let tps: Vec<Tp> = tpl
-                    .elements()
-                    .iter()
-                    .map(|e| (e.topic().to_owned(), e.partition()))
-                    .collect();
+                let tps = partitions_of(tpl);
                 tracing::info!(
                     partitions = tps.len(),
+                    list = %list(&tps),
                     "partitions revoked: finishing in-flight records and committing"
                 );
                 self.0.stop(consumer, &tps);
+                let mut st = self.0.lock();
+                for tp in &tps {
+                    st.assigned.remove(tp);
+                }
+                self.0.metrics.partitions_revoked.inc_by(tps.len() as u64);
+                self.0
+                    .metrics
+                    .assigned_partitions
+                    .set(st.assigned.len() as i64);
             }
             Rebalance::Assign(tpl) => {
-                tracing::info!(partitions = tpl.count(), "partitions assigned");
+                // Cooperative: only the partitions added; eager: the whole new assignment.
+                let tps = partitions_of(tpl);
+                let mut st = self.0.lock();
+                st.assigned.extend(tps.iter().cloned());
+                let owned: Vec<Tp> = st.assigned.iter().cloned().collect();
+                self.0.metrics.assigned_partitions.set(owned.len() as i64);
+                tracing::info!(
+                    partitions = tps.len(),
+                    list = %list(&tps),
+                    owned = %list(&owned),
+                    "partitions assigned"
+                );
             }
             Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
         }
     }
+}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+/// `topic[0,2] other[1]`, partitions sorted: the form of the rebalance log lines.
+fn list(tps: &[Tp]) -> String {
+    let mut by_topic: std::collections::BTreeMap<&str, Vec<i32>> = Default::default();
+    for (t, p) in tps {
+        by_topic.entry(t.as_str()).or_default().push(*p);
+    }
+    let parts: Vec<String> = by_topic
+        .into_iter()
+        .map(|(t, mut ps)| {
+            ps.sort_unstable();
+            let ps: Vec<String> = ps.iter().map(i32::to_string).collect();
+            format!("{t}[{}]", ps.join(","))
+        })
+        .collect();
+    parts.join(" ")
 }
 
 impl Shared {

@@ -35,6 +35,11 @@ pub struct InboxMetrics {
     /// `walbox_inbox_partition_pauses_total`: partitions paused because their backlog reached
     /// its bound (the workers are behind the fetcher).
     pub partition_pauses: IntCounter,
+    /// `walbox_inbox_assigned_partitions`: partitions this member owns now.
+    pub assigned_partitions: IntGauge,
+    /// `walbox_inbox_partitions_revoked_total`: partitions taken from this member by
+    /// rebalances; a cooperative rebalance revokes only those that move.
+    pub partitions_revoked: IntCounter,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -91,6 +96,18 @@ impl InboxMetrics {
                 "walbox_inbox_partition_pauses_total",
                 "Partitions paused because their backlog of fetched records reached its bound.",
             ),
+            assigned_partitions: register(
+                &r,
+                IntGauge::new(
+                    "walbox_inbox_assigned_partitions",
+                    "Partitions assigned to this member of the consumer group now.",
+                )
+                .expect("valid metric"),
+            ),
+            partitions_revoked: counter(
+                "walbox_inbox_partitions_revoked_total",
+                "Partitions revoked from this member by rebalances.",
+            ),
             batch_records: register(
                 &r,
                 Histogram::with_opts(
@@ -143,6 +160,8 @@ mod tests {
             "walbox_inbox_database_errors_total",
             "walbox_inbox_consumer_lag_records",
             "walbox_inbox_batch_records_bucket",
+            "walbox_inbox_assigned_partitions 0",
+            "walbox_inbox_partitions_revoked_total 0",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }

@@ -4,6 +4,7 @@
 //! retention guard, and an end-to-end run of both halves under SIGKILL.
 
 mod batch;
+mod group;
 mod lag;
 mod schema_change;
 
