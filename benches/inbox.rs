@@ -38,6 +38,8 @@
 
 #[path = "e2e/broker.rs"]
 mod broker;
+#[path = "inbox/direct.rs"]
+mod direct;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -50,7 +52,7 @@ use anyhow::{bail, Context};
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls};
 
 use walbox::inbox::config::{load_from, InboxConfig};
@@ -61,6 +63,7 @@ use walbox::sandbox::kafka::{KafkaServer, KafkaServerOptions};
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 
 use broker::BenchBroker;
+use direct::{direct_batch, insert_sql};
 
 /// Accounts, i.e. distinct keys.
 const ACCOUNTS: usize = 50;
@@ -786,65 +789,4 @@ struct Latency {
 fn records_partition(r: &Rec, partitions: i32) -> usize {
     let i: usize = r.key.trim_start_matches("acct-").parse().unwrap_or(0);
     (i % ACCOUNTS) % partitions as usize
-}
-
-/// The inbox statement walbox prepares (see `inbox::store`), written out.
-fn insert_sql(form: Form) -> &'static str {
-    match form {
-        Form::Effect => {
-            "INSERT INTO inbox (consumer, message_id) \
-             SELECT $1, u.id FROM unnest($2::text[]) WITH ORDINALITY AS u(id, n) ORDER BY u.n \
-             ON CONFLICT DO NOTHING RETURNING message_id"
-        }
-        Form::Stored => {
-            "INSERT INTO inbox (consumer, message_id, topic, kafka_partition, kafka_offset, message_key, headers, payload) \
-             SELECT $1, u.id, $3, $4, u.off, u.key, u.headers::jsonb, u.payload::jsonb \
-             FROM unnest($2::text[], $5::int8[], $6::text[], $7::text[], $8::text[]) \
-             WITH ORDINALITY AS u(id, off, key, headers, payload, n) ORDER BY u.n \
-             ON CONFLICT DO NOTHING RETURNING message_id"
-        }
-    }
-}
-
-async fn direct_batch(
-    c: &mut Client,
-    insert: &tokio_postgres::Statement,
-    effect: &tokio_postgres::Statement,
-    chunk: &[&Rec],
-    form: Form,
-) -> anyhow::Result<()> {
-    let tx = c.transaction().await?;
-    let ids: Vec<&str> = chunk.iter().map(|r| r.id.as_str()).collect();
-    let consumer = "bench";
-    match form {
-        Form::Effect => {
-            let rows = tx.query(insert, &[&consumer, &ids]).await?;
-            let new: std::collections::HashSet<String> =
-                rows.iter().map(|r| r.get::<_, String>(0)).collect();
-            let params: Vec<[&(dyn ToSql + Sync); 2]> = chunk
-                .iter()
-                .filter(|r| new.contains(&r.id))
-                .map(|r| [&r.payload as &(dyn ToSql + Sync), &r.key])
-                .collect();
-            let pending = params.iter().map(|p| tx.execute(effect, p));
-            for r in futures_util::future::join_all(pending).await {
-                r?;
-            }
-        }
-        Form::Stored => {
-            let offsets: Vec<i64> = chunk.iter().map(|r| r.offset).collect();
-            let keys: Vec<&str> = chunk.iter().map(|r| r.key.as_str()).collect();
-            let headers: Vec<&str> = chunk.iter().map(|r| r.headers.as_str()).collect();
-            let payloads: Vec<&str> = chunk.iter().map(|r| r.payload.as_str()).collect();
-            tx.query(
-                insert,
-                &[
-                    &consumer, &ids, &"topic", &0i32, &offsets, &keys, &headers, &payloads,
-                ],
-            )
-            .await?;
-        }
-    }
-    tx.commit().await?;
-    Ok(())
 }

@@ -15,6 +15,7 @@
 //! | `relay::status-sent`     | a status update confirming a new position reached the socket  |
 //! | `relay::eos-before-commit` | exactly-once: a transaction's records were sent, before its commit |
 //! | `relay::eos-committed`   | exactly-once: the Kafka transaction committed, before the frontier moves |
+//! | `layout::slots-created` | a shard layout's missing slots were created, before they are moved to one position |
 //! | `reshard::drained`       | `walbox reshard` drained the old layout up to the reshard point |
 //! | `reshard::old-slot-dropped` | `walbox reshard` dropped one of the old layout's slots       |
 //! | `inbox::batch-committed` | an inbox batch committed in PostgreSQL, before its offsets move |

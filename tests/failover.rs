@@ -500,8 +500,8 @@ fn both_hosts_without_session_attrs_reach_the_primary_and_the_synchronized_copy_
     let line = |name: &str| {
         out.lines()
             .find(|l| {
-                l.get(6..)
-                    .is_some_and(|l| l.starts_with(&format!("{name} ")))
+                l.split_once(' ')
+                    .is_some_and(|(_, l)| l.trim_start().starts_with(&format!("{name} ")))
             })
             .unwrap_or_else(|| panic!("no {name} check in:\n{out}"))
             .to_owned()
@@ -538,7 +538,11 @@ fn both_hosts_without_session_attrs_reach_the_primary_and_the_synchronized_copy_
     assert_eq!(code, 13, "{out}");
     let slot_line = out
         .lines()
-        .find(|l| l.starts_with("FAIL  slot "))
+        .find(|l| {
+            l.split_once(' ').is_some_and(|(status, rest)| {
+                status == "FAIL" && rest.trim_start().starts_with("slot ")
+            })
+        })
         .unwrap_or_else(|| panic!("the slot check does not fail:\n{out}"));
     let said = "is synchronized from the primary";
     assert!(
