@@ -206,7 +206,7 @@ async fn attempt(
         let _ = repl.close().await;
         let identity = identity?;
         for slot in &found {
-            match never_existed(&config.kafka, &progress_key(&identity, &slot.name)).await {
+            match never_existed(&config.kafka, &progress_key(&identity, &slot.name), None).await {
                 Ok(()) => {}
                 Err(RelayError::SlotGone { .. }) => return Ok(()),
                 Err(e) => return Err(e.into()),
@@ -231,12 +231,18 @@ async fn attempt(
         }
     }
     let identity = opened[0].1.identity.clone();
+    let time_column = opened[0].1.time_column(&config.outbox).await;
     for name in &missing {
-        never_existed(&config.kafka, &progress_key(&identity, name)).await?;
+        never_existed(
+            &config.kafka,
+            &progress_key(&identity, name),
+            time_column.clone(),
+        )
+        .await?;
     }
     let mut relayed = Vec::new();
     for slot in &found {
-        match never_existed(&config.kafka, &progress_key(&identity, &slot.name)).await {
+        match never_existed(&config.kafka, &progress_key(&identity, &slot.name), None).await {
             Ok(()) => {}
             Err(RelayError::SlotGone { .. }) => relayed.push(&slot.name),
             Err(e) => return Err(e.into()),

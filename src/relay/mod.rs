@@ -83,8 +83,13 @@ use error::{Recurrence, RejectedTxn, PERMANENT_AFTER};
 
 /// Whether the missing slot of `key` may be created: `Ok` when the progress topic holds no
 /// record of it (it never existed); [`RelayError::SlotGone`] when it does (it existed and is
-/// gone); [`RelayError::Progress`] (transient) when the topic cannot be read to its end.
-pub async fn never_existed(kafka: &KafkaConfig, key: &ProgressKey) -> Result<(), RelayError> {
+/// gone, its message naming `time_column` in the republish command); [`RelayError::Progress`]
+/// (transient) when the topic cannot be read to its end.
+pub async fn never_existed(
+    kafka: &KafkaConfig,
+    key: &ProgressKey,
+    time_column: Option<String>,
+) -> Result<(), RelayError> {
     let topic = kafka.progress_topic.clone();
     let (config, lookup) = (kafka.clone(), key.clone());
     let evidence = tokio::task::spawn_blocking(move || {
@@ -98,7 +103,7 @@ pub async fn never_existed(kafka: &KafkaConfig, key: &ProgressKey) -> Result<(),
             slot: key.slot.clone(),
             record: Box::new(record),
             topic,
-            time_column: None,
+            time_column,
         }),
         Err(e) => Err(RelayError::Progress(e)),
     }
@@ -433,20 +438,8 @@ impl Relay {
             None => {
                 // A missing slot is created only when the progress topic proves it never
                 // existed; see `sink::progress`.
-                match never_existed(&self.settings.kafka, &key).await {
-                    Err(RelayError::SlotGone {
-                        slot,
-                        record,
-                        topic,
-                        ..
-                    }) => {
-                        return Err(RelayError::SlotGone {
-                            slot,
-                            record,
-                            topic,
-                            time_column: self.time_column.clone(),
-                        })
-                    }
+                match never_existed(&self.settings.kafka, &key, self.time_column.clone()).await {
+                    Err(gone @ RelayError::SlotGone { .. }) => return Err(gone),
                     Ok(()) if pg.create_slot => open.create_slot(&pg.slot).await?,
                     Err(e) if pg.create_slot => return Err(e),
                     _ => {
