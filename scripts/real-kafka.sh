@@ -29,7 +29,7 @@ bash scripts/install-kafka.sh >/dev/null
 bash scripts/install-debezium.sh >/dev/null
 
 if [ "$#" -eq 0 ]; then
-  set -- exactly_once:: exactly_once_faults:: inbox:: progress:: audit:: \
+  set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: audit:: \
     kafka_security:: routing:: debezium:: relay::sigkill_at_random_points \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing
 fi

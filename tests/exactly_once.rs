@@ -1,7 +1,8 @@
 //! Exactly-once mode (`kafka.exactly_once = true`): crashes on both sides of a Kafka commit,
 //! SIGKILLs while a writer commits, a fenced zombie, faults the broker injects, and the
 //! progress record (never moved backwards, not hidden by another producer's open
-//! transaction, not trusted from another history, reset by `recreate-slot`).
+//! transaction); records of another history or slot generation are in
+//! `exactly_once_history.rs`.
 //!
 //! What needs Apache Kafka (the real-Kafka lane, `scripts/real-kafka.sh`): fencing, transaction
 //! markers (a `read_committed` reader sees each event once, a `read_uncommitted` one the
@@ -31,7 +32,12 @@ use crate::support::events::{
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
 /// The environment of a walbox in exactly-once mode.
-fn eos_env(db: &TestDb, slot: &str, brokers: &str, interval: &str) -> Vec<(String, String)> {
+pub(crate) fn eos_env(
+    db: &TestDb,
+    slot: &str,
+    brokers: &str,
+    interval: &str,
+) -> Vec<(String, String)> {
     let mut env = walbox_env(db, slot, brokers);
     env.push(("WALBOX_KAFKA_EXACTLY_ONCE".into(), "true".into()));
     env.push(("WALBOX_KAFKA_TRANSACTION_INTERVAL".into(), interval.into()));
@@ -55,12 +61,12 @@ fn progress_positions(brokers: &str, slot: &str) -> Vec<Lsn> {
         .collect()
 }
 
-struct Setup {
-    db: TestDb,
-    slot: String,
-    topic: String,
-    broker: walbox::sandbox::broker::Broker,
-    aggregates: Vec<String>,
+pub(crate) struct Setup {
+    pub db: TestDb,
+    pub slot: String,
+    pub topic: String,
+    pub broker: walbox::sandbox::broker::Broker,
+    pub aggregates: Vec<String>,
 }
 
 /// Whether `broker` completes a Kafka transaction (tansu 0.6, for one, has no EndTxn).
@@ -92,7 +98,7 @@ fn transactions_supported(broker: &walbox::sandbox::broker::Broker) -> bool {
 }
 
 /// `None` when the broker cannot run exactly-once mode (the test is then skipped).
-fn setup(tag: &str) -> Option<Setup> {
+pub(crate) fn setup(tag: &str) -> Option<Setup> {
     let db = TestDb::new(tag);
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 4);
@@ -342,88 +348,6 @@ fn another_producers_open_transaction_does_not_hide_newer_progress_records() {
     );
 }
 
-/// Writes a progress record for `t`'s slot at `lsn`, outside any transaction, as another
-/// walbox would have.
-fn write_progress_record(t: &Setup, lsn: &str) {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let system =
-        t.db.sql("SELECT system_identifier FROM pg_control_system()");
-    let key = format!("{system}/{}/{}", t.db.name, t.slot);
-    let record = serde_json::json!({
-        "slot": t.slot, "database": t.db.name, "system_identifier": system,
-        "confirmed_lsn": lsn, "confirmed_commit_time_us": null,
-        "written_at": "2026-01-01T00:00:00Z",
-    });
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", t.broker.bootstrap_servers())
-        .create()
-        .expect("producer");
-    producer
-        .send(
-            BaseRecord::to("walbox.progress")
-                .key(&key)
-                .payload(&record.to_string()),
-        )
-        .map_err(|(e, _)| e)
-        .expect("send");
-    producer.flush(Duration::from_secs(30)).expect("flush");
-}
-
-/// Issue: after the slot-lost runbook (`recreate-slot`, then `run`), the old slot's progress
-/// record still said where Kafka was; new transactions below it were skipped as relayed.
-#[test]
-fn recreate_slot_resets_the_progress_record() {
-    let Some(t) = setup("eos_reset") else {
-        return;
-    };
-    let brokers = t.broker.bootstrap_servers();
-    // The old slot's record: 16 MB of WAL ahead of now, reached before walbox runs again.
-    let now: Lsn = t.db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
-    let ahead = Lsn::from(now.as_u64() + 0x100_0000);
-    write_progress_record(&t, &ahead.to_string());
-    let env = eos_env(&t.db, &t.slot, &brokers, "1ms");
-    let (code, out) = support::walbox_cmd(&["recreate-slot", "--confirm-data-loss"], &env);
-    assert_eq!(code, 0, "{out}");
-    write_txns(&t.db, &t.topic, &t.aggregates, 2);
-    t.db.sql(
-        "INSERT INTO payments (wallet_id, amount) SELECT 'w', g FROM generate_series(1, 300000) g",
-    );
-    let past: Lsn = t.db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
-    assert!(
-        past > ahead,
-        "the server's WAL passed the old record: {past} ≤ {ahead}"
-    );
-    let mut walbox = Walbox::spawn(&env);
-    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
-    let all = wait_for_all(&mut reader, &t.db, &walbox);
-    stop_and_read_exactly(&mut walbox, &mut reader, &all);
-}
-
-/// Issue: the progress record's key survives a point-in-time restore or a promoted standby,
-/// which reuse LSNs; a record from that other history, far ahead of the server, made every new
-/// transaction below it "already in Kafka": new rows lost without an error.
-#[test]
-fn a_progress_record_beyond_the_servers_wal_is_not_trusted() {
-    let Some(t) = setup("eos_history") else {
-        return;
-    };
-    let brokers = t.broker.bootstrap_servers();
-    write_progress_record(&t, "FF/0");
-    let env = eos_env(&t.db, &t.slot, &brokers, "1ms");
-    write_txns(&t.db, &t.topic, &t.aggregates, 2);
-    let mut walbox = Walbox::spawn(&env);
-    let mut reader = TopicReader::new(&brokers, &[&t.topic], WAIT).unwrap();
-    write_txns(&t.db, &t.topic, &t.aggregates, 2);
-    let all = wait_for_all(&mut reader, &t.db, &walbox);
-    stop_and_read_exactly(&mut walbox, &mut reader, &all);
-    assert!(
-        walbox.log().contains("of another history"),
-        "{}",
-        walbox.log()
-    );
-}
-
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_crash_inside_a_kafka_transaction_confirms_nothing_of_it() {
@@ -516,7 +440,7 @@ fn transactional_id(db: &TestDb, slot: &str) -> String {
 }
 
 /// Waits until every outbox row of `db` is in `reader`'s topic.
-fn wait_for_all(reader: &mut TopicReader, db: &TestDb, walbox: &Walbox) -> HashSet<i64> {
+pub(crate) fn wait_for_all(reader: &mut TopicReader, db: &TestDb, walbox: &Walbox) -> HashSet<i64> {
     let all = outbox_ids(db);
     await_distinct(reader, all.len(), walbox);
     all

@@ -15,6 +15,7 @@ mod debezium;
 mod deploy;
 mod exactly_once;
 mod exactly_once_faults;
+mod exactly_once_history;
 mod failover;
 mod failures;
 mod faults;

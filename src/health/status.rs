@@ -378,10 +378,10 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
     println!("recreated replication slot {name:?}");
     // The old slot's record would otherwise still say where Kafka is: in exactly-once mode,
     // new transactions below it would be skipped as already relayed.
-    if let Some(key) = progress_key(&config.postgres.conn, &config.postgres.slot).await {
+    if let Some((key, timeline)) = identify(&config.postgres.conn, &config.postgres.slot).await {
         let kafka = config.kafka.clone();
         let reset = tokio::task::spawn_blocking(move || {
-            write_reset(&kafka, &key, new, Duration::from_secs(30))
+            write_reset(&kafka, &key, timeline, new, Duration::from_secs(30))
         })
         .await;
         let failed = match reset {
@@ -430,19 +430,21 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
     Ok(())
 }
 
-/// The progress key of `slot` on the server `conn` names, when the server answers.
-async fn progress_key(conn: &ConnInfo, slot: &str) -> Option<ProgressKey> {
+/// The progress key of `slot` on the server `conn` names, and the server's timeline, when the
+/// server answers.
+async fn identify(conn: &ConnInfo, slot: &str) -> Option<(ProgressKey, u32)> {
     let mut repl = ReplicationConnection::connect(conn).await.ok()?;
     let identity = repl.identify_system().await.ok()?;
     // Terminate, so the server logs no unexpected EOF.
     if let Err(e) = repl.close().await {
         tracing::debug!(error = %e, "closing the replication connection");
     }
-    Some(ProgressKey {
+    let key = ProgressKey {
         system_identifier: identity.system_id,
         database: identity.dbname.unwrap_or_default(),
         slot: slot.to_owned(),
-    })
+    };
+    Some((key, identity.timeline))
 }
 
 /// The newest progress record of `slot` on the server `conn` names, when Kafka and the server
@@ -452,7 +454,7 @@ pub async fn last_progress(
     slot: &str,
     kafka: &KafkaConfig,
 ) -> Option<ProgressRecord> {
-    let key = progress_key(conn, slot).await?;
+    let (key, _) = identify(conn, slot).await?;
     let kafka = kafka.clone();
     let read = tokio::task::spawn_blocking(move || {
         read_last(&kafka, &key, std::time::Duration::from_secs(30))

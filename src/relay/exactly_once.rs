@@ -22,9 +22,10 @@
 //!   fences every earlier producer of the slot (and aborts what it left open) before the
 //!   progress topic is read `read_committed`, so the record read is the last one committed.
 //!   Every PostgreSQL transaction whose commit LSN is below it is already in Kafka: what
-//!   PostgreSQL sends again below it is skipped (counted, not produced). A record beyond the
-//!   server's WAL position (IDENTIFY_SYSTEM's `xlogpos`) is of another history and ignored:
-//!   duplicates rather than silent loss. This closes the window
+//!   PostgreSQL sends again below it is skipped (counted, not produced). The record is trusted
+//!   only as far as it is of the server's timeline history and of this generation of the slot
+//!   (see [`lineage`]): a record of another history is ignored or cut at the point where the
+//!   histories part, duplicates rather than silent loss. This closes the window
 //!   between a Kafka commit and the status update that confirms it. It relies on the broker
 //!   hiding the records of aborted transactions from `read_committed` readers, as Kafka does;
 //!   on a broker that does not, it still loses nothing, because a transaction's progress
@@ -43,6 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::RelayError;
+use super::lineage::{self, ServerHistory, Trust};
 use super::{Relay, Session};
 use crate::config::ExactlyOnce;
 use crate::failure::Classify;
@@ -132,7 +134,7 @@ impl Relay {
         &mut self,
         key: &ProgressKey,
         bounds: ExactlyOnce,
-        server_at: Lsn,
+        server: &ServerHistory,
     ) -> Result<KafkaTxn, RelayError> {
         let id = transactional_id(key);
         let acks = Arc::new(AckQueue::default());
@@ -156,25 +158,34 @@ impl Relay {
             ))
         })
         .map_err(|e| RelayError::Transaction(TxnError::Progress(e)))?;
-        // A record beyond the server's WAL position cannot be of this server's history (a
-        // point-in-time restore, a promoted asynchronous standby that lags, reusing LSNs):
-        // trusting it would skip new transactions as "already in Kafka".
-        let record = record.filter(|r| {
-            let ours = r.confirmed_lsn <= server_at;
-            if !ours {
-                tracing::warn!(
-                    recorded = %r.confirmed_lsn, server_at = %server_at,
-                    "the last progress record lies beyond the server's WAL position: it is of another history (a restore or a promoted standby); ignored, so transactions may be sent again"
-                );
-            }
-            ours
-        });
-        let (skip_below, skip_commit_time) = record.map_or((Lsn::ZERO, None), |r| {
-            let time = r
-                .confirmed_commit_time_us
-                .map(crate::timestamp::unix_micros_to_pg_micros);
-            (r.confirmed_lsn, time)
-        });
+        // A record of another history or slot generation (a point-in-time restore, a promoted
+        // asynchronous standby that lags, a slot made again: LSNs reused) would skip new
+        // transactions as "already in Kafka": it is trusted only as far as it is ours.
+        let (skip_below, skip_commit_time) = match record {
+            None => (Lsn::ZERO, None),
+            Some(r) => match lineage::trust(&r, server) {
+                Trust::Whole => {
+                    let time = r
+                        .confirmed_commit_time_us
+                        .map(crate::timestamp::unix_micros_to_pg_micros);
+                    (r.confirmed_lsn, time)
+                }
+                Trust::Until(switchpoint) => {
+                    tracing::warn!(
+                        recorded = %r.confirmed_lsn, timeline = r.timeline, trusted_up_to = %switchpoint,
+                        "the last progress record is of an earlier timeline and lies beyond the point where the server's history left it; trusted only up to that point, so transactions after it may be sent again"
+                    );
+                    (switchpoint, None)
+                }
+                Trust::Ignored(reason) => {
+                    tracing::warn!(
+                        recorded = %r.confirmed_lsn, timeline = r.timeline, slot_floor = ?r.slot_floor,
+                        "the last progress record is ignored: {reason}; so transactions may be sent again, none is skipped"
+                    );
+                    (Lsn::ZERO, None)
+                }
+            },
+        };
         tracing::info!(transactional_id = %id, committed = %skip_below, "exactly-once mode: kafka transactions ready");
         Ok(KafkaTxn {
             id,

@@ -55,6 +55,7 @@ use tokio::sync::watch;
 pub mod checkpoint;
 mod error;
 mod exactly_once;
+mod lineage;
 mod publish;
 mod stream;
 
@@ -69,7 +70,9 @@ use crate::metrics::{Health, Metrics};
 use crate::outbox::{EventPosition, OutboxMapper};
 use crate::pg::control::connect_control;
 use crate::sink::kafka::{Ack, AckQueue, KafkaSink, SinkError};
-use crate::sink::progress::{self, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
+use crate::sink::progress::{
+    self, Lineage, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL,
+};
 use crate::sink::topics::Topics;
 use crate::sink::transaction::{self, is_fencing, transactional_id, TxnError};
 use crate::source::catalog::{self, CatalogError};
@@ -223,6 +226,8 @@ pub struct Relay {
     recurrence: Option<Recurrence>,
     /// Which slot the progress records are about (known once a session identified the server).
     progress_key: Option<ProgressKey>,
+    /// The timeline and slot generation the session's progress records are written on.
+    lineage: Lineage,
     /// The position of the last progress record handed to the producer, and when.
     progress_lsn: Lsn,
     progress_at: Option<Instant>,
@@ -260,6 +265,7 @@ impl Relay {
             made_progress: false,
             recurrence: None,
             progress_key: None,
+            lineage: Lineage::default(),
             progress_lsn: Lsn::ZERO,
             progress_at: None,
             confirmed_commit_time: None,
@@ -465,15 +471,29 @@ impl Relay {
         let messages = self.settings.heartbeats
             || self.settings.outbox.messages.is_some()
             || pg.drain_to.is_some();
-        // The server's WAL position: no progress record of this history can be beyond it.
-        let server_at = open.identity.xlogpos;
+        self.lineage = Lineage {
+            timeline: open.identity.timeline,
+            slot_floor: slot.confirmed_flush_lsn,
+        };
+        // Exactly-once trusts the last progress record only as far as it is of this history
+        // and this slot (`lineage`).
+        let server = match self.settings.kafka.exactly_once {
+            Some(_) => Some(lineage::ServerHistory {
+                timelines: open.timeline_history().await?,
+                wal_at: open.identity.xlogpos,
+                slot_confirmed: slot.confirmed_flush_lsn,
+            }),
+            None => None,
+        };
         let stream = open.start(pg, start, messages).await?;
         // Exactly-once: only once this process holds the slot does it fence the previous
         // producer and read what that one committed (a second process that cannot get the
         // slot must not stop the one streaming).
-        let eos = match self.settings.kafka.exactly_once {
-            Some(bounds) => Some(self.begin_exactly_once(&eos_key, bounds, server_at).await?),
-            None => None,
+        let eos = match (self.settings.kafka.exactly_once, server) {
+            (Some(bounds), Some(server)) => {
+                Some(self.begin_exactly_once(&eos_key, bounds, &server).await?)
+            }
+            _ => None,
         };
         self.health.set_ready(true);
         self.health.set_blocked(None);
@@ -667,7 +687,7 @@ impl Relay {
         lsn: Lsn,
         commit_time: Option<i64>,
     ) -> Result<(), SinkError> {
-        let record = ProgressRecord::new(key, lsn, commit_time);
+        let record = ProgressRecord::new(key, self.lineage, lsn, commit_time);
         // Strings and integers only: encoding cannot fail.
         let value = serde_json::to_vec(&record).unwrap_or_default();
         self.sink.send_progress(

@@ -7,7 +7,29 @@
 //! compacted Kafka topic (`kafka.progress_topic`, default `walbox.progress`), keyed by
 //! `<system identifier>/<database>/<slot>` so that deployments sharing a Kafka cluster do not
 //! see each other's records. The value is JSON ([`ProgressRecord`]): the position last
-//! confirmed to PostgreSQL and the commit time of the newest transaction confirmed.
+//! confirmed to PostgreSQL, the commit time of the newest transaction confirmed, and where that
+//! position is valid ([`Lineage`]): the server's timeline (`IDENTIFY_SYSTEM`) and the slot's
+//! generation.
+//!
+//! # Timeline and slot generation
+//! The key survives what reuses LSNs for other transactions: a promoted standby, a
+//! point-in-time restore (both start a new timeline), a slot made again on a restored server.
+//! A position is only meaningful on its own history, so each record says which:
+//! - `timeline`: the timeline of the server the writer streamed from. PostgreSQL's timeline
+//!   history (`TIMELINE_HISTORY`) says how far an earlier timeline is the current one's WAL.
+//! - `slot_floor`, the slot's generation: the slot's `confirmed_flush_lsn` when the writing
+//!   session started (for a slot just made, the point it was made at). PostgreSQL gives a slot
+//!   no identity of its own (no id, no creation time), but a slot never confirms less than it
+//!   once did; a slot found below a record's floor is another slot of that name (dropped and
+//!   made again, or brought back by a restore). Unlike a counter kept in the topic, it is
+//!   checked against the slot itself, and it needs nothing stored in the database.
+//!
+//! Exactly-once mode judges the record it reads at start with both (`relay::lineage`); a
+//! record of an older walbox has neither field and counts as timeline unknown: trusted on
+//! timeline 1 only (where no promotion or archive recovery ever forked the history), ignored
+//! on a later timeline (so the cost of an old record is duplicates, never a skip).
+//! `walbox recreate-slot` writes a reset record at the new slot's start, with its timeline and
+//! generation.
 //!
 //! # Invariants
 //! - A record is written when a session starts streaming (so a slot walbox has just created is
@@ -64,11 +86,36 @@ pub struct ProgressRecord {
     pub confirmed_commit_time_us: Option<i64>,
     /// When the record was written, RFC 3339.
     pub written_at: String,
+    /// `IDENTIFY_SYSTEM`'s timeline of the server the writer streamed from (`None`: written by
+    /// a walbox that did not record it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
+    /// The slot's generation: its `confirmed_flush_lsn` when the writing session started (a
+    /// slot walbox or `recreate-slot` just made: the point it was made at). The same slot never
+    /// confirms less again; a slot below it is another one of that name (`None`: not recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_floor: Option<Lsn>,
+}
+
+/// Where a record's positions are valid: the timeline and the slot generation of the session
+/// that writes it (see [`ProgressRecord::timeline`] and [`ProgressRecord::slot_floor`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lineage {
+    /// The server's timeline.
+    pub timeline: u32,
+    /// The slot's confirmed position when the session started.
+    pub slot_floor: Lsn,
 }
 
 impl ProgressRecord {
-    /// A record for `key`'s slot at `confirmed_lsn`; `commit_time` in PostgreSQL microseconds.
-    pub fn new(key: &ProgressKey, confirmed_lsn: Lsn, commit_time: Option<i64>) -> Self {
+    /// A record for `key`'s slot at `confirmed_lsn`, written on `lineage`; `commit_time` in
+    /// PostgreSQL microseconds.
+    pub fn new(
+        key: &ProgressKey,
+        lineage: Lineage,
+        confirmed_lsn: Lsn,
+        commit_time: Option<i64>,
+    ) -> Self {
         ProgressRecord {
             slot: key.slot.clone(),
             database: key.database.clone(),
@@ -76,6 +123,8 @@ impl ProgressRecord {
             confirmed_lsn,
             confirmed_commit_time_us: commit_time.map(pg_micros_to_unix_micros),
             written_at: rfc3339_now(),
+            timeline: Some(lineage.timeline),
+            slot_floor: Some(lineage.slot_floor),
         }
     }
 
@@ -255,6 +304,8 @@ pub fn read_last(
                                 confirmed_lsn: Lsn::ZERO,
                                 confirmed_commit_time_us: None,
                                 written_at: "unknown".into(),
+                                timeline: None,
+                                slot_floor: None,
                             })
                         }
                     }
@@ -294,10 +345,12 @@ pub fn read_last(
 
 /// Writes `key`'s progress record at `at` outside any transaction (visible to every reader at
 /// once; blocking, at most `timeout`): `walbox recreate-slot`'s reset record, so that the new
-/// slot is never measured against a record of the one it replaces.
+/// slot is never measured against a record of the one it replaces. Its generation is the new
+/// slot's start `at`, on the server's `timeline`.
 pub fn write_reset(
     config: &KafkaConfig,
     key: &ProgressKey,
+    timeline: u32,
     at: Lsn,
     timeout: Duration,
 ) -> Result<(), ProgressError> {
@@ -316,7 +369,11 @@ pub fn write_reset(
         cc.set(k, v);
     }
     let producer: BaseProducer = cc.create().map_err(kafka)?;
-    let record = ProgressRecord::new(key, at, None);
+    let lineage = Lineage {
+        timeline,
+        slot_floor: at,
+    };
+    let record = ProgressRecord::new(key, lineage, at, None);
     // Strings and integers only: encoding cannot fail.
     let value = serde_json::to_vec(&record).unwrap_or_default();
     let record_key = key.record_key();
@@ -412,12 +469,24 @@ mod tests {
         assert_eq!(key.record_key(), "7300000000000000001/app/walbox");
         // 2026-12-01T10:00:00Z in PostgreSQL microseconds.
         let commit = 1_796_119_200_000_000 - crate::timestamp::PG_EPOCH_OFFSET_MICROS;
-        let r = ProgressRecord::new(&key, "0/16B3748".parse().unwrap(), Some(commit));
+        let lineage = Lineage {
+            timeline: 2,
+            slot_floor: "0/1000000".parse().unwrap(),
+        };
+        let r = ProgressRecord::new(&key, lineage, "0/16B3748".parse().unwrap(), Some(commit));
         let json = serde_json::to_vec(&r).unwrap();
         let back: ProgressRecord = serde_json::from_slice(&json).unwrap();
         assert_eq!(back, r);
         assert_eq!(r.confirmed_commit_time(), "2026-12-01T10:00:00.000Z");
         assert_eq!(r.republish_since(), "2026-12-01T09:50:00Z");
+        assert_eq!(
+            (r.timeline, r.slot_floor),
+            (Some(2), Some(lineage.slot_floor))
+        );
+        // An older walbox's record has neither: it still reads.
+        let old = br#"{"slot":"walbox","database":"app","system_identifier":"1","confirmed_lsn":"0/10","confirmed_commit_time_us":null,"written_at":"x"}"#;
+        let old: ProgressRecord = serde_json::from_slice(old).unwrap();
+        assert_eq!((old.timeline, old.slot_floor), (None, None));
     }
 
     #[test]

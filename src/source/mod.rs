@@ -1,7 +1,7 @@
 //! PostgreSQL side: WAL → [`pgoutput::LogicalMessage`]. Start-up checks and set-up
 //! ([`catalog`]), opening a slot session ([`session`]), the replication connection and its CopyBoth stream ([`replication`]), the
-//! pgoutput decoder ([`pgoutput`]), slot health readings ([`slot`]) and what decoding on a
-//! standby changes ([`standby`]).
+//! pgoutput decoder ([`pgoutput`]), slot health readings ([`slot`]), what decoding on a
+//! standby changes ([`standby`]) and timeline histories ([`timeline`]).
 
 pub mod catalog;
 pub mod pgoutput;
@@ -9,3 +9,4 @@ pub mod replication;
 pub mod session;
 pub mod slot;
 pub mod standby;
+pub mod timeline;

@@ -62,6 +62,7 @@ use postgres_protocol::escape::escape_identifier;
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 
+use super::timeline::TimelineHistory;
 use crate::config::conninfo::ConnInfo;
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
@@ -381,6 +382,24 @@ impl ReplicationConnection {
                 .map_err(|_| protocol(format!("invalid xlogpos {xlogpos:?}")))?,
             dbname: row[3].clone(),
         })
+    }
+
+    /// The current timeline's ancestors (`TIMELINE_HISTORY`; timeline 1 has none).
+    pub async fn timeline_history(
+        &mut self,
+        current: u32,
+    ) -> Result<TimelineHistory, ReplicationError> {
+        if current <= 1 {
+            return Ok(TimelineHistory::root(current));
+        }
+        let rows = self
+            .simple_query(&format!("TIMELINE_HISTORY {current}"))
+            .await?;
+        let content = rows
+            .first()
+            .and_then(|r| r.get(1).cloned().flatten())
+            .ok_or_else(|| protocol("TIMELINE_HISTORY returned no content"))?;
+        TimelineHistory::parse(current, &content).map_err(|e| protocol(e.to_string()))
     }
 
     /// Creates a logical slot using pgoutput, without exporting a snapshot

@@ -133,6 +133,13 @@ impl OpenSession {
             .flatten()
     }
 
+    /// The ancestors of the server's current timeline (see [`crate::source::timeline`]).
+    pub async fn timeline_history(
+        &mut self,
+    ) -> Result<crate::source::timeline::TimelineHistory, OpenError> {
+        Ok(self.repl.timeline_history(self.identity.timeline).await?)
+    }
+
     /// Creates the missing slot (pgoutput, no snapshot) and reads it back. On a standby the
     /// creation waits for a running-transactions record from the primary, asked for through
     /// `postgres.primary_url` (see [`standby::while_slot_is_created`]).

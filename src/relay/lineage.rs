@@ -1,0 +1,176 @@
+//! Whether the progress record read at an exactly-once start describes the WAL history and
+//! the slot this session streams: only then may its position skip transactions as "already in
+//! Kafka".
+//!
+//! The record's key (system identifier, database, slot) survives what reuses LSNs for other
+//! transactions: a promoted asynchronous standby that lagged, a point-in-time restore, a slot
+//! dropped and made again by hand on a restored server. Trusting a record of that other history
+//! skips new transactions below it: rows lost without an error. Ignoring a record costs at most
+//! the transactions PostgreSQL sends again from the slot's confirmed position: duplicates.
+//!
+//! # Invariants
+//! - A record is trusted only up to where its history is the server's (see
+//!   [`crate::source::timeline`]): whole when written on the current timeline; on an ancestor
+//!   timeline, up to the point where the current history left it (below it both are one WAL);
+//!   not at all from a timeline outside the current history.
+//! - A record without a timeline (written by an older walbox) is trusted only on timeline 1,
+//!   where no promotion or archive recovery has ever forked the history; on a later timeline it
+//!   may be of the history before the fork, and is ignored.
+//! - A record whose slot generation ([`ProgressRecord::slot_floor`]: the slot's confirmed
+//!   position when the writing session started) lies beyond the slot's confirmed position now
+//!   is of another generation of the slot (recreated, or restored from a backup): a slot's
+//!   confirmed position never goes back.
+//! - A record beyond the server's WAL position is never trusted (a history that has not yet
+//!   written that far cannot have confirmed it).
+//! - What is not trusted is logged with the reason; the session then skips nothing.
+
+use crate::lsn::Lsn;
+use crate::sink::progress::ProgressRecord;
+use crate::source::timeline::{Ancestry, TimelineHistory};
+
+/// What the server says at session start, against which a record is judged.
+#[derive(Debug, Clone)]
+pub struct ServerHistory {
+    /// The current timeline's ancestors.
+    pub timelines: TimelineHistory,
+    /// `IDENTIFY_SYSTEM`'s WAL position.
+    pub wal_at: Lsn,
+    /// The slot's `confirmed_flush_lsn` as the session found (or made) it.
+    pub slot_confirmed: Lsn,
+}
+
+/// How much of a progress record a session may trust.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// Its position, and its commit time.
+    Whole,
+    /// Only up to this position (where the current history left the record's timeline); the
+    /// commit time there is not known.
+    Until(Lsn),
+    /// Nothing: the reason.
+    Ignored(String),
+}
+
+/// How much of `record` the session on `server` may trust.
+pub fn trust(record: &ProgressRecord, server: &ServerHistory) -> Trust {
+    let current = server.timelines.current;
+    let at = record.confirmed_lsn;
+    let limit = match record.timeline {
+        None if current == 1 => None,
+        None => {
+            return Trust::Ignored(format!(
+                "it names no timeline (an older walbox wrote it) and the server is on timeline {current}: it may be of the history before a promotion or a restore"
+            ))
+        }
+        Some(t) => match server.timelines.ancestry(t) {
+            Ancestry::Current => None,
+            Ancestry::Ancestor { switchpoint } => {
+                if record.slot_floor.is_some_and(|f| f > switchpoint) {
+                    return Trust::Ignored(format!(
+                        "it is of a slot on timeline {t} made after the server's history left that timeline at {switchpoint}"
+                    ));
+                }
+                Some(switchpoint)
+            }
+            Ancestry::Foreign => {
+                return Trust::Ignored(format!(
+                    "it is of timeline {t}, which is not in the history of the server's timeline {current} (another branch: a promoted standby or a restore)"
+                ))
+            }
+        },
+    };
+    if let Some(floor) = record.slot_floor.filter(|f| *f > server.slot_confirmed) {
+        return Trust::Ignored(format!(
+            "it is of another generation of the slot: its writer found the slot at {floor}, the slot is at {} now (it was recreated, or restored from a backup)",
+            server.slot_confirmed
+        ));
+    }
+    match limit {
+        Some(switchpoint) if at > switchpoint => Trust::Until(switchpoint),
+        _ if at > server.wal_at => Trust::Ignored(format!(
+            "it lies beyond the server's WAL position {}: it is of another history (a restore or a promoted standby)",
+            server.wal_at
+        )),
+        _ => Trust::Whole,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lsn(text: &str) -> Lsn {
+        text.parse().unwrap()
+    }
+
+    fn record(at: &str, timeline: Option<u32>, floor: Option<&str>) -> ProgressRecord {
+        ProgressRecord {
+            slot: "s".into(),
+            database: "d".into(),
+            system_identifier: "1".into(),
+            confirmed_lsn: lsn(at),
+            confirmed_commit_time_us: Some(1),
+            written_at: "x".into(),
+            timeline,
+            slot_floor: floor.map(lsn),
+        }
+    }
+
+    fn server(current: u32, history: &str, wal_at: &str, slot: &str) -> ServerHistory {
+        ServerHistory {
+            timelines: TimelineHistory::parse(current, history).unwrap(),
+            wal_at: lsn(wal_at),
+            slot_confirmed: lsn(slot),
+        }
+    }
+
+    #[test]
+    fn a_record_of_the_current_timeline_and_slot_is_trusted() {
+        let s = server(1, "", "0/9000000", "0/5000000");
+        assert_eq!(
+            trust(&record("0/6000000", Some(1), Some("0/4000000")), &s),
+            Trust::Whole
+        );
+        // An older walbox's record on timeline 1: as before.
+        assert_eq!(trust(&record("0/6000000", None, None), &s), Trust::Whole);
+        // Beyond the server's WAL: never.
+        assert!(
+            matches!(trust(&record("0/A000000", Some(1), None), &s), Trust::Ignored(r) if r.contains("another history"))
+        );
+    }
+
+    #[test]
+    fn a_record_of_an_ancestor_timeline_is_trusted_up_to_where_the_history_left_it() {
+        let s = server(2, "1\t0/5000000\tpromoted\n", "0/9000000", "0/4000000");
+        assert_eq!(
+            trust(&record("0/4800000", Some(1), Some("0/4000000")), &s),
+            Trust::Whole
+        );
+        assert_eq!(
+            trust(&record("0/8000000", Some(1), Some("0/4000000")), &s),
+            Trust::Until(lsn("0/5000000"))
+        );
+        // Its slot was made on timeline 1 after the fork: not this slot.
+        assert!(matches!(
+            trust(&record("0/8000000", Some(1), Some("0/6000000")), &s),
+            Trust::Ignored(_)
+        ));
+    }
+
+    #[test]
+    fn records_of_other_branches_generations_or_unknown_timelines_are_ignored() {
+        let s = server(3, "1\t0/3000000\tx\n", "0/9000000", "0/5000000");
+        // Timeline 2 forked from 1 too, but the server's history does not pass through it.
+        assert!(
+            matches!(trust(&record("0/4000000", Some(2), None), &s), Trust::Ignored(r) if r.contains("timeline 2"))
+        );
+        // Without a timeline on timeline 3: it may be of timeline 1 or 2.
+        assert!(
+            matches!(trust(&record("0/4000000", None, None), &s), Trust::Ignored(r) if r.contains("no timeline"))
+        );
+        // The slot is behind where the record's writer found it: another generation.
+        assert!(
+            matches!(trust(&record("0/7000000", Some(3), Some("0/6000000")), &s), Trust::Ignored(r) if r.contains("generation"))
+        );
+    }
+}
