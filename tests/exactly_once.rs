@@ -70,7 +70,7 @@ pub(crate) struct Setup {
 }
 
 /// Whether `broker` completes a Kafka transaction (tansu 0.6, for one, has no EndTxn).
-fn transactions_supported(broker: &walbox::sandbox::broker::Broker) -> bool {
+pub(crate) fn transactions_supported(broker: &walbox::sandbox::broker::Broker) -> bool {
     use rdkafka::config::ClientConfig;
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     let topic = &support::unique("probe");

@@ -5,14 +5,15 @@
 //! asserts that every row reaches Kafka. The broker does not matter here: the mock cluster runs
 //! them, and the real-Kafka lane too (`scripts/real-kafka.sh`).
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
 
-use crate::exactly_once::{eos_env, setup, wait_for_all, Setup};
-use crate::support::events::{stop_and_read_exactly, write_txns};
-use crate::support::{self, Walbox, WAIT};
+use crate::exactly_once::{eos_env, setup, transactions_supported, wait_for_all, Setup};
+use crate::support::events::{distinct_ids, outbox_ids, stop_and_read_exactly, write_txns};
+use crate::support::{self, wait_until, TestDb, Walbox, WAIT};
 
 /// Writes a progress record for `t`'s slot at `lsn`, outside any transaction, as another
 /// walbox would have: with `lineage` (timeline, slot generation) as this one writes them, or
@@ -158,4 +159,129 @@ fn a_progress_record_of_another_generation_of_the_slot_is_not_trusted() {
     assert!(slot < now);
     let log = every_row_arrives(&t);
     assert!(log.contains("another generation of the slot"), "{log}");
+}
+
+/// Issue 34 (3), as it happens: an asynchronous standby that lags holds the failover slot
+/// (PostgreSQL 17+); walbox relays on the primary past what the standby received; the primary
+/// crashes and the standby is promoted (timeline 2). The last progress record, of timeline 1,
+/// lies beyond the point where timeline 2 began, and the new primary writes past it before
+/// walbox starts there: trusted whole, it skipped the new primary's first transactions.
+#[test]
+fn a_lagging_standby_promoted_after_a_crash_has_none_of_its_transactions_skipped() {
+    use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+    use walbox::sandbox::standby::StandbyOptions;
+    let major = match support::test_major() {
+        Some(m) if m < 17 => {
+            println!("skipped on PostgreSQL {m}: a slot survives a promotion from 17 on (failover slots)");
+            return;
+        }
+        Some(m) => m,
+        None => 17,
+    };
+    let primary: &'static PgCluster =
+        Box::leak(Box::new(support::start_cluster(PgClusterOptions {
+            major: Some(major),
+            watchdog: true,
+            ..Default::default()
+        })));
+    let standby: &'static PgCluster = Box::leak(Box::new(
+        primary
+            .start_standby(StandbyOptions {
+                watchdog: true,
+                settings: vec![("sync_replication_slots".into(), "on".into())],
+            })
+            .expect("start the standby"),
+    ));
+    let db = TestDb::on(primary, "eos_promoted");
+    let replica = db.on_standby(standby);
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 3);
+    if !transactions_supported(&broker) {
+        return;
+    }
+    let brokers = broker.bootstrap_servers();
+    let aggregates: Vec<String> = (0..20).map(|i| format!("agg-{}", i % 5)).collect();
+    let mut env = eos_env(&db, &slot, &brokers, "1ms");
+    env.push(("WALBOX_POSTGRES_FAILOVER_SLOT".into(), "true".into()));
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the primary", || {
+        db.streaming(&slot)
+    });
+    let mut reader = TopicReader::new(&brokers, &[&topic], WAIT).unwrap();
+    write_txns(&db, &topic, &aggregates, 2);
+    wait_for_all(&mut reader, &db, &walbox);
+    wait_until(WAIT, "the standby to hold the synchronized slot", || {
+        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
+        replica
+            .try_sql(&format!(
+                "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .is_ok_and(|v| v == "t")
+    });
+
+    // The standby stops receiving: from here on it lags.
+    standby
+        .psql(
+            "postgres",
+            "ALTER SYSTEM SET primary_conninfo = ''; SELECT pg_reload_conf();",
+        )
+        .unwrap();
+    wait_until(WAIT, "the standby's WAL receiver to stop", || {
+        standby
+            .psql("postgres", "SELECT count(*) FROM pg_stat_wal_receiver;")
+            .is_ok_and(|n| n.trim() == "0")
+    });
+    // walbox relays what only the primary has; the progress record moves far past the standby.
+    db.sql(
+        "INSERT INTO payments (wallet_id, amount) SELECT 'w', g FROM generate_series(1, 300000) g",
+    );
+    write_txns(&db, &topic, &aggregates, 2);
+    wait_for_all(&mut reader, &db, &walbox);
+    let recorded: Lsn = db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
+    primary.crash().expect("crash the primary");
+    walbox.kill();
+    standby.promote().expect("promote the standby");
+
+    // Timeline 2's first transactions, below the old record's position; ids apart from the
+    // old primary's (which the new primary may hand out again).
+    replica.sql("SELECT setval(pg_get_serial_sequence('outbox', 'id'), 1000000)");
+    write_txns(&replica, &topic, &aggregates, 2);
+    let first: Lsn = replica.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
+    assert!(
+        first < recorded,
+        "timeline 2 starts below the record: {first} < {recorded}"
+    );
+    // The new primary's WAL passes the old record before walbox starts there.
+    wait_until(WAIT, "the new primary's WAL to pass the old record", || {
+        replica.sql("INSERT INTO payments (wallet_id, amount) VALUES ('w', 1)");
+        replica.sql("SELECT pg_switch_wal()");
+        replica
+            .sql("SELECT pg_current_wal_lsn()")
+            .parse::<Lsn>()
+            .unwrap()
+            > recorded
+    });
+
+    let mut env = eos_env(&replica, &slot, &brokers, "1ms");
+    env.push(("WALBOX_POSTGRES_FAILOVER_SLOT".into(), "true".into()));
+    let mut walbox = Walbox::spawn(&env);
+    write_txns(&replica, &topic, &aggregates, 2);
+    let new: HashSet<i64> = outbox_ids(&replica)
+        .into_iter()
+        .filter(|id| *id > 1_000_000)
+        .collect();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).is_superset(&new)),
+        "missing {:?}; log:\n{}",
+        new.difference(&distinct_ids(&reader.records))
+            .collect::<Vec<_>>(),
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    assert!(
+        walbox.log().contains("earlier timeline"),
+        "{}",
+        walbox.log()
+    );
 }
