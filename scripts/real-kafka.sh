@@ -15,7 +15,8 @@
 # inbox's consumer group (rebalances, restarts, the retention guard), the
 # progress topic and the start-up decision read from it, `walbox audit`,
 # SASL/SCRAM handshakes (plain and over TLS), routing with topic creation,
-# the Debezium differential test (Kafka Connect standalone with the Debezium
+# the progress topic's cleanup policy in `walbox check`, the Debezium
+# differential test (Kafka Connect standalone with the Debezium
 # PostgreSQL connector, from scripts/install-debezium.sh), and the core
 # relay's SIGKILL test. Ignored tests (those needing a real
 # broker) run too. Tests that inject broker faults need the mock cluster and
@@ -31,7 +32,8 @@ bash scripts/install-debezium.sh >/dev/null
 if [ "$#" -eq 0 ]; then
   set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: audit:: \
     kafka_security:: routing:: debezium:: relay::sigkill_at_random_points \
-    check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing
+    check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \
+    check_kafka::the_progress_topic_must_be_compacted check::everything_passes
 fi
 
 log=$(mktemp -t walbox-kafka-broker.XXXXXX.log)

@@ -198,3 +198,64 @@ fn a_transaction_log_needing_more_brokers_fails_with_its_setting() {
         ],
     );
 }
+
+/// Issue 34: a progress topic made by hand with `delete` retention loses an idle slot's
+/// evidence. Each policy on Apache Kafka (the mock cluster does not answer DescribeConfigs).
+#[test]
+fn the_progress_topic_must_be_compacted() {
+    let Some(server) = support::kafka::apache() else {
+        eprintln!("needs Apache Kafka (WALBOX_TEST_KAFKA=apache): the mock cluster does not answer DescribeConfigs; skipped");
+        return;
+    };
+    let broker = walbox::sandbox::broker::Broker::External(server.bootstrap_servers());
+    let db = TestDb::new("check_policy");
+    db.create_slot_and_publication(&db.name);
+    let env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    let policy = "progress topic cleanup.policy";
+    let with_progress = |tag: &str, configs: &[(&str, &str)]| {
+        let topic = format!("progress_{tag}_{}", db.name);
+        broker
+            .create_topic_with(&topic, 1, configs)
+            .expect("create a progress topic");
+        check(
+            &with(env.clone(), "WALBOX_KAFKA_PROGRESS_TOPIC", &topic),
+            &[],
+        )
+    };
+    let run = with_progress(
+        "delete",
+        &[("cleanup.policy", "delete"), ("retention.ms", "3600000")],
+    );
+    run.failed();
+    run.expect(
+        policy,
+        "FAIL",
+        &[
+            "cleanup.policy=delete, retention.ms=3600000",
+            "evidence that the slot existed",
+            "--alter --entity-type topics --entity-name progress_delete_",
+            "--add-config cleanup.policy=compact",
+        ],
+    );
+    let run = with_progress(
+        "forever",
+        &[("cleanup.policy", "delete"), ("retention.ms", "-1")],
+    );
+    run.expect(
+        policy,
+        "WARN",
+        &["retention.ms=-1", "cleanup.policy=compact"],
+    );
+    let run = with_progress("compact", &[("cleanup.policy", "compact")]);
+    run.expect(policy, "ok", &["cleanup.policy=compact"]);
+    // A topic that does not exist yet (walbox creates it compacted): nothing to check.
+    let run = check(
+        &with(
+            with(env.clone(), "WALBOX_KAFKA_PROGRESS_TOPIC", "progress_none"),
+            "WALBOX_KAFKA_CREATE_TOPICS",
+            "true",
+        ),
+        &[],
+    );
+    assert!(!run.stdout.contains(policy), "{}", run.stdout);
+}

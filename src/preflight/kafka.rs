@@ -12,6 +12,14 @@
 //! coordinator). Its transactional id is [`PROBE_TRANSACTIONAL_ID`] and this process's id, never
 //! the id a running walbox derives from its slot: initialising that one would fence it.
 //!
+//! The progress topic, when it exists, must be compacted (`cleanup.policy=compact`): it is the
+//! evidence that a slot existed, and under `delete` an idle slot's only record is deleted after
+//! `retention.ms`, after which a lost slot would be created again without a word (and
+//! exactly-once mode would send its last transactions again). The check reads the topic's
+//! configuration (DescribeConfigs): `delete` with a finite retention fails, `delete` that keeps
+//! records forever warns (the topic then grows by every record), a configuration it cannot read
+//! warns with the command that shows it.
+//!
 //! What only a real cluster can show is left to it: the right to create topics (the check says
 //! that walbox will create them, not that it may) and topics rendered from row values, which
 //! are known only when their first event comes.
@@ -33,6 +41,7 @@ use crate::sink::kafka::DEFAULT_PROPERTIES;
 const BROKERS: &str = "kafka brokers";
 const IDEMPOTENCE: &str = "idempotent producer";
 const TRANSACTIONS: &str = "kafka transactions";
+const PROGRESS_POLICY: &str = "progress topic cleanup.policy";
 
 /// The prefix of the transactional id the transactions check initialises (then `/<pid>`): under
 /// the `walbox/` prefix of the relay's own ids, so a prefixed ACL covers both.
@@ -55,15 +64,96 @@ pub async fn checks(config: &Config) -> Vec<Check> {
         topics.push(config.kafka.progress_topic.clone());
     }
     let kafka = config.kafka.clone();
-    tokio::task::spawn_blocking(move || blocking_checks(&kafka, &topics))
+    let (mut out, progress_exists) =
+        tokio::task::spawn_blocking(move || blocking_checks(&kafka, &topics))
+            .await
+            .unwrap_or_else(|e| {
+                let stopped = Check::fail(
+                    BROKERS,
+                    format!("the Kafka checks stopped: {e}"),
+                    "report a bug, with this line",
+                );
+                (vec![stopped], false)
+            });
+    if progress_exists {
+        out.push(progress_policy(&config.kafka).await);
+    }
+    out
+}
+
+/// The progress topic's `cleanup.policy` (see the module docs).
+async fn progress_policy(kafka: &KafkaConfig) -> Check {
+    let topic = kafka.progress_topic.as_str();
+    let fix = format!(
+        "kafka-configs.sh --bootstrap-server {} --alter --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact",
+        kafka.brokers
+    );
+    let (policy, retention) = match topic_config(kafka, topic, &["cleanup.policy", "retention.ms"])
         .await
-        .unwrap_or_else(|e| {
-            vec![Check::fail(
-                BROKERS,
-                format!("the Kafka checks stopped: {e}"),
-                "report a bug, with this line",
-            )]
-        })
+    {
+        Ok(values) => (values[0].clone(), values[1].clone()),
+        Err(e) => {
+            return Check::warn(
+                PROGRESS_POLICY,
+                format!("cannot read the configuration of topic {topic:?} (DescribeConfigs): {e}"),
+                format!("check it is compact (kafka-configs.sh --bootstrap-server {} --describe --entity-type topics --entity-name {topic}), or grant walbox's principal DescribeConfigs on it", kafka.brokers),
+            )
+        }
+    };
+    // The broker's default when it names none.
+    let policy = policy.unwrap_or_else(|| "delete".into());
+    let has = |p: &str| policy.split(',').any(|v| v.trim() == p);
+    let forever = retention.as_deref().map(str::trim) == Some("-1");
+    let retention = retention.unwrap_or_else(|| "the broker's default".into());
+    if has("delete") && !forever {
+        Check::fail(
+            PROGRESS_POLICY,
+            format!("cleanup.policy={policy}, retention.ms={retention}: an idle slot's progress record is deleted after that, and with it the evidence that the slot existed (a lost slot would be created again without a word; exactly-once mode would send its last transactions again)"),
+            fix,
+        )
+    } else if !has("compact") {
+        Check::warn(
+            PROGRESS_POLICY,
+            format!("cleanup.policy={policy}, retention.ms=-1: nothing is deleted, but the topic keeps every record written (one per Kafka transaction in exactly-once mode)"),
+            fix,
+        )
+    } else {
+        Check::ok(
+            PROGRESS_POLICY,
+            format!("cleanup.policy={policy}: the newest record of each slot is kept"),
+        )
+    }
+}
+
+/// The values of `names` in `topic`'s configuration (DescribeConfigs), in that order.
+async fn topic_config(
+    kafka: &KafkaConfig,
+    topic: &str,
+    names: &[&str],
+) -> Result<Vec<Option<String>>, String> {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &kafka.brokers);
+    for (k, v) in &kafka.properties {
+        cc.set(k, v);
+    }
+    let admin: AdminClient<DefaultClientContext> = cc.create().map_err(|e| e.to_string())?;
+    let opts = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
+    let specs = [ResourceSpecifier::Topic(topic)];
+    let results = tokio::time::timeout(METADATA_TIMEOUT, admin.describe_configs(&specs, &opts))
+        .await
+        .map_err(|_| format!("no answer within {} s", METADATA_TIMEOUT.as_secs()))?
+        .map_err(|e| e.to_string())?;
+    let resource = results
+        .into_iter()
+        .next()
+        .ok_or_else(|| "no result".to_owned())?
+        .map_err(|code| code.to_string())?;
+    Ok(names
+        .iter()
+        .map(|n| resource.get(n).and_then(|e| e.value.clone()))
+        .collect())
 }
 
 /// Keeps what the producer's statistics say about its producer id.
@@ -97,7 +187,8 @@ impl ProducerContext for Probe {
     fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
 }
 
-fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> Vec<Check> {
+/// The checks that block, and whether the progress topic exists.
+fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> (Vec<Check>, bool) {
     let skipped = |out: &mut Vec<Check>| {
         out.extend(
             topics
@@ -130,7 +221,7 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> Vec<Check> {
                 "check kafka.properties",
             ));
             skipped(&mut out);
-            return out;
+            return (out, false);
         }
     };
     let metadata = match producer.client().fetch_metadata(None, METADATA_TIMEOUT) {
@@ -146,7 +237,7 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> Vec<Check> {
                 "check kafka.brokers, the network, and the security settings in kafka.properties (security.protocol, sasl.*, ssl.*)",
             ));
             skipped(&mut out);
-            return out;
+            return (out, false);
         }
     };
     let ids: Vec<String> = metadata
@@ -164,11 +255,13 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> Vec<Check> {
         ),
     ));
 
+    let mut progress_exists = false;
     for topic in topics {
         let name = topic_check(topic);
         let found = metadata.topics().iter().find(|t| t.name() == topic);
         out.push(match found {
             Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                progress_exists |= *topic == kafka.progress_topic;
                 Check::ok(name, format!("exists, partitions: {}", t.partitions().len()))
             }
             Some(t) if t.error().is_some() => Check::fail(
@@ -198,7 +291,7 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> Vec<Check> {
     if kafka.exactly_once.is_some() {
         out.push(transactions(&cc, metadata.brokers().len()));
     }
-    out
+    (out, progress_exists)
 }
 
 /// Initialises a transactional producer of its own: the transaction coordinator must answer

@@ -68,12 +68,26 @@ impl Broker {
 
     /// Creates a topic (an existing one is fine).
     pub fn create_topic(&self, name: &str, partitions: i32) -> Result<(), KafkaError> {
+        self.create_topic_with(name, partitions, &[])
+    }
+
+    /// Creates a topic with topic `configs` such as `("cleanup.policy", "compact")` (an
+    /// existing one is fine; the mock cluster ignores them).
+    pub fn create_topic_with(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: &[(&str, &str)],
+    ) -> Result<(), KafkaError> {
         match self {
             Broker::Mock(m) => m.create_topic(name, partitions, 1),
             Broker::External(b) => {
                 let admin: AdminClient<DefaultClientContext> =
                     ClientConfig::new().set("bootstrap.servers", b).create()?;
-                let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(-1));
+                let topic = configs.iter().fold(
+                    NewTopic::new(name, partitions, TopicReplication::Fixed(-1)),
+                    |topic, (k, v)| topic.set(k, v),
+                );
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()

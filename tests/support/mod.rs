@@ -255,8 +255,13 @@ pub fn broker() -> Broker {
     if !external {
         if let Some(server) = kafka::apache() {
             let broker = Broker::External(server.bootstrap_servers());
+            // As walbox creates it: compacted.
             broker
-                .create_topic(walbox::config::DEFAULT_PROGRESS_TOPIC, 1)
+                .create_topic_with(
+                    walbox::config::DEFAULT_PROGRESS_TOPIC,
+                    1,
+                    &[("cleanup.policy", "compact")],
+                )
                 .expect("create the progress topic on the Apache Kafka broker");
             return broker;
         }
