@@ -28,6 +28,16 @@
 //!   where `walbox republish --since-id` starts.
 //! - The consumer reads committed records only (`isolation.level=read_committed`), commits no
 //!   offsets and joins no group.
+//! - A partition is read to the high watermark it had when the audit started (as a
+//!   `read_uncommitted` client sees it), not to its last stable offset. Under read_committed the
+//!   end of a partition is its last stable offset, which stays below records that are already
+//!   committed or acknowledged in two cases: right after a Kafka transaction commits (EndTxn
+//!   returns once the coordinator has decided; the commit markers reach the partitions a moment
+//!   later), so in exactly-once mode the slot can confirm a transaction whose records a reader
+//!   does not see yet; and behind another producer's open transaction, which hides every
+//!   record after its first one until it ends. The audit waits there (logging why), for at most
+//!   [`STALL`] without a record; a partition still hidden then is given up on with a warning,
+//!   and its rows may be reported missing.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -407,6 +417,11 @@ fn count_records(
         .set("log_level", "3");
     let consumer: BaseConsumer<ReaderContext> =
         cc.create_with_context(ReaderContext).map_err(kafka_err)?;
+    // ListOffsets answers a read_committed client with the last stable offset: the high
+    // watermarks come from a read_uncommitted one.
+    cc.set("isolation.level", "read_uncommitted");
+    let watermarks: BaseConsumer<ReaderContext> =
+        cc.create_with_context(ReaderContext).map_err(kafka_err)?;
     let timeout = Duration::from_secs(10);
     let mut tpl = TopicPartitionList::new();
     let mut ends: HashMap<(String, i32), i64> = HashMap::new();
@@ -418,7 +433,7 @@ fn count_records(
             .map_err(kafka_err)?;
         for t in metadata.topics() {
             for p in t.partitions() {
-                let (low, high) = consumer
+                let (low, high) = watermarks
                     .fetch_watermarks(topic, p.id(), timeout)
                     .map_err(kafka_err)?;
                 if high > low {
@@ -435,27 +450,29 @@ fn count_records(
     consumer.assign(&tpl).map_err(kafka_err)?;
     let mut read = 0u64;
     let mut last_progress = Instant::now();
+    let mut waiting = false;
     while !ends.is_empty() {
         let Some(message) = consumer.poll(POLL) else {
-            if last_progress.elapsed() > STALL {
-                tracing::warn!(partitions = ends.len(), "partitions yield nothing below their high watermark; the audit stops reading them");
+            // An aborted transaction, or markers, can move the position without a record.
+            retire_reached(&consumer, &mut ends);
+            if !ends.is_empty() && last_progress.elapsed() > STALL {
+                tracing::warn!(partitions = ends.len(), "partitions yield nothing below their high watermark (records deleted or compacted, or a kafka transaction open for longer); the audit stops reading them, and their rows may be reported missing");
                 break;
             }
             continue;
         };
         let m = match message {
             // Transaction markers end a partition without being delivered: its end is where
-            // the consumer's position reached the high watermark.
-            Err(rdkafka::error::KafkaError::PartitionEOF(_)) => {
-                if let Ok(positions) = consumer.position() {
-                    for e in positions.elements() {
-                        if let Offset::Offset(at) = e.offset() {
-                            let key = (e.topic().to_owned(), e.partition());
-                            if ends.get(&key).is_some_and(|end| at >= *end) {
-                                ends.remove(&key);
-                            }
-                        }
-                    }
+            // the consumer's position reached the high watermark. Below it, the committed
+            // view stops at the last stable offset: wait (see the module docs).
+            Err(rdkafka::error::KafkaError::PartitionEOF(p)) => {
+                retire_reached(&consumer, &mut ends);
+                if !waiting && ends.keys().any(|(_, q)| *q == p) {
+                    waiting = true;
+                    tracing::info!(
+                        partition = p,
+                        "the committed view of a partition ends below its high watermark (a kafka transaction's commit markers still being written, or another producer's transaction still open); waiting for it"
+                    );
                 }
                 continue;
             }
@@ -473,6 +490,20 @@ fn count_records(
         }
     }
     Ok((expected, read))
+}
+
+/// Removes from `ends` each partition the consumer's position has reached.
+fn retire_reached(consumer: &BaseConsumer<ReaderContext>, ends: &mut HashMap<(String, i32), i64>) {
+    if let Ok(positions) = consumer.position() {
+        for e in positions.elements() {
+            if let Offset::Offset(at) = e.offset() {
+                let key = (e.topic().to_owned(), e.partition());
+                if ends.get(&key).is_some_and(|end| at >= *end) {
+                    ends.remove(&key);
+                }
+            }
+        }
+    }
 }
 
 fn print(report: &Report, json: bool) {
