@@ -22,10 +22,12 @@
 //!   confirmed position never goes back.
 //! - A record beyond the server's WAL position is never trusted (a history that has not yet
 //!   written that far cannot have confirmed it).
-//! - What is not trusted is logged with the reason; the session then skips nothing.
+//! - What is not trusted is logged with the reason; the session then skips nothing. A history
+//!   that cannot be read counts as the current timeline alone.
 
 use crate::lsn::Lsn;
 use crate::sink::progress::ProgressRecord;
+use crate::source::session::OpenSession;
 use crate::source::timeline::{Ancestry, TimelineHistory};
 
 /// What the server says at session start, against which a record is judged.
@@ -37,6 +39,19 @@ pub struct ServerHistory {
     pub wal_at: Lsn,
     /// The slot's `confirmed_flush_lsn` as the session found (or made) it.
     pub slot_confirmed: Lsn,
+}
+
+/// The server's timeline history; when it cannot be read, the current timeline alone (a
+/// record of an earlier timeline is then ignored: duplicates, never a skip).
+pub async fn timelines(open: &mut OpenSession) -> TimelineHistory {
+    match open.timeline_history().await {
+        Ok(history) => history,
+        Err(e) => {
+            let current = open.identity.timeline;
+            tracing::warn!(error = %e, timeline = current, "cannot read the server's timeline history; progress records of earlier timelines are not trusted");
+            TimelineHistory::root(current)
+        }
+    }
 }
 
 /// How much of a progress record a session may trust.

@@ -479,7 +479,7 @@ impl Relay {
         // and this slot (`lineage`).
         let server = match self.settings.kafka.exactly_once {
             Some(_) => Some(lineage::ServerHistory {
-                timelines: open.timeline_history().await?,
+                timelines: lineage::timelines(&mut open).await,
                 wal_at: open.identity.xlogpos,
                 slot_confirmed: slot.confirmed_flush_lsn,
             }),
