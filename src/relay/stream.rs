@@ -61,7 +61,8 @@ impl Relay {
             let drain_deadline = draining.unwrap_or_else(Instant::now);
             let eos = s.eos.as_ref();
             let committing = eos.is_some_and(|t| t.committing());
-            let (flushing, flush_at) = (eos.and_then(|t| t.flush_deadline()), flush_deadline(s));
+            let flushing = eos.is_some_and(|t| t.flush_deadline().is_some());
+            let flush_at = flush_deadline(s);
             let idle_commit = s.txn.is_none() && eos.is_some_and(|t| t.committable());
             let eos_at = eos_deadline(s);
             tokio::select! {
@@ -89,7 +90,7 @@ impl Relay {
                     self.on_commit_returned(s, outcome).await?;
                 }
                 // … or its delivery reports are late (the loop's head ends the session).
-                _ = tokio::time::sleep_until(flush_at.into()), if flushing.is_some() => {}
+                _ = tokio::time::sleep_until(flush_at.into()), if flushing => {}
                 // A Kafka transaction that reached its age bound while no PostgreSQL
                 // transaction is being received starts its commit now.
                 _ = tokio::time::sleep_until(eos_at.into()), if idle_commit => {
