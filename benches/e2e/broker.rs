@@ -98,6 +98,10 @@ impl BenchBroker {
                 })
                 .context("starting Apache Kafka (scripts/install-deps.sh installs it)")?;
                 let broker = Broker::External(server.bootstrap_servers());
+                // walbox's progress records go to a topic of one partition.
+                tokio::task::block_in_place(|| {
+                    broker.create_topic(walbox::config::DEFAULT_PROGRESS_TOPIC, 1)
+                })?;
                 return Ok(BenchBroker::Apache {
                     _server: server,
                     broker,
@@ -149,8 +153,11 @@ impl BenchBroker {
     /// Creates a topic (an existing one is fine).
     pub fn create_topic(&mut self, name: &str, partitions: i32) -> anyhow::Result<()> {
         match self {
+            // The admin call blocks on a runtime of its own: off the bench's.
             BenchBroker::External(b) | BenchBroker::Apache { broker: b, .. } => {
-                Ok(b.create_topic(name, partitions)?)
+                Ok(tokio::task::block_in_place(|| {
+                    b.create_topic(name, partitions)
+                })?)
             }
             BenchBroker::Child { stdin, stdout, .. } => {
                 let stdin = stdin.as_mut().context("broker host stopped")?;

@@ -106,7 +106,7 @@ impl Default for ExactlyOnce {
     fn default() -> Self {
         ExactlyOnce {
             max_events: 10_000,
-            interval: std::time::Duration::from_millis(100),
+            interval: std::time::Duration::from_millis(10),
             max_bytes: 4 << 20,
             timeout: std::time::Duration::from_secs(60),
         }

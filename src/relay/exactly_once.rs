@@ -207,10 +207,13 @@ impl KafkaTxn {
     /// Whether the transaction being filled should be committed now (right after a
     /// PostgreSQL commit, or while none is being received).
     pub fn due(&self) -> bool {
+        self.full() || self.committable() && self.started.elapsed() >= self.bounds.interval
+    }
+
+    /// Whether the transaction being filled reached its size bound (events or bytes).
+    fn full(&self) -> bool {
         self.committable()
-            && (self.events >= self.bounds.max_events
-                || self.bytes >= self.bounds.max_bytes
-                || self.started.elapsed() >= self.bounds.interval)
+            && (self.events >= self.bounds.max_events || self.bytes >= self.bounds.max_bytes)
     }
 
     /// When the transaction being filled reaches its age bound.
@@ -543,8 +546,10 @@ impl Relay {
     /// The commit in flight returned `outcome`. Committed: its events count for the
     /// checkpoint (never one past its `through_seq`), and the buffered events are produced
     /// into the next transaction, up to the first buffered PostgreSQL commit at which it is
-    /// due; its commit then starts, and the rest stays buffered behind it. Failed: the error,
-    /// with the transaction still open for the abort.
+    /// full; its commit then starts, and the rest stays buffered behind it. Its age bound is
+    /// looked at only once the buffer is through (what waited behind a commit is committed
+    /// together, not one PostgreSQL transaction per commit). Failed: the error, with the
+    /// transaction still open for the abort.
     pub(super) async fn on_commit_returned(
         &mut self,
         s: &mut Session,
@@ -561,7 +566,10 @@ impl Relay {
         txn.events = 0;
         txn.bytes = 0;
         txn.last_commit = None;
+        // Whether the last item produced ended a PostgreSQL transaction.
+        let mut at_commit = false;
         while let Some(item) = s.eos.as_mut().and_then(|t| t.buffer.pop_front()) {
+            at_commit = matches!(item, Buffered::Commit(..));
             match item {
                 Buffered::Event {
                     event,
@@ -582,15 +590,21 @@ impl Relay {
                         return Ok(());
                     };
                     txn.last_commit = Some((end_lsn, Some(commit_time)));
-                    if txn.due() {
+                    if txn.full() {
                         let through_seq = txn
                             .first_buffered_seq()
                             .unwrap_or_else(|| s.checkpoint.next_seq());
                         self.start_commit(s, through_seq);
-                        break;
+                        return Ok(());
                     }
                 }
             }
+        }
+        // Through the buffer, which ended with a PostgreSQL commit: no event of a later one
+        // has a sequence number yet.
+        if at_commit && s.eos.as_ref().is_some_and(KafkaTxn::due) {
+            let through_seq = s.checkpoint.next_seq();
+            self.start_commit(s, through_seq);
         }
         Ok(())
     }
