@@ -675,22 +675,30 @@ impl Relay {
         }
     }
 
-    /// Aborts the open Kafka transaction, if any: nothing of it is confirmed, and its records'
-    /// delivery reports are ignored from now on. `Err` only when the producer cannot go on
-    /// (fenced by a newer walbox, say).
+    /// Aborts the open Kafka transaction, if any, once its records' delivery reports are in
+    /// ([`Relay::acknowledged`]; when some never come, the next session's producer aborts it
+    /// as it fences this one): nothing of it is confirmed, and its records' delivery reports
+    /// are ignored from now on. `Err` only when the producer cannot go on (fenced by a newer
+    /// walbox, say).
     pub(super) async fn abort_kafka_txn(&mut self, s: &mut Session) -> Result<(), RelayError> {
         let next_seq = s.checkpoint.next_seq();
         let Some(txn) = s.eos.as_mut() else {
             return Ok(());
         };
-        txn.discard_below = next_seq;
         txn.buffer.clear();
         txn.closing = None;
         txn.reset_fill();
-        if !txn.open {
+        let open = std::mem::replace(&mut txn.open, false);
+        if open && !self.acknowledged(s).await {
+            tracing::warn!(outstanding = s.outstanding, "the kafka transaction's records are not all acknowledged: not aborting it; the next session's producer aborts it");
+        }
+        let Some(txn) = s.eos.as_mut() else {
+            return Ok(());
+        };
+        txn.discard_below = next_seq;
+        if !open || s.outstanding > 0 {
             return Ok(());
         }
-        txn.open = false;
         let id = txn.id.clone();
         let result = blocking(&self.sink, KafkaSink::abort_transaction).await;
         self.metrics
@@ -710,6 +718,26 @@ impl Relay {
                 Ok(())
             }
         }
+    }
+
+    /// Waits (bounded by `relay.shutdown_timeout`) for the delivery reports of every record
+    /// produced; `true` when none is outstanding. The coordinator accepts an abort only once
+    /// the transaction holds a partition: right after the previous commit, the first records
+    /// of the next transaction may still wait for that (the previous transaction's markers),
+    /// and an abort then is refused (INVALID_TXN_STATE), which librdkafka makes fatal.
+    async fn acknowledged(&mut self, s: &mut Session) -> bool {
+        let deadline = Instant::now() + self.settings.relay.shutdown_timeout;
+        while s.outstanding > 0 && self.acks.fatal().is_none() {
+            // A failed record is accounted for too; the abort is what follows it.
+            let _ = self.take_acks(s);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if s.outstanding == 0 || left.is_zero() {
+                break;
+            }
+            let acks = self.acks.clone();
+            let _ = tokio::time::timeout(left, acks.wait()).await;
+        }
+        s.outstanding == 0
     }
 
     /// Ends the session's Kafka transactions: committed when the session ends cleanly between
