@@ -335,3 +335,72 @@ fn read_uncommitted_sees_an_aborted_transaction_that_read_committed_never_sees()
         "read_uncommitted did not see the aborted transaction's records: {counts:?}"
     );
 }
+
+/// Killed while a Kafka commit is in flight and the next transaction's events are buffered
+/// behind it (each commit held 300 ms on its thread while a writer commits): the slot was
+/// never confirmed past what a committed Kafka transaction holds, and after the restart a
+/// `read_committed` consumer sees every event exactly once.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_crash_while_a_commit_is_in_flight_and_the_next_events_are_buffered_loses_and_duplicates_nothing(
+) {
+    let Some(server) = apache() else {
+        return;
+    };
+    let rig = Rig::new("eosf_buffered", &server.bootstrap_servers());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (db, topic, stop) = (rig.db.clone(), rig.topic.clone(), stop.clone());
+        let aggs: Vec<String> = (0..20).map(|i| format!("agg-{}", i % 10)).collect();
+        std::thread::spawn(move || {
+            let mut written = Vec::new();
+            while !stop.load(Ordering::Relaxed) && written.len() < 2_000 {
+                written.push(write_txn(&db, &topic, &aggs, false));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            written
+        })
+    };
+    // The 600th event buffered: several commits in, each with events behind it.
+    let mut faulty = rig.env.clone();
+    faulty.push((
+        "FAILPOINTS".into(),
+        "relay::eos-committing=sleep(300);relay::eos-buffered=599*off->return".into(),
+    ));
+    let mut crashed = Walbox::spawn(&faulty);
+    let status = crashed.wait_exit(WAIT);
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.join().expect("writer");
+    assert!(!status.success(), "{}", crashed.log());
+    assert!(
+        crashed
+            .log()
+            .contains("fault point relay::eos-buffered fired"),
+        "{}",
+        crashed.log()
+    );
+    rig.release();
+    let confirmed = rig.db.confirmed(&rig.slot);
+    let mut reader = rig.reader();
+    reader.read_to_end(WAIT).expect("read");
+    let present: std::collections::HashSet<i64> = reader.records.iter().map(id_of).collect();
+    let below: Vec<_> = written
+        .iter()
+        .filter(|w| w.after_commit <= confirmed)
+        .collect();
+    assert!(
+        below.len() > 1,
+        "the crash came before any commit was confirmed (confirmed {confirmed})"
+    );
+    for w in below {
+        for id in &w.ids {
+            assert!(
+                present.contains(id),
+                "the slot was confirmed to {confirmed}, but event {id} (committed before {}) is in no committed kafka transaction",
+                w.after_commit
+            );
+        }
+    }
+    let mut walbox = Walbox::spawn(&rig.env);
+    rig.assert_exactly_once(&mut walbox, &mut reader);
+}

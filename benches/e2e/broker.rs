@@ -1,5 +1,6 @@
 //! The Kafka side of the benchmark: librdkafka's mock cluster hosted in a child process (so its
-//! CPU is not counted as walbox's, and it does not share the bench's threads), or an external
+//! CPU is not counted as walbox's, and it does not share the bench's threads), a single-node
+//! Apache Kafka broker (`WALBOX_BENCH_KAFKA=apache`, [`walbox::sandbox::kafka`]), or an external
 //! cluster named by `WALBOX_BENCH_KAFKA_BROKERS`.
 //!
 //! The child is this same executable started with [`HOST_ARG`]. It prints the bootstrap servers
@@ -11,6 +12,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{bail, Context};
 use walbox::sandbox::broker::Broker;
+use walbox::sandbox::kafka::{KafkaServer, KafkaServerOptions};
 
 /// The argument that turns the bench executable into the broker host.
 pub const HOST_ARG: &str = "__walbox_bench_mock_broker";
@@ -67,15 +69,46 @@ pub enum BenchBroker {
     },
     /// An external cluster.
     External(Broker),
+    /// A single-node Apache Kafka broker started for the run (stopped on drop).
+    Apache {
+        /// The broker process.
+        _server: KafkaServer,
+        /// Its admin handle.
+        broker: Broker,
+    },
 }
 
 impl BenchBroker {
-    /// The external cluster of `WALBOX_BENCH_KAFKA_BROKERS`, else a mock cluster in a child.
+    /// The external cluster of `WALBOX_BENCH_KAFKA_BROKERS`, else Apache Kafka when
+    /// `WALBOX_BENCH_KAFKA=apache`, else a mock cluster in a child.
     pub fn start() -> anyhow::Result<Self> {
         if let Ok(b) = std::env::var("WALBOX_BENCH_KAFKA_BROKERS") {
             if !b.trim().is_empty() {
                 return Ok(BenchBroker::External(Broker::External(b)));
             }
+        }
+        match std::env::var("WALBOX_BENCH_KAFKA")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("apache") => {
+                let server = KafkaServer::start(KafkaServerOptions {
+                    watchdog: true,
+                    ..Default::default()
+                })
+                .context("starting Apache Kafka (scripts/install-deps.sh installs it)")?;
+                let broker = Broker::External(server.bootstrap_servers());
+                // walbox's progress records go to a topic of one partition.
+                tokio::task::block_in_place(|| {
+                    broker.create_topic(walbox::config::DEFAULT_PROGRESS_TOPIC, 1)
+                })?;
+                return Ok(BenchBroker::Apache {
+                    _server: server,
+                    broker,
+                });
+            }
+            Ok("mock") | Ok("") | Err(_) => {}
+            Ok(other) => bail!("WALBOX_BENCH_KAFKA={other}: mock or apache"),
         }
         let exe = std::env::current_exe().context("locating the bench executable")?;
         let mut child = Command::new(exe)
@@ -106,7 +139,9 @@ impl BenchBroker {
     pub fn bootstrap(&self) -> String {
         match self {
             BenchBroker::Child { bootstrap, .. } => bootstrap.clone(),
-            BenchBroker::External(b) => b.bootstrap_servers(),
+            BenchBroker::External(b) | BenchBroker::Apache { broker: b, .. } => {
+                b.bootstrap_servers()
+            }
         }
     }
 
@@ -118,7 +153,12 @@ impl BenchBroker {
     /// Creates a topic (an existing one is fine).
     pub fn create_topic(&mut self, name: &str, partitions: i32) -> anyhow::Result<()> {
         match self {
-            BenchBroker::External(b) => Ok(b.create_topic(name, partitions)?),
+            // The admin call blocks on a runtime of its own: off the bench's.
+            BenchBroker::External(b) | BenchBroker::Apache { broker: b, .. } => {
+                Ok(tokio::task::block_in_place(|| {
+                    b.create_topic(name, partitions)
+                })?)
+            }
             BenchBroker::Child { stdin, stdout, .. } => {
                 let stdin = stdin.as_mut().context("broker host stopped")?;
                 writeln!(stdin, "topic {name} {partitions}")?;
@@ -130,6 +170,23 @@ impl BenchBroker {
                     other => bail!("creating topic {name}: {other}"),
                 }
             }
+        }
+    }
+}
+
+/// What the report calls the broker.
+impl std::fmt::Display for BenchBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BenchBroker::Child { .. } => f.write_str(
+                "librdkafka mock cluster (1 broker, 4 partitions per topic) in a separate process",
+            ),
+            BenchBroker::External(_) => f.write_str("external Kafka (WALBOX_BENCH_KAFKA_BROKERS)"),
+            BenchBroker::Apache { .. } => write!(
+                f,
+                "Apache Kafka {} (WALBOX_BENCH_KAFKA=apache), one KRaft node on this machine",
+                walbox::sandbox::kafka::kafka_version()
+            ),
         }
     }
 }

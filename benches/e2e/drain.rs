@@ -29,6 +29,21 @@ pub fn pair_slots(tag: &str) -> Vec<String> {
         .collect()
 }
 
+/// The at-least-once and exactly-once walbox slots of pair `i` of [`Bench::drain_eos_pairs`].
+fn eos_slot_names(i: usize) -> (String, String) {
+    (format!("walbox_alo_{i}"), format!("walbox_eos_{i}"))
+}
+
+/// Every slot [`Bench::drain_eos_pairs`] drains, to create before the backlog is loaded.
+pub fn eos_pair_slots() -> Vec<String> {
+    (0..DRAIN_PAIRS)
+        .flat_map(|i| {
+            let (alo, eos) = eos_slot_names(i);
+            [alo, eos]
+        })
+        .collect()
+}
+
 impl Bench {
     /// How long a drain of `rows` may take before the bench gives up.
     pub fn timeout(rows: u64) -> Duration {
@@ -63,6 +78,34 @@ impl Bench {
             } else {
                 let wb = self.drain_walbox(&walbox_slot, end, rows).await?;
                 (wb, self.drain_recvlogical(&recv_slot, end, rows).await?)
+            };
+            pairs.push(pair);
+        }
+        Ok(pairs)
+    }
+
+    /// walbox at-least-once and in exactly-once mode (`eos`: its variables) on the same
+    /// backlog, [`DRAIN_PAIRS`] times on the slots of [`eos_pair_slots`], at-least-once first
+    /// in even pairs and exactly-once first in odd ones: (at-least-once, exactly-once) per pair.
+    /// Within one run, so that the ratio does not depend on what else the machine does.
+    pub async fn drain_eos_pairs(
+        &self,
+        end: Lsn,
+        rows: u64,
+        eos: &[(&str, String)],
+    ) -> anyhow::Result<Vec<(Drain, Drain)>> {
+        let mut pairs = Vec::with_capacity(DRAIN_PAIRS);
+        for i in 0..DRAIN_PAIRS {
+            let (alo_slot, eos_slot) = eos_slot_names(i);
+            let pair = if i % 2 == 0 {
+                let alo = self.drain_walbox(&alo_slot, end, rows).await?;
+                (
+                    alo,
+                    self.drain_walbox_with(&eos_slot, end, rows, eos).await?,
+                )
+            } else {
+                let e = self.drain_walbox_with(&eos_slot, end, rows, eos).await?;
+                (self.drain_walbox(&alo_slot, end, rows).await?, e)
             };
             pairs.push(pair);
         }

@@ -19,6 +19,8 @@
 //! 8. scaling through shards: the backlogs drained through 1, 2 and 4 shards by walbox and by
 //!    as many `pg_recvlogical` processes, the hash-partitioned alternative, and the cost model
 //!    fitted to them (`shards.rs`);
+//! 9. exactly-once against at-least-once: walbox drains one N-row backlog (100-row
+//!    transactions) in both modes, 4 times in alternating order (`eos-drain`);
 //!
 //! and prints one markdown table (also written to `benches/results.md` or
 //! `WALBOX_BENCH_OUTPUT`). Nothing is asserted: targets are reported, never enforced.
@@ -29,8 +31,10 @@
 //! (default N, at least 100,000), `WALBOX_BENCH_STANDBY_PG` (default 16), `WALBOX_BENCH_OUTPUT`,
 //! `WALBOX_BENCH_KAFKA_BROKERS`, `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn),
 //! `WALBOX_BENCH_LINGER_MS` (the live runs again with this `linger.ms`, default 1; `off`),
-//! `WALBOX_BENCH_SECTIONS` (a comma list of `drain`, `scaling`, `memory`, `live`, `live-eos`,
-//! `live-poll`, `standby`; default all: a partial run's table has only those rows).
+//! `WALBOX_BENCH_SECTIONS` (a comma list of `drain`, `eos-drain`, `scaling`, `memory`, `live`,
+//! `live-eos`, `live-poll`, `standby`; default all: a partial run's table has only those rows),
+//! `WALBOX_BENCH_KAFKA` (`mock`, the default, or `apache`: a single-node Apache Kafka broker
+//! from `scripts/install-deps.sh`'s cache instead of the mock cluster).
 
 mod broker;
 mod drain;
@@ -264,7 +268,7 @@ async fn run() -> anyhow::Result<()> {
         admin,
         url,
     };
-    let mut report = Report::new(&bench.settings, bench.broker.is_mock());
+    let mut report = Report::new(&bench.settings, &bench.broker);
     report.pg_version = bench
         .admin
         .query_one("SELECT version()", &[])
@@ -309,6 +313,16 @@ async fn run() -> anyhow::Result<()> {
         let paced = floor::run(&brokers, n, Some(wb.rate()))?;
         let drains = [("100-row", wb, recv), ("1-row", wb1, recv1)];
         report.floor(&floor, &paced, &drains);
+    }
+
+    if bench.settings.runs("eos-drain") {
+        // Exactly-once against at-least-once on one backlog, alternating pairs.
+        let slots = drain::eos_pair_slots();
+        let slots: Vec<&str> = slots.iter().map(String::as_str).collect();
+        let end = bench.backlog(&slots, n, 100).await?;
+        let pairs = bench.drain_eos_pairs(end, n, &exactly_once()).await?;
+        report.exactly_once_pairs("100-row tx", &pairs);
+        bench.drop_slots().await?;
     }
 
     if bench.settings.runs("scaling") {

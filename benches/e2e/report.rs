@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::broker::BenchBroker;
 use crate::floor::Floor;
 use crate::live::Latency;
 use crate::shards::{CostModel, PartitionRun, ShardRun};
@@ -72,6 +73,17 @@ fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
 }
 
+/// The median of `values` (NaN when there are none).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 0 => (values[mid - 1] + values[mid]) / 2.0,
+        _ => values[mid],
+    }
+}
+
 /// Per 100k events.
 fn per_100k(v: f64, events: u64) -> f64 {
     v * 100_000.0 / events as f64
@@ -79,13 +91,8 @@ fn per_100k(v: f64, events: u64) -> f64 {
 
 impl Report {
     /// An empty report for a run with `settings`.
-    pub fn new(settings: &Settings, mock: bool) -> Self {
+    pub fn new(settings: &Settings, broker: &BenchBroker) -> Self {
         let machine = machine();
-        let broker = if mock {
-            "librdkafka mock cluster (1 broker, 4 partitions per topic) in a separate process"
-        } else {
-            "external Kafka (WALBOX_BENCH_KAFKA_BROKERS)"
-        };
         Report {
             header: vec![
                 format!(
@@ -106,7 +113,15 @@ impl Report {
                  flush latency), seeds' outbox table with its partial index, ~200-byte JSON \
                  payload, autovacuum off on the table"
                     .into(),
-                format!("broker: {broker}"),
+                format!(
+                    "broker: {broker}{}",
+                    if broker.is_mock() {
+                        " (it writes no transaction markers: a consumer sees an exactly-once \
+                         record before its Kafka commit)"
+                    } else {
+                        ""
+                    }
+                ),
             ],
             rows: Vec::new(),
             live: Vec::new(),
@@ -118,18 +133,12 @@ impl Report {
     /// Every drain pair's ratio (walbox / `pg_recvlogical`, alternating which drains first) and
     /// their median.
     pub fn drain_pairs(&mut self, pairs: &[(Drain, Drain)]) {
-        let mut ratios: Vec<f64> = pairs
+        let ratios: Vec<f64> = pairs
             .iter()
             .map(|(wb, recv)| wb.rate() / recv.rate())
             .collect();
         let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
-        ratios.sort_by(f64::total_cmp);
-        let mid = ratios.len() / 2;
-        let median = match ratios.len() {
-            0 => f64::NAN,
-            n if n % 2 == 0 => (ratios[mid - 1] + ratios[mid]) / 2.0,
-            _ => ratios[mid],
-        };
+        let median = median(ratios);
         self.rows.push(Row {
             measurement: format!(
                 "… same, walbox / pg_recvlogical in {} pairs on the same backlog, \
@@ -362,6 +371,32 @@ impl Report {
             ),
             ratio: "–".into(),
             target: "≈ 0".into(),
+        });
+    }
+
+    /// Exactly-once against at-least-once drains of one backlog, in alternating pairs
+    /// (at-least-once, exactly-once): each pair's rates and ratio, and the median ratio.
+    pub fn exactly_once_pairs(&mut self, shape: &str, pairs: &[(Drain, Drain)]) {
+        let ratios: Vec<f64> = pairs
+            .iter()
+            .map(|(alo, eos)| eos.rate() / alo.rate())
+            .collect();
+        let listed: Vec<String> = pairs
+            .iter()
+            .zip(&ratios)
+            .map(|((alo, eos), r)| format!("{} / {} ({r:.2}×)", k(eos.rate()), k(alo.rate())))
+            .collect();
+        self.rows.push(Row {
+            measurement: format!(
+                "backlog drain, {shape}, exactly-once / at-least-once walbox in {} pairs on the \
+                 same backlog, at-least-once first in the 1st and 3rd: events/s (Kafka commit + \
+                 slot confirmed)",
+                pairs.len()
+            ),
+            walbox: listed.join(", "),
+            comparison: "median of the pairs".into(),
+            ratio: format!("{:.2}×", median(ratios)),
+            target: "≥ 0.8×".into(),
         });
     }
 

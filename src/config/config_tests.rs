@@ -546,6 +546,7 @@ fn exactly_once_is_off_by_default_and_its_bounds_need_it() {
         ("WALBOX_KAFKA_EXACTLY_ONCE", "true"),
         ("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS", "500"),
         ("WALBOX_KAFKA_TRANSACTION_INTERVAL", "1s"),
+        ("WALBOX_KAFKA_TRANSACTION_MAX_BYTES", "64kB"),
     ])
     .unwrap();
     assert_eq!(
@@ -553,6 +554,7 @@ fn exactly_once_is_off_by_default_and_its_bounds_need_it() {
         Some(ExactlyOnce {
             max_events: 500,
             interval: Duration::from_secs(1),
+            max_bytes: 64 << 10,
             timeout: Duration::from_secs(60),
         })
     );
@@ -601,6 +603,19 @@ fn exactly_once_is_off_by_default_and_its_bounds_need_it() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("kafka.transaction_interval"), "{e}");
+    for bytes in ["1000", "2GB"] {
+        let e = load(&[
+            ("WALBOX_KAFKA_EXACTLY_ONCE", "true"),
+            ("WALBOX_KAFKA_TRANSACTION_MAX_BYTES", bytes),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("kafka.transaction_max_bytes"), "{e}");
+    }
+    let e = load(&[("WALBOX_KAFKA_TRANSACTION_MAX_BYTES", "1MB")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kafka.exactly_once = true"), "{e}");
     let e = load(&[("WALBOX_KAFKA_PROPERTY_TRANSACTIONAL_ID", "mine")])
         .unwrap_err()
         .to_string();

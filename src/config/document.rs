@@ -302,6 +302,15 @@ impl RawConfig {
                 let d = ExactlyOnce::default();
                 let max_events = self.kafka.transaction_max_events.unwrap_or(d.max_events);
                 let interval = self.kafka.transaction_interval.map_or(d.interval, |i| i.0);
+                let max_bytes = self
+                    .kafka
+                    .transaction_max_bytes
+                    .map_or(d.max_bytes as u64, |b| b.0);
+                if !(1 << 10..=1 << 30).contains(&max_bytes) {
+                    return Err(ConfigError::Invalid(
+                        "kafka.transaction_max_bytes must be between 1KiB and 1GiB".into(),
+                    ));
+                }
                 if !(1..=10_000_000).contains(&max_events) {
                     return Err(ConfigError::Invalid(
                         "kafka.transaction_max_events must be between 1 and 10000000".into(),
@@ -336,14 +345,16 @@ impl RawConfig {
                 Some(ExactlyOnce {
                     max_events,
                     interval,
+                    max_bytes: max_bytes as usize,
                     timeout,
                 })
             }
             _ if self.kafka.transaction_max_events.is_some()
-                || self.kafka.transaction_interval.is_some() =>
+                || self.kafka.transaction_interval.is_some()
+                || self.kafka.transaction_max_bytes.is_some() =>
             {
                 return Err(ConfigError::Invalid(
-                    "kafka.transaction_max_events and kafka.transaction_interval apply only with kafka.exactly_once = true; set it, or remove them".into(),
+                    "kafka.transaction_max_events, kafka.transaction_interval and kafka.transaction_max_bytes apply only with kafka.exactly_once = true; set it, or remove them".into(),
                 ));
             }
             _ => None,

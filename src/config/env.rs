@@ -209,6 +209,7 @@ const SCALARS: &[(&[&str], &str, Kind)] = &[
     (&["kafka"], "exactly_once", Kind::Bool),
     (&["kafka"], "transaction_max_events", Kind::Int),
     (&["kafka"], "transaction_interval", Kind::Str),
+    (&["kafka"], "transaction_max_bytes", Kind::Str),
     (&["relay"], "max_in_flight", Kind::Int),
     (&["relay"], "shutdown_timeout", Kind::Str),
     (&["relay"], "backoff_initial", Kind::Str),

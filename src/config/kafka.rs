@@ -54,6 +54,8 @@ pub struct RawKafka {
     pub transaction_max_events: Option<usize>,
     /// Exactly-once mode: commit the Kafka transaction at least this often.
     pub transaction_interval: Option<super::units::HumanDuration>,
+    /// Exactly-once mode: commit the Kafka transaction once it holds this many bytes.
+    pub transaction_max_bytes: Option<super::units::ByteSize>,
 }
 
 impl fmt::Debug for RawKafka {
@@ -87,6 +89,9 @@ pub struct ExactlyOnce {
     pub max_events: usize,
     /// … or after this long since it began (at the next PostgreSQL commit, or when idle).
     pub interval: std::time::Duration,
+    /// … or once its events hold this many bytes (keys, values and headers). It also bounds
+    /// the events read ahead and buffered while the previous transaction commits.
+    pub max_bytes: usize,
     /// `transaction.timeout.ms`: the coordinator aborts a transaction open this long; always
     /// longer than `interval`.
     pub timeout: std::time::Duration,
@@ -101,7 +106,8 @@ impl Default for ExactlyOnce {
     fn default() -> Self {
         ExactlyOnce {
             max_events: 10_000,
-            interval: std::time::Duration::from_millis(100),
+            interval: std::time::Duration::from_millis(10),
+            max_bytes: 4 << 20,
             timeout: std::time::Duration::from_secs(60),
         }
     }

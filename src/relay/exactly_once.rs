@@ -8,15 +8,35 @@
 //!                                                      status update: flush = E2
 //! ```
 //!
+//! A commit does not stop the stream: while transaction N commits, WAL is read on and the
+//! events of N+1 are buffered; they are produced once N's commit returned (a producer has one
+//! open transaction at a time).
+//!
+//! ```text
+//!  read:     N's events ─┬─ N+1's events (buffered) ─────────┬─ N+2's (buffered) ─ …
+//!  producer: N's records │ acks ─ progress(N) ─ EndTxn(N) ───┴ N+1's records ─ acks ─ …
+//!                        └ commit of N starts                 └ N committed: checkpoint ≤ N
+//! ```
+//!
 //! # Invariants
 //! - A Kafka transaction holds only whole PostgreSQL transactions, and the progress record of
-//!   the last of them: it is committed right after a PostgreSQL COMMIT (once it holds
-//!   `kafka.transaction_max_events` events or is `kafka.transaction_interval` old), or while no
-//!   PostgreSQL transaction is being received. A PostgreSQL transaction larger than the bound is
-//!   still one Kafka transaction.
+//!   the last of them: its commit starts right after a PostgreSQL COMMIT (once it holds
+//!   `kafka.transaction_max_events` events or `kafka.transaction_max_bytes` bytes, or is
+//!   `kafka.transaction_interval` old), or while no PostgreSQL transaction is being received. A
+//!   PostgreSQL transaction larger than the bound is still one Kafka transaction.
+//! - The commit of a Kafka transaction waits for the delivery reports of all its records, then
+//!   sends its progress record, then runs `commit_transaction` on a blocking thread. Meanwhile
+//!   events read get their sequence numbers and are buffered with the PostgreSQL commits
+//!   between them, never handed to the producer, so the transaction committing holds exactly
+//!   the sequence numbers below its `through_seq` and its progress record describes exactly
+//!   them. Once the commit returned, the buffer is produced into the next transaction up to the
+//!   first buffered PostgreSQL commit at which that one is due, whose commit then starts.
+//!   Intake stops while the buffer holds `kafka.transaction_max_bytes`.
 //! - The checkpoint counts an event only when its Kafka transaction commits
-//!   ([`Checkpoint::ack_through`]): a delivery report alone confirms nothing, so the slot is
-//!   never confirmed past the last committed Kafka transaction.
+//!   ([`Checkpoint::ack_through`] of its `through_seq`): a delivery report alone confirms
+//!   nothing, nor does buffering, so the slot is never confirmed past the last committed Kafka
+//!   transaction. A session that ends while a commit is in flight waits for its outcome; the
+//!   buffered events are dropped (the next session reads them again from the slot).
 //! - At session start, once this process holds the slot (START_REPLICATION succeeded: a second
 //!   process that cannot get the slot never fences the one streaming), `init_transactions`
 //!   fences every earlier producer of the slot (and aborts what it left open) before the
@@ -40,8 +60,11 @@
 //!   yet committed, so a PostgreSQL transaction larger than the cap streams through; the
 //!   checkpoint keeps one byte per uncommitted event.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
 
 use super::error::RelayError;
 use super::lineage::{self, ServerHistory, Trust};
@@ -50,11 +73,13 @@ use crate::config::ExactlyOnce;
 use crate::failure::Classify;
 use crate::fault::crash_point;
 use crate::lsn::Lsn;
+use crate::outbox::OutboxEvent;
 use crate::sink::kafka::{AckQueue, KafkaSink, SinkError};
 use crate::sink::progress::{self, ProgressKey};
 use crate::sink::transaction::{classify_txn, transactional_id, TxnError};
 
-/// How long one `init_transactions`, `commit_transaction` or `abort_transaction` call may take.
+/// How long one `init_transactions`, `commit_transaction` or `abort_transaction` call may take,
+/// and how long a commit waits for its events' delivery reports.
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long retriable commit errors are retried before the transaction is aborted.
@@ -72,19 +97,103 @@ async fn blocking(
         .unwrap_or(Err(rdkafka::error::KafkaError::Canceled))
 }
 
-/// The Kafka transaction of one session.
+/// `commit_transaction`, retried while librdkafka calls its errors retriable (for at most
+/// [`COMMIT_RETRY_FOR`]; then the transaction is aborted). Runs on a blocking thread.
+fn commit_blocking(sink: &KafkaSink, id: &str) -> Result<(), TxnError> {
+    crash_point!("relay::eos-committing");
+    let retry_until = Instant::now() + COMMIT_RETRY_FOR;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match sink
+            .commit_transaction(TXN_CALL_TIMEOUT)
+            .map_err(|e| classify_txn(sink, id, e))
+        {
+            Ok(()) => return Ok(()),
+            Err(TxnError::Retriable(e)) if Instant::now() < retry_until => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "committing the kafka transaction; retrying");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            Err(TxnError::Retriable(e)) => return Err(TxnError::Abortable(e)),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The bytes an event puts into a Kafka transaction: key, value and headers.
+fn event_bytes(event: &OutboxEvent) -> usize {
+    let headers: usize = event
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.as_ref().map_or(0, |v| v.len()))
+        .sum();
+    event.key.as_ref().map_or(0, |k| k.len())
+        + event.value.as_ref().map_or(0, |v| v.len())
+        + headers
+}
+
+/// What is read while a Kafka transaction commits, in stream order: produced into the next
+/// transactions once that commit returned.
+enum Buffered {
+    /// An event, with its sequence number, its size and when it was read.
+    Event {
+        event: Box<OutboxEvent>,
+        route: usize,
+        seq: u64,
+        bytes: usize,
+        read_at: Instant,
+    },
+    /// The end of a PostgreSQL transaction whose events are buffered: a place where a Kafka
+    /// transaction may end.
+    Commit(Lsn, i64),
+}
+
+/// Where the commit of a Kafka transaction stands.
+enum Phase {
+    /// Waiting for the delivery reports of its events; then its progress record is sent.
+    Flushing { deadline: Instant },
+    /// `commit_transaction` runs on a blocking thread.
+    Committing {
+        handle: JoinHandle<Result<(), TxnError>>,
+        started: Instant,
+    },
+}
+
+/// A Kafka transaction being committed.
+struct Closing {
+    /// Sequence number one past its last event.
+    through_seq: u64,
+    /// The commit end LSN and commit time of its last PostgreSQL transaction: its progress
+    /// record.
+    end_lsn: Lsn,
+    commit_time: Option<i64>,
+    phase: Phase,
+}
+
+/// The Kafka transactions of one session: at most one open in the producer, and while it
+/// commits, the events of the next one buffered (see the module docs).
 pub(super) struct KafkaTxn {
     /// `transactional.id`.
     pub id: String,
     bounds: ExactlyOnce,
-    /// A Kafka transaction is open.
+    /// A Kafka transaction is open in the producer (begun, and not yet committed or aborted).
     open: bool,
+    /// When it was begun.
+    opened_at: Instant,
+    /// When the first event of the transaction being filled arrived (the one open, or the
+    /// next one while a commit is in flight).
     started: Instant,
-    /// Events produced in the open transaction.
+    /// Events of the transaction being filled.
     events: usize,
+    /// Their bytes (key, value, headers).
+    bytes: usize,
     /// The commit end LSN and commit time (PostgreSQL microseconds) of the last whole
-    /// PostgreSQL transaction in the open Kafka transaction.
+    /// PostgreSQL transaction in the transaction being filled.
     last_commit: Option<(Lsn, Option<i64>)>,
+    /// The transaction being committed, if any.
+    closing: Option<Closing>,
+    /// Events read while it commits, in stream order.
+    buffer: VecDeque<Buffered>,
     /// PostgreSQL transactions whose commit LSN is below this are in Kafka already: the
     /// position of the progress record read at start-up.
     pub skip_below: Lsn,
@@ -97,22 +206,26 @@ pub(super) struct KafkaTxn {
 }
 
 impl KafkaTxn {
-    /// Whether the open transaction should be committed now (right after a PostgreSQL commit,
-    /// or while none is being received).
+    /// Whether the transaction being filled should be committed now (right after a
+    /// PostgreSQL commit, or while none is being received).
     pub fn due(&self) -> bool {
-        self.committable()
-            && (self.events >= self.bounds.max_events
-                || self.started.elapsed() >= self.bounds.interval)
+        self.full() || self.committable() && self.started.elapsed() >= self.bounds.interval
     }
 
-    /// When the open transaction reaches its age bound.
+    /// Whether the transaction being filled reached its size bound (events or bytes).
+    fn full(&self) -> bool {
+        self.committable()
+            && (self.events >= self.bounds.max_events || self.bytes >= self.bounds.max_bytes)
+    }
+
+    /// When the transaction being filled reaches its age bound.
     pub fn deadline(&self) -> Instant {
         self.started + self.bounds.interval
     }
 
-    /// How long the open transaction has been open (`None` when none is).
+    /// How long the transaction open in the producer has been open (`None` when none is).
     pub fn open_for(&self) -> Option<Duration> {
-        self.open.then(|| self.started.elapsed())
+        self.open.then(|| self.opened_at.elapsed())
     }
 
     /// `transaction.timeout.ms`.
@@ -120,9 +233,90 @@ impl KafkaTxn {
         self.bounds.timeout
     }
 
-    /// Whether a transaction is open and holds a whole PostgreSQL transaction.
+    /// Whether a transaction is open, holds a whole PostgreSQL transaction, and no commit is
+    /// in flight.
     pub fn committable(&self) -> bool {
-        self.open && self.last_commit.is_some()
+        self.open && self.last_commit.is_some() && self.closing.is_none()
+    }
+
+    /// Whether a commit is in flight (events read now are buffered).
+    pub fn committing(&self) -> bool {
+        self.closing.is_some()
+    }
+
+    /// Until when the commit in flight may wait for its delivery reports (far away when it
+    /// does not wait for them).
+    pub fn flush_deadline(&self) -> Option<Instant> {
+        match self.closing.as_ref().map(|c| &c.phase) {
+            Some(Phase::Flushing { deadline }) => Some(*deadline),
+            _ => None,
+        }
+    }
+
+    /// Whether the events buffered behind the commit in flight reached
+    /// `kafka.transaction_max_bytes`: intake waits for the commit.
+    pub fn buffer_full(&self) -> bool {
+        self.closing.is_some() && self.bytes >= self.bounds.max_bytes
+    }
+
+    /// Events buffered behind the commit in flight.
+    pub fn buffered(&self) -> usize {
+        if self.closing.is_some() {
+            self.events
+        } else {
+            0
+        }
+    }
+
+    /// Whether the transaction being filled holds an event (open, or buffered).
+    fn holds_events(&self) -> bool {
+        self.open && self.closing.is_none() || !self.buffer.is_empty()
+    }
+
+    /// Counts an event of `bytes`, read at `read_at`, into the transaction being filled.
+    fn count(&mut self, bytes: usize, read_at: Instant) {
+        if self.events == 0 {
+            self.started = read_at;
+        }
+        self.events += 1;
+        self.bytes += bytes;
+    }
+
+    /// A fresh transaction to fill, holding what is still buffered.
+    fn reset_fill(&mut self) {
+        self.events = 0;
+        self.bytes = 0;
+        self.last_commit = None;
+        self.started = Instant::now();
+        let mut counts = Vec::new();
+        for item in &self.buffer {
+            match item {
+                Buffered::Event { bytes, read_at, .. } => counts.push((*bytes, *read_at)),
+                Buffered::Commit(end, time) => self.last_commit = Some((*end, Some(*time))),
+            }
+        }
+        for (bytes, read_at) in counts {
+            self.count(bytes, read_at);
+        }
+    }
+
+    /// The sequence number of the first event still buffered.
+    fn first_buffered_seq(&self) -> Option<u64> {
+        self.buffer.iter().find_map(|item| match item {
+            Buffered::Event { seq, .. } => Some(*seq),
+            Buffered::Commit(..) => None,
+        })
+    }
+}
+
+/// Waits for the commit running on its blocking thread (never resolves when none is).
+pub(super) async fn commit_returned(eos: &mut Option<KafkaTxn>) -> Result<(), TxnError> {
+    let closing = eos.as_mut().and_then(|t| t.closing.as_mut());
+    match closing.map(|c| &mut c.phase) {
+        Some(Phase::Committing { handle, .. }) => handle
+            .await
+            .unwrap_or_else(|_| Err(TxnError::Abortable(rdkafka::error::KafkaError::Canceled))),
+        _ => std::future::pending().await,
     }
 }
 
@@ -191,9 +385,13 @@ impl Relay {
             id,
             bounds,
             open: false,
+            opened_at: Instant::now(),
             started: Instant::now(),
             events: 0,
+            bytes: 0,
             last_commit: None,
+            closing: None,
+            buffer: VecDeque::new(),
             skip_below,
             skip_commit_time,
             skipping: false,
@@ -201,19 +399,41 @@ impl Relay {
         })
     }
 
-    /// Opens a Kafka transaction if none is open; called before each event is produced.
-    pub(super) fn ensure_kafka_txn(&mut self, s: &mut Session) -> Result<(), RelayError> {
+    /// Counts `event` into the Kafka transaction being filled, opening one in the producer if
+    /// none is open. `true` when a commit is in flight: the event is then buffered under the
+    /// next sequence number, produced once that commit returned, and not handed to the
+    /// producer now.
+    pub(super) fn ensure_kafka_txn(
+        &mut self,
+        s: &mut Session,
+        event: &OutboxEvent,
+        route: usize,
+    ) -> Result<bool, RelayError> {
         let Some(txn) = s.eos.as_mut() else {
-            return Ok(());
+            return Ok(false);
         };
+        let (bytes, now) = (event_bytes(event), Instant::now());
+        if txn.closing.is_some() {
+            txn.count(bytes, now);
+            let seq = s.checkpoint.event();
+            txn.buffer.push_back(Buffered::Event {
+                event: Box::new(event.clone()),
+                route,
+                seq,
+                bytes,
+                read_at: now,
+            });
+            crash_point!("relay::eos-buffered");
+            return Ok(true);
+        }
         if !txn.open {
             self.open_kafka_txn(txn)?;
         }
-        txn.events += 1;
-        Ok(())
+        txn.count(bytes, now);
+        Ok(false)
     }
 
-    /// `begin_transaction`, and a fresh count for the new transaction.
+    /// `begin_transaction`.
     fn open_kafka_txn(&self, txn: &mut KafkaTxn) -> Result<(), RelayError> {
         if let Err(e) = self.sink.begin_transaction() {
             return Err(RelayError::Transaction(classify_txn(
@@ -221,14 +441,12 @@ impl Relay {
             )));
         }
         txn.open = true;
-        txn.started = Instant::now();
-        txn.events = 0;
-        txn.last_commit = None;
+        txn.opened_at = Instant::now();
         Ok(())
     }
 
-    /// A PostgreSQL transaction ended (its events, if any, are in the open Kafka transaction):
-    /// commits the Kafka transaction when it is due.
+    /// A PostgreSQL transaction ended (its events, if any, are in the Kafka transaction being
+    /// filled): starts its commit when it is due.
     pub(super) async fn on_pg_commit(
         &mut self,
         s: &mut Session,
@@ -239,50 +457,78 @@ impl Relay {
             return Ok(());
         };
         txn.skipping = false;
-        if !txn.open {
+        if !txn.holds_events() {
             return Ok(());
         }
         txn.last_commit = Some((end_lsn, Some(commit_time)));
-        if txn.due() {
-            self.commit_kafka_txn(s).await?;
+        if txn.closing.is_some() {
+            txn.buffer.push_back(Buffered::Commit(end_lsn, commit_time));
+        } else if txn.due() {
+            let through_seq = s.checkpoint.next_seq();
+            self.start_commit(s, through_seq);
         }
         Ok(())
     }
 
-    /// Commits the open Kafka transaction with the progress record of its last PostgreSQL
-    /// transaction, then counts its events in the checkpoint. Only called while no PostgreSQL
-    /// transaction is partly in it: every event produced so far is then in it whole, so it
-    /// holds every sequence number below the checkpoint's next one.
-    pub(super) async fn commit_kafka_txn(&mut self, s: &mut Session) -> Result<(), RelayError> {
+    /// Starts committing the open Kafka transaction, with the progress record of its last
+    /// PostgreSQL transaction; it holds every sequence number below `through_seq`, and only
+    /// those. Called only where no PostgreSQL transaction is partly in it: right after a
+    /// PostgreSQL commit was received or replayed from the buffer, or while none is being
+    /// received. From here until the commit returns, events read are buffered.
+    pub(super) fn start_commit(&mut self, s: &mut Session, through_seq: u64) {
+        let Some(txn) = s.eos.as_mut().filter(|t| t.committable()) else {
+            return;
+        };
+        let Some((end_lsn, commit_time)) = txn.last_commit else {
+            return;
+        };
+        txn.closing = Some(Closing {
+            through_seq,
+            end_lsn,
+            commit_time,
+            phase: Phase::Flushing {
+                deadline: Instant::now() + TXN_CALL_TIMEOUT,
+            },
+        });
+        txn.reset_fill();
+    }
+
+    /// Starts committing the open Kafka transaction while no PostgreSQL transaction is being
+    /// received (its age bound, the end of the session).
+    pub(super) fn start_idle_commit(&mut self, s: &mut Session) {
+        if s.txn.is_none() && s.eos.as_ref().is_some_and(|t| t.buffer.is_empty()) {
+            let through_seq = s.checkpoint.next_seq();
+            self.start_commit(s, through_seq);
+        }
+    }
+
+    /// Moves the commit in flight on: once every event of its transaction is acknowledged,
+    /// sends its progress record (a progress record a broker shows always follows all of its
+    /// events, even on a broker that shows aborted transactions to `read_committed` readers;
+    /// see the module docs) and hands `commit_transaction` to a blocking thread. Called
+    /// after delivery reports were taken.
+    pub(super) async fn drive_commit(&mut self, s: &mut Session) -> Result<(), RelayError> {
         let Some(txn) = s.eos.as_mut() else {
             return Ok(());
         };
-        let Some((end_lsn, commit_time)) = txn.last_commit.filter(|_| txn.open) else {
+        let Some(closing) = txn.closing.as_mut() else {
             return Ok(());
         };
-        let id = txn.id.clone();
-        let through_seq = s.checkpoint.next_seq();
-        // Every event of the transaction is acknowledged before its progress record is sent:
-        // a progress record a broker shows always follows all of its events, even on a broker
-        // that shows aborted transactions to read_committed readers (see the module docs).
-        let deadline = Instant::now() + TXN_CALL_TIMEOUT;
-        loop {
-            // A failed record ends the session here (the transaction is then aborted).
-            self.take_acks(s)?;
-            if s.outstanding == 0 {
-                break;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+        let Phase::Flushing { deadline } = closing.phase else {
+            return Ok(());
+        };
+        if s.outstanding > 0 {
+            if Instant::now() >= deadline {
                 return Err(RelayError::Transaction(TxnError::Abortable(
                     rdkafka::error::KafkaError::Flush(
                         rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
                     ),
                 )));
             }
-            let acks = self.acks.clone();
-            let _ = tokio::time::timeout(left, acks.wait()).await;
+            return Ok(());
         }
+        let (end_lsn, commit_time) = (closing.end_lsn, closing.commit_time);
+        let id = txn.id.clone();
         if let Some(key) = self.progress_key.clone() {
             loop {
                 match self.send_progress(&key, end_lsn, commit_time) {
@@ -297,55 +543,173 @@ impl Relay {
             }
         }
         crash_point!("relay::eos-before-commit");
-        let started = Instant::now();
-        let retry_until = started + COMMIT_RETRY_FOR;
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let result = blocking(&self.sink, KafkaSink::commit_transaction).await;
-            match result.map_err(|e| classify_txn(&self.sink, &id, e)) {
-                Ok(()) => break,
-                Err(TxnError::Retriable(e)) if Instant::now() < retry_until => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "committing the kafka transaction; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+        let sink = self.sink.clone();
+        let handle = tokio::task::spawn_blocking(move || commit_blocking(&sink, &id));
+        if let Some(closing) = s.eos.as_mut().and_then(|t| t.closing.as_mut()) {
+            closing.phase = Phase::Committing {
+                handle,
+                started: Instant::now(),
+            };
+        }
+        Ok(())
+    }
+
+    /// The commit in flight returned `outcome`. Committed: its events count for the
+    /// checkpoint (never one past its `through_seq`), and the buffered events are produced
+    /// into the next transaction, up to the first buffered PostgreSQL commit at which it is
+    /// full; its commit then starts, and the rest stays buffered behind it. Its age bound is
+    /// looked at only once the buffer is through (what waited behind a commit is committed
+    /// together, not one PostgreSQL transaction per commit). Failed: the error, with the
+    /// transaction still open for the abort.
+    pub(super) async fn on_commit_returned(
+        &mut self,
+        s: &mut Session,
+        outcome: Result<(), TxnError>,
+    ) -> Result<(), RelayError> {
+        self.settle_commit(s, outcome)?;
+        let Some(txn) = s.eos.as_mut() else {
+            return Ok(());
+        };
+        if txn.buffer.is_empty() {
+            return Ok(());
+        }
+        self.open_kafka_txn(txn)?;
+        txn.events = 0;
+        txn.bytes = 0;
+        txn.last_commit = None;
+        // Whether the last item produced ended a PostgreSQL transaction.
+        let mut at_commit = false;
+        while let Some(item) = s.eos.as_mut().and_then(|t| t.buffer.pop_front()) {
+            at_commit = matches!(item, Buffered::Commit(..));
+            match item {
+                Buffered::Event {
+                    event,
+                    route,
+                    seq,
+                    bytes,
+                    read_at,
+                } => {
+                    self.send(s, &event, seq, route).await?;
+                    s.outstanding += 1;
+                    if let Some(txn) = s.eos.as_mut() {
+                        txn.count(bytes, read_at);
+                    }
+                    crash_point!("relay::produced");
                 }
-                Err(TxnError::Retriable(e)) => {
-                    return Err(RelayError::Transaction(TxnError::Abortable(e)));
+                Buffered::Commit(end_lsn, commit_time) => {
+                    let Some(txn) = s.eos.as_mut() else {
+                        return Ok(());
+                    };
+                    txn.last_commit = Some((end_lsn, Some(commit_time)));
+                    if txn.full() {
+                        let through_seq = txn
+                            .first_buffered_seq()
+                            .unwrap_or_else(|| s.checkpoint.next_seq());
+                        self.start_commit(s, through_seq);
+                        return Ok(());
+                    }
                 }
-                Err(e) => return Err(RelayError::Transaction(e)),
             }
         }
-        self.metrics
-            .kafka_transaction_commit
-            .observe(started.elapsed().as_secs_f64());
+        // Through the buffer, which ended with a PostgreSQL commit: no event of a later one
+        // has a sequence number yet.
+        if at_commit && s.eos.as_ref().is_some_and(KafkaTxn::due) {
+            let through_seq = s.checkpoint.next_seq();
+            self.start_commit(s, through_seq);
+        }
+        Ok(())
+    }
+
+    /// Records the outcome of the commit that returned: counts the committed transaction's
+    /// events in the checkpoint, or hands back the error (the transaction stays open, to be
+    /// aborted).
+    fn settle_commit(
+        &mut self,
+        s: &mut Session,
+        outcome: Result<(), TxnError>,
+    ) -> Result<(), RelayError> {
+        let Some(txn) = s.eos.as_mut() else {
+            return Ok(());
+        };
+        let Some(closing) = txn.closing.take() else {
+            return Ok(());
+        };
+        outcome.map_err(RelayError::Transaction)?;
+        if let Phase::Committing { started, .. } = closing.phase {
+            self.metrics
+                .kafka_transaction_commit
+                .observe(started.elapsed().as_secs_f64());
+        }
         self.metrics
             .kafka_transactions
             .with_label_values(&["committed"])
             .inc();
-        if let Some(txn) = s.eos.as_mut() {
-            // Its count and last commit are reset when the next one opens.
-            txn.open = false;
-        }
+        txn.open = false;
         crash_point!("relay::eos-committed");
-        if s.checkpoint.ack_through(through_seq) > 0 {
+        if s.checkpoint.ack_through(closing.through_seq) > 0 {
             self.observe_confirmed(s);
         }
         Ok(())
     }
 
-    /// Aborts the open Kafka transaction, if any: nothing of it is confirmed, and its records'
-    /// delivery reports are ignored from now on. `Err` only when the producer cannot go on
-    /// (fenced by a newer walbox, say).
+    /// Commits the transaction being filled and waits for it: first the commit in flight, if
+    /// any, then (once its buffered events are produced) the open transaction.
+    pub(super) async fn commit_kafka_txn(&mut self, s: &mut Session) -> Result<(), RelayError> {
+        self.finish_commit(s).await?;
+        self.start_idle_commit(s);
+        self.finish_commit(s).await
+    }
+
+    /// Waits until no commit is in flight: delivery reports, the progress record,
+    /// `commit_transaction`, and the production of the events buffered meanwhile.
+    async fn finish_commit(&mut self, s: &mut Session) -> Result<(), RelayError> {
+        loop {
+            let Some(txn) = s.eos.as_mut() else {
+                return Ok(());
+            };
+            match txn.flush_deadline() {
+                _ if !txn.committing() => return Ok(()),
+                Some(deadline) => {
+                    // A failed record ends the session here (the transaction is then aborted).
+                    self.take_acks(s)?;
+                    self.drive_commit(s).await?;
+                    if s.eos.as_ref().and_then(KafkaTxn::flush_deadline).is_some() {
+                        let acks = self.acks.clone();
+                        let _ = tokio::time::timeout_at(deadline.into(), acks.wait()).await;
+                    }
+                }
+                None => {
+                    let outcome = commit_returned(&mut s.eos).await;
+                    self.on_commit_returned(s, outcome).await?;
+                }
+            }
+        }
+    }
+
+    /// Aborts the open Kafka transaction, if any, once its records' delivery reports are in
+    /// ([`Relay::acknowledged`]; when some never come, the next session's producer aborts it
+    /// as it fences this one): nothing of it is confirmed, and its records' delivery reports
+    /// are ignored from now on. `Err` only when the producer cannot go on (fenced by a newer
+    /// walbox, say).
     pub(super) async fn abort_kafka_txn(&mut self, s: &mut Session) -> Result<(), RelayError> {
         let next_seq = s.checkpoint.next_seq();
         let Some(txn) = s.eos.as_mut() else {
             return Ok(());
         };
+        txn.buffer.clear();
+        txn.closing = None;
+        txn.reset_fill();
+        let open = std::mem::replace(&mut txn.open, false);
+        if open && !self.acknowledged(s).await {
+            tracing::warn!(outstanding = s.outstanding, "the kafka transaction's records are not all acknowledged: not aborting it; the next session's producer aborts it");
+        }
+        let Some(txn) = s.eos.as_mut() else {
+            return Ok(());
+        };
         txn.discard_below = next_seq;
-        if !txn.open {
+        if !open || s.outstanding > 0 {
             return Ok(());
         }
-        txn.open = false;
         let id = txn.id.clone();
         let result = blocking(&self.sink, KafkaSink::abort_transaction).await;
         self.metrics
@@ -367,27 +731,62 @@ impl Relay {
         }
     }
 
-    /// Ends the session's Kafka transaction: committed when the session ends cleanly between
-    /// PostgreSQL transactions, aborted otherwise. `Err` when the producer cannot go on (fenced,
-    /// say): that is then the session's error, whatever ended it.
+    /// Waits (bounded by `relay.shutdown_timeout`) for the delivery reports of every record
+    /// produced; `true` when none is outstanding. The coordinator accepts an abort only once
+    /// the transaction holds a partition: right after the previous commit, the first records
+    /// of the next transaction may still wait for that (the previous transaction's markers),
+    /// and an abort then is refused (INVALID_TXN_STATE), which librdkafka makes fatal.
+    async fn acknowledged(&mut self, s: &mut Session) -> bool {
+        let deadline = Instant::now() + self.settings.relay.shutdown_timeout;
+        while s.outstanding > 0 && self.acks.fatal().is_none() {
+            // A failed record is accounted for too; the abort is what follows it.
+            let _ = self.take_acks(s);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if s.outstanding == 0 || left.is_zero() {
+                break;
+            }
+            let acks = self.acks.clone();
+            let _ = tokio::time::timeout(left, acks.wait()).await;
+        }
+        s.outstanding == 0
+    }
+
+    /// Ends the session's Kafka transactions: committed when the session ends cleanly between
+    /// PostgreSQL transactions, aborted otherwise (after a commit in flight returned: what it
+    /// committed counts, the events buffered behind it are dropped). `Err` when the producer
+    /// cannot go on (fenced, say): that is then the session's error, whatever ended it.
     pub(super) async fn end_kafka_txn(
         &mut self,
         s: &mut Session,
         clean: bool,
     ) -> Result<(), RelayError> {
-        let Some(txn) = s.eos.as_ref() else {
+        if s.eos.is_none() {
             return Ok(());
-        };
-        if clean && s.txn.is_none() && txn.committable() {
+        }
+        let fatal = |e: &RelayError| e.failure().is_some();
+        if clean && s.txn.is_none() {
             match self.commit_kafka_txn(s).await {
                 Ok(()) => return Ok(()),
-                Err(e) if e.failure().is_some() => {
+                Err(e) if fatal(&e) => {
                     let _ = self.abort_kafka_txn(s).await;
                     return Err(e);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "committing the last kafka transaction failed")
                 }
+            }
+        } else if s.eos.as_ref().is_some_and(|t| t.flush_deadline().is_none()) {
+            // A commit on its blocking thread: its outcome decides what is confirmed.
+            let outcome = match s.eos.as_ref().is_some_and(KafkaTxn::committing) {
+                true => Some(commit_returned(&mut s.eos).await),
+                false => None,
+            };
+            if let Some(Err(e)) = outcome.map(|o| self.settle_commit(s, o)) {
+                if fatal(&e) {
+                    let _ = self.abort_kafka_txn(s).await;
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, "committing the kafka transaction failed");
             }
         }
         self.abort_kafka_txn(s).await

@@ -5,7 +5,8 @@
 //!
 //! # Invariants
 //! - Every event gets exactly one sequence number, taken when it is first handed to the
-//!   producer; its dead letter (if any) reuses it, so the checkpoint sees one event either way.
+//!   producer (or, in exactly-once mode, buffered behind a Kafka commit in flight); its dead
+//!   letter (if any) reuses it, so the checkpoint sees one event either way.
 //! - A record librdkafka cannot queue (queue full) is retried, never dropped: the queue drains
 //!   as deliveries complete, and `relay.max_in_flight` is at most its size.
 
@@ -77,7 +78,10 @@ impl Relay {
                 error,
             });
         }
-        self.ensure_kafka_txn(s)?;
+        if self.ensure_kafka_txn(s, event, route)? {
+            // Buffered behind the Kafka commit in flight (exactly-once mode).
+            return Ok(());
+        }
         let seq = s.checkpoint.next_seq();
         self.send(s, event, seq, route).await?;
         let assigned = s.checkpoint.event();
@@ -89,7 +93,7 @@ impl Relay {
 
     /// Hands a record to the sink, waiting while librdkafka's queue is full; a record the
     /// producer refuses outright is dead-lettered (when the route says so) or an error.
-    async fn send(
+    pub(super) async fn send(
         &mut self,
         s: &mut Session,
         event: &OutboxEvent,

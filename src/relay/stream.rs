@@ -7,6 +7,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::error::{DeliveryFailure, RelayError};
+use super::exactly_once::commit_returned;
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
 use crate::config::OnChange;
 use crate::fault::crash_point;
@@ -35,7 +36,9 @@ impl Relay {
         let mut draining: Option<Instant> = None;
         let mut liveness = Liveness::new(self.settings.postgres.receive_timeout);
         loop {
-            let reading = in_flight(s) < max_in_flight;
+            // Exactly-once: a commit whose events are all acknowledged goes to its thread.
+            self.drive_commit(s).await?;
+            let reading = intake_open(s, max_in_flight);
             if !reading {
                 // Not reading (the broker is behind): silence is walbox's own doing.
                 liveness.heard();
@@ -56,6 +59,12 @@ impl Relay {
                 }
             }
             let drain_deadline = draining.unwrap_or_else(Instant::now);
+            let eos = s.eos.as_ref();
+            let committing = eos.is_some_and(|t| t.committing());
+            let flushing = eos.is_some_and(|t| t.flush_deadline().is_some());
+            let flush_at = flush_deadline(s);
+            let idle_commit = s.txn.is_none() && eos.is_some_and(|t| t.committable());
+            let eos_at = eos_deadline(s);
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if draining.is_none() => {
@@ -75,12 +84,17 @@ impl Relay {
                 _ = self.acks.wait() => {
                     self.take_acks(s)?;
                 }
-                // Exactly-once: a Kafka transaction that reached its age bound while no
-                // PostgreSQL transaction is being received is committed now.
-                _ = tokio::time::sleep_until(eos_deadline(s).into()),
-                    if s.txn.is_none() && s.eos.as_ref().is_some_and(|t| t.committable()) =>
-                {
-                    self.commit_kafka_txn(s).await?;
+                // Exactly-once: the commit in flight returned; what was buffered meanwhile
+                // is produced into the next transaction.
+                outcome = commit_returned(&mut s.eos), if committing => {
+                    self.on_commit_returned(s, outcome).await?;
+                }
+                // … or its delivery reports are late (the loop's head ends the session).
+                _ = tokio::time::sleep_until(flush_at.into()), if flushing => {}
+                // A Kafka transaction that reached its age bound while no PostgreSQL
+                // transaction is being received starts its commit now.
+                _ = tokio::time::sleep_until(eos_at.into()), if idle_commit => {
+                    self.start_idle_commit(s);
                 }
                 // Confirm progress promptly (releasing WAL sooner), but at most every
                 // EAGER_STATUS_GAP: never a status update per event.
@@ -107,7 +121,7 @@ impl Relay {
                     let mut burst = 0;
                     while burst < MAX_BURST
                         && !s.drained
-                        && in_flight(s) < max_in_flight
+                        && intake_open(s, max_in_flight)
                         && !(draining.is_some() && s.txn.is_none())
                         && !(draining.is_none() && *shutdown.borrow())
                         && s.last_status_at.elapsed() < status_interval
@@ -442,14 +456,28 @@ impl Relay {
 }
 
 /// Events not yet retired, as intake counts them: in exactly-once mode those not yet
-/// delivered (a Kafka transaction may hold more than `relay.max_in_flight`), otherwise those
-/// the checkpoint has not retired.
+/// delivered and those buffered behind a commit (a Kafka transaction may hold more than
+/// `relay.max_in_flight`), otherwise those the checkpoint has not retired.
 fn in_flight(s: &Session) -> usize {
-    if s.eos.is_some() {
-        s.outstanding
-    } else {
-        s.checkpoint.in_flight()
+    match &s.eos {
+        Some(t) => s.outstanding + t.buffered(),
+        None => s.checkpoint.in_flight(),
     }
+}
+
+/// Whether WAL is read: fewer than `max_in_flight` events in flight, and in exactly-once mode
+/// fewer than `kafka.transaction_max_bytes` buffered behind the commit in flight.
+fn intake_open(s: &Session, max_in_flight: usize) -> bool {
+    in_flight(s) < max_in_flight && !s.eos.as_ref().is_some_and(|t| t.buffer_full())
+}
+
+/// Until when exactly-once mode's commit in flight waits for its delivery reports (far away
+/// when none waits, where the branch waiting for it is off).
+fn flush_deadline(s: &Session) -> Instant {
+    s.eos
+        .as_ref()
+        .and_then(|t| t.flush_deadline())
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
 }
 
 /// When exactly-once mode's open Kafka transaction reaches its age bound (far away outside
