@@ -16,7 +16,8 @@
 # progress topic and the start-up decision read from it, `walbox audit`,
 # SASL/SCRAM handshakes (plain and over TLS), routing with topic creation,
 # the Debezium differential test (Kafka Connect standalone with the Debezium
-# PostgreSQL connector, from scripts/install-debezium.sh), and the core
+# PostgreSQL connector, from scripts/install-debezium.sh), the migration from
+# Debezium to walbox on its slot (debezium_migration::), and the core
 # relay's SIGKILL test. Ignored tests (those needing a real
 # broker) run too. Tests that inject broker faults need the mock cluster and
 # say "external broker: … skipped" here.
@@ -30,7 +31,8 @@ bash scripts/install-debezium.sh >/dev/null
 
 if [ "$#" -eq 0 ]; then
   set -- exactly_once:: exactly_once_faults:: inbox:: progress:: audit:: \
-    kafka_security:: routing:: debezium:: relay::sigkill_at_random_points \
+    kafka_security:: routing:: debezium:: debezium_migration:: \
+    relay::sigkill_at_random_points \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing
 fi
 

@@ -17,7 +17,7 @@ use crate::support::{self, kafka, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
 /// Debezium's outbox table, as its documentation creates it, with three more columns that the
 /// router places in headers (each sometimes NULL).
-const TABLE: &str = "
+pub(crate) const TABLE: &str = "
 DROP TABLE outbox;
 CREATE TABLE outbox (
     id            uuid         PRIMARY KEY,
@@ -31,18 +31,18 @@ CREATE TABLE outbox (
 );";
 
 /// The routing values; each has a topic of [`PARTITIONS`] partitions per side.
-const AGGREGATE_TYPES: [&str; 3] = ["order", "customer", "invoice"];
-const PARTITIONS: i32 = 3;
+pub(crate) const AGGREGATE_TYPES: [&str; 3] = ["order", "customer", "invoice"];
+pub(crate) const PARTITIONS: i32 = 3;
 const DBZ_PREFIX: &str = "dbz.";
 const WBX_PREFIX: &str = "wbx.";
 
-/// The router's settings: its defaults, apart from the topic (prefixed for the comparison) and
-/// the commonly used header placements.
-fn router() -> Vec<(&'static str, String)> {
+/// The router's settings: its defaults, apart from the topic (under `prefix`, stripped for the
+/// comparison) and the commonly used header placements.
+pub(crate) fn router(prefix: &str) -> Vec<(&'static str, String)> {
     vec![
         (
             "route.topic.replacement",
-            format!("{DBZ_PREFIX}outbox.event.${{routedByValue}}"),
+            format!("{prefix}outbox.event.${{routedByValue}}"),
         ),
         (
             "table.fields.additional.placement",
@@ -93,7 +93,7 @@ fn row(n: usize, aggregate: usize) -> String {
     )
 }
 
-const INSERT: &str =
+pub(crate) const INSERT: &str =
     "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant, attempt, traceparent) VALUES ";
 
 /// The workload: single-row and multi-row transactions over many aggregates, a rolled-back
@@ -205,7 +205,7 @@ fn walbox_in_debezium_compat_mode_writes_the_event_routers_records() {
     let dbz_slot = format!("dbz_{}", db.name);
     let wbx_slot = format!("wbx_{}", db.name);
 
-    let router = router();
+    let router = router(DBZ_PREFIX);
     let connect = Connect::start(&ConnectorSpec {
         db: &db,
         slot: &dbz_slot,

@@ -226,6 +226,19 @@ impl Connect {
         status["tasks"][0]["state"].as_str().map(str::to_owned)
     }
 
+    /// The connector's configuration as Connect was given it: a `.properties` file, password
+    /// included.
+    pub fn connector_config(&self) -> PathBuf {
+        self.dir.path().join("connector.properties")
+    }
+
+    /// Kills the JVM at once (SIGKILL), as a crash would: the slot keeps the position Debezium
+    /// last confirmed, which may be behind what it produced.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// The JVM's resident set size in KiB, while it runs.
     pub fn rss_kib(&self) -> Option<u64> {
         rss_kib(self.child.id())
