@@ -132,6 +132,11 @@ fn the_rest_apis_json_and_a_bare_config_object_give_the_same_configuration() {
     let from_properties = render(PROPERTIES).unwrap().toml;
     assert_eq!(render(&rest_json()).unwrap().toml, from_properties);
     let json: serde_json::Value = serde_json::from_str(&rest_json()).unwrap();
+    // GET /connectors/<name> adds the tasks and the type.
+    let mut status = json.clone();
+    status["tasks"] = serde_json::json!([{"connector": "outbox-connector", "task": 0}]);
+    status["type"] = "source".into();
+    assert_eq!(render(&status.to_string()).unwrap().toml, from_properties);
     let mut bare = json["config"].clone();
     bare["name"] = "outbox-connector".into();
     assert_eq!(render(&bare.to_string()).unwrap().toml, from_properties);
