@@ -171,7 +171,7 @@ fn read_side(
 /// The headers a consumer of either relay reads, by name: without walbox's own `walbox.*` and
 /// Debezium's own `__debezium.context.*` headers, and sorted, because the router places headers
 /// in its placement order and walbox in column-name order (both in docs/migrating.md).
-fn comparable_headers(r: &ConsumedRecord) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn comparable_headers(r: &ConsumedRecord) -> Vec<(String, Vec<u8>)> {
     let mut headers: Vec<(String, Vec<u8>)> = r
         .headers
         .iter()

@@ -8,7 +8,9 @@
 //! What must hold: the union of both relays holds every committed event, and nothing else;
 //! neither relay writes an event twice; walbox writes nothing Debezium's confirmed position
 //! covers, so an event is written twice only in the overlap (produced by Debezium, not yet
-//! confirmed by it), and the test counts them; in each partition Debezium's records come
+//! confirmed by it), and the test counts them; the two copies of such an event are the same
+//! record (topic, partition, key, value, headers but the relays' own); in each partition
+//! Debezium's records come
 //! before walbox's, so a consumer that drops repeated `id`s reads every aggregate's events in
 //! commit order. Runs only with `WALBOX_TEST_KAFKA=apache` (scripts/real-kafka.sh).
 
@@ -20,7 +22,7 @@ use std::thread::JoinHandle;
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
 
-use crate::debezium::{router, AGGREGATE_TYPES, INSERT, PARTITIONS, TABLE};
+use crate::debezium::{comparable_headers, router, AGGREGATE_TYPES, INSERT, PARTITIONS, TABLE};
 use crate::support::debezium::{Connect, ConnectorSpec};
 use crate::support::{self, kafka, wait_until, walbox_output, TestDb, Walbox, WAIT};
 
@@ -271,6 +273,32 @@ fn walbox_resumes_on_debeziums_slot_and_the_union_holds_every_committed_event() 
         debezium > 0 && ours > 0,
         "both relays relayed part of the stream"
     );
+    // The overlap's events, written by both: the same record from each (the walbox that
+    // from-debezium describes writes the router's records).
+    let mut pairs: HashMap<&str, Vec<&ConsumedRecord>> = HashMap::new();
+    for r in &reader.records {
+        pairs
+            .entry(r.header_str("id").unwrap_or_default())
+            .or_default()
+            .push(r);
+    }
+    for id in &overlap {
+        let (d, w) = match pairs[id].as_slice() {
+            [a, b] if from_walbox(b) => (*a, *b),
+            [a, b] => (*b, *a),
+            other => panic!("{id}: {} records", other.len()),
+        };
+        assert_eq!(
+            (&w.topic, w.partition, &w.key, &w.payload),
+            (&d.topic, d.partition, &d.key, &d.payload),
+            "{id}: topic, partition, key, value"
+        );
+        assert_eq!(
+            comparable_headers(w),
+            comparable_headers(d),
+            "{id}: headers"
+        );
+    }
     assert_eq!(
         debezium + ours,
         committed.len() + overlap.len(),
