@@ -24,7 +24,7 @@ use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
 
 use crate::debezium::{comparable_headers, router, AGGREGATE_TYPES, INSERT, PARTITIONS, TABLE};
 use crate::support::debezium::{Connect, ConnectorSpec};
-use crate::support::{self, kafka, wait_until, walbox_output, TestDb, Walbox, WAIT};
+use crate::support::{self, kafka, wait_until, walbox_env, walbox_output, TestDb, Walbox, WAIT};
 
 /// The topics' prefix (the shared broker holds the differential test's topics too).
 const PREFIX: &str = "mig.";
@@ -168,25 +168,16 @@ fn walbox_resumes_on_debeziums_slot_and_the_union_holds_every_committed_event() 
     let password_file = dir.path().join("postgres-password");
     std::fs::write(&config, &toml).expect("write walbox.toml");
     std::fs::write(&password_file, format!("{password}\n")).expect("write the password");
-    let env: Vec<(String, String)> = [
-        ("WALBOX_CONFIG", config.display().to_string()),
-        (
-            "WALBOX_POSTGRES_PASSWORD_FILE",
-            password_file.display().to_string(),
-        ),
-        ("WALBOX_KAFKA_BROKERS", bootstrap.clone()),
-        ("WALBOX_HTTP_LISTEN", "off".into()),
-        ("WALBOX_RELAY_BACKOFF_INITIAL", "50ms".into()),
-        ("WALBOX_RELAY_BACKOFF_MAX", "1s".into()),
-        ("WALBOX_POSTGRES_STATUS_INTERVAL", "100ms".into()),
-        (
-            "WALBOX_LOG_LEVEL",
-            "info,librdkafka=warn,rdkafka=warn".into(),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
+    // The harness's settings, without those the printed file must give.
+    let mut env: Vec<(String, String)> = walbox_env(&db, &slot, &bootstrap)
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("WALBOX_POSTGRES_") || k.ends_with("STATUS_INTERVAL"))
+        .collect();
+    env.push(("WALBOX_CONFIG".into(), config.display().to_string()));
+    env.push((
+        "WALBOX_POSTGRES_PASSWORD_FILE".into(),
+        password_file.display().to_string(),
+    ));
     let walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox to stream from Debezium's slot", || {
         db.streaming(&slot)
