@@ -1,7 +1,9 @@
 //! Side by side with Debezium: one outbox table in Debezium's own layout, relayed through two
 //! slots, by Kafka Connect with the Debezium PostgreSQL connector and its Outbox Event Router,
 //! and by walbox with `compat = "debezium"`, each under its own topic prefix on the real-Kafka
-//! lane's broker. After stripping the prefixes, every record must be the same: topic, partition
+//! lane's broker. walbox's configuration is what `walbox from-debezium` makes of the connector's
+//! own (on a slot of its own, under its prefix), whose routes must equal the compatibility mode
+//! written by hand. After stripping the prefixes, every record must be the same: topic, partition
 //! (same partition count), key bytes, value bytes, headers (names and bytes, apart from
 //! walbox's own `walbox.*` ones; see docs/migrating.md), and the order within each partition,
 //! hence per key. Runs only with `WALBOX_TEST_KAFKA=apache` (scripts/real-kafka.sh).
@@ -219,10 +221,32 @@ fn walbox_in_debezium_compat_mode_writes_the_event_routers_records() {
         connect.rss_kib()
     );
 
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    file.write_all(walbox_toml().as_bytes()).unwrap();
+    // walbox as `walbox from-debezium` describes the connector, on a slot of its own and under
+    // its own prefix; the same routes as the compatibility mode written by hand.
+    let dir = tempfile::tempdir().unwrap();
     let mut env = walbox_env(&db, &wbx_slot, &bootstrap);
-    env.push(("WALBOX_CONFIG".into(), file.path().display().to_string()));
+    env.extend(support::debezium::walbox_config(&connect, dir.path()));
+    env.push((
+        "WALBOX_OUTBOX_TOPIC".into(),
+        format!("{WBX_PREFIX}outbox.event.${{aggregate_type}}"),
+    ));
+    let mut by_hand = tempfile::NamedTempFile::new().unwrap();
+    by_hand.write_all(walbox_toml().as_bytes()).unwrap();
+    let load = |file: &std::path::Path| {
+        walbox::config::load_from(Some(file), &mut env.clone().into_iter())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .outbox
+    };
+    let translated = env
+        .iter()
+        .find(|(k, _)| k == "WALBOX_CONFIG")
+        .map(|(_, v)| std::path::PathBuf::from(v))
+        .expect("WALBOX_CONFIG");
+    assert_eq!(
+        load(&translated),
+        load(by_hand.path()),
+        "from-debezium's routes"
+    );
     let started = Instant::now();
     let walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox's slot to stream", || db.streaming(&wbx_slot));

@@ -24,7 +24,7 @@ use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
 
 use crate::debezium::{comparable_headers, router, AGGREGATE_TYPES, INSERT, PARTITIONS, TABLE};
 use crate::support::debezium::{Connect, ConnectorSpec};
-use crate::support::{self, kafka, wait_until, walbox_env, walbox_output, TestDb, Walbox, WAIT};
+use crate::support::{self, kafka, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
 /// The topics' prefix (the shared broker holds the differential test's topics too).
 const PREFIX: &str = "mig.";
@@ -142,42 +142,16 @@ fn walbox_resumes_on_debeziums_slot_and_the_union_holds_every_committed_event() 
     });
     let confirmed = db.confirmed(&slot);
 
-    // walbox, configured from the connector's own configuration.
-    let password = support::cluster().password().to_owned();
-    let connector = connect.connector_config();
-    let out = walbox_output(
-        &["from-debezium", connector.to_str().expect("a UTF-8 path")],
-        &[],
-    );
-    let (toml, notes) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert!(
-        out.status.success(),
-        "walbox from-debezium: {:?}\n{notes}",
-        out.status
-    );
-    assert!(
-        !toml.contains(&password) && !notes.contains(&password),
-        "the password was copied:\n{toml}\n{notes}"
-    );
-    assert!(toml.contains(&format!("slot = \"{slot}\"")), "{toml}");
+    // walbox, configured from the connector's own configuration; the harness's settings
+    // without those the printed file must give.
     let dir = tempfile::tempdir().expect("a directory");
-    let config = dir.path().join("walbox.toml");
-    let password_file = dir.path().join("postgres-password");
-    std::fs::write(&config, &toml).expect("write walbox.toml");
-    std::fs::write(&password_file, format!("{password}\n")).expect("write the password");
-    // The harness's settings, without those the printed file must give.
     let mut env: Vec<(String, String)> = walbox_env(&db, &slot, &bootstrap)
         .into_iter()
         .filter(|(k, _)| !k.starts_with("WALBOX_POSTGRES_") || k.ends_with("STATUS_INTERVAL"))
         .collect();
-    env.push(("WALBOX_CONFIG".into(), config.display().to_string()));
-    env.push((
-        "WALBOX_POSTGRES_PASSWORD_FILE".into(),
-        password_file.display().to_string(),
-    ));
+    env.extend(support::debezium::walbox_config(&connect, dir.path()));
+    let toml = std::fs::read_to_string(dir.path().join("walbox.toml")).expect("walbox.toml");
+    assert!(toml.contains(&format!("slot = \"{slot}\"")), "{toml}");
     let walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox to stream from Debezium's slot", || {
         db.streaming(&slot)

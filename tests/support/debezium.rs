@@ -258,6 +258,44 @@ impl Connect {
     }
 }
 
+/// Runs `walbox from-debezium` on `connect`'s connector configuration and writes the
+/// walbox.toml it prints, and the database password it leaves to a file, into `dir`. Returns
+/// the variables that point walbox at both (`WALBOX_CONFIG`, `WALBOX_POSTGRES_PASSWORD_FILE`).
+/// Panics when the command fails (a setting it cannot honour included) or when the password
+/// appears in its output.
+pub fn walbox_config(connect: &Connect, dir: &std::path::Path) -> Vec<(String, String)> {
+    let connector = connect.connector_config();
+    let out = super::walbox_output(
+        &["from-debezium", connector.to_str().expect("a UTF-8 path")],
+        &[],
+    );
+    let (toml, notes) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        out.status.success(),
+        "walbox from-debezium: {:?}\n{notes}",
+        out.status
+    );
+    let password = super::cluster().password();
+    assert!(
+        !toml.contains(password) && !notes.contains(password),
+        "walbox from-debezium copied the password:\n{toml}\n{notes}"
+    );
+    let config = dir.join("walbox.toml");
+    let password_file = dir.join("postgres-password");
+    fs::write(&config, &toml).expect("write walbox.toml");
+    fs::write(&password_file, format!("{password}\n")).expect("write the password file");
+    vec![
+        ("WALBOX_CONFIG".into(), config.display().to_string()),
+        (
+            "WALBOX_POSTGRES_PASSWORD_FILE".into(),
+            password_file.display().to_string(),
+        ),
+    ]
+}
+
 /// A process's resident set size in KiB (`VmRSS`).
 pub fn rss_kib(pid: u32) -> Option<u64> {
     fs::read_to_string(format!("/proc/{pid}/status"))
