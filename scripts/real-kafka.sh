@@ -17,7 +17,8 @@
 # SASL/SCRAM handshakes (plain and over TLS), routing with topic creation,
 # the progress topic's cleanup policy in `walbox check`, the Debezium
 # differential test (Kafka Connect standalone with the Debezium
-# PostgreSQL connector, from scripts/install-debezium.sh), and the core
+# PostgreSQL connector, from scripts/install-debezium.sh), the migration from
+# Debezium to walbox on its slot (debezium_migration::), and the core
 # relay's SIGKILL test. Ignored tests (those needing a real
 # broker) run too. Tests that inject broker faults need the mock cluster and
 # say "external broker: … skipped" here.
@@ -31,7 +32,8 @@ bash scripts/install-debezium.sh >/dev/null
 
 if [ "$#" -eq 0 ]; then
   set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: audit:: \
-    kafka_security:: routing:: debezium:: relay::sigkill_at_random_points \
+    kafka_security:: routing:: debezium:: debezium_migration:: \
+    relay::sigkill_at_random_points \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \
     check_kafka::the_progress_topic_must_be_compacted check::everything_passes
 fi

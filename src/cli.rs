@@ -118,6 +118,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the walbox.toml equivalent to a Debezium PostgreSQL connector with the Outbox
+    /// Event Router, on its slot and publication (`compat = "debezium"`). Every setting walbox
+    /// cannot honour is named on stderr with its reason, and the command exits 3 unless
+    /// `--allow-partial`. Secrets are never copied: they become `*_file` references.
+    FromDebezium {
+        /// The connector's configuration: the JSON posted to Kafka Connect's REST API, or a
+        /// `.properties` file.
+        #[arg(value_name = "CONFIG")]
+        config: PathBuf,
+        /// Print the configuration without the settings it cannot honour (still named on
+        /// stderr), and exit 0.
+        #[arg(long)]
+        allow_partial: bool,
+    },
     /// Consume topics into PostgreSQL effectively once: inbox row + effect in one transaction,
     /// then the offset commit (the consumer half).
     Inbox {

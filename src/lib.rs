@@ -33,6 +33,7 @@
 //! sink/                Kafka producer, topics, progress records (the evidence a slot existed)
 //! health/              slot monitor, alert levels, webhook, `walbox status`/`recreate-slot`
 //! republish.rs         `walbox republish`: rows still in the outbox → Kafka, relay's mapping
+//! debezium/            `walbox from-debezium`: a Debezium connector's configuration → walbox.toml
 //! preflight/           `walbox check`: everything `run` needs, one line per check with its fix
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
 //! inbox/               `walbox inbox`: the consumer half
@@ -45,6 +46,7 @@ pub mod audit;
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod debezium;
 pub mod failure;
 pub mod fault;
 pub mod health;

@@ -219,6 +219,10 @@ fn main() -> ExitCode {
                 finish_once(result.map(|_| ()))
             }
         },
+        Command::FromDebezium {
+            config,
+            allow_partial,
+        } => finish_once(walbox::debezium::from_debezium(&config, allow_partial)),
         Command::Inbox { config } => match walbox::inbox::load(config.as_deref()) {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use std::time::Duration;
 
-use crate::support::{walbox_cmd, walbox_env, TestDb, Walbox};
+use crate::support::{self, walbox_cmd, walbox_env, TestDb, Walbox};
 
 fn walbox(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_walbox"))
@@ -49,6 +49,7 @@ fn completions_know_every_subcommand() {
             "recreate-slot",
             "republish",
             "inbox",
+            "from-debezium",
             "completions",
         ] {
             assert!(script.contains(sub), "{shell} completion lacks {sub}");
@@ -225,4 +226,50 @@ fn an_unreadable_configuration_is_still_a_json_report() {
     let error = report["error"].as_str().expect("an error message");
     assert!(error.contains("absent.toml"), "{error}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+/// `walbox from-debezium`: a setting it cannot honour is named on stderr and exits 3 with
+/// nothing on stdout; `--allow-partial` prints the rest; the connector's password is in no
+/// output; an unreadable file is exit status 3 too.
+#[test]
+fn from_debezium_names_what_it_cannot_honour_and_never_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let connector = dir.path().join("connector.json");
+    let config = serde_json::json!({
+        "name": "outbox",
+        "config": {
+            "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+            "database.hostname": "db",
+            "database.user": "dbz",
+            "database.password": "hunter2-pg",
+            "database.dbname": "shop",
+            "plugin.name": "pgoutput",
+            "table.include.list": "public.outbox",
+            "snapshot.mode": "no_data",
+            "transforms": "outbox",
+            "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+            "slot.drop.on.stop": "true"
+        }
+    });
+    std::fs::write(&connector, config.to_string()).unwrap();
+    let path = connector.to_str().unwrap();
+    let strict = support::walbox_output(&["from-debezium", path], &[]);
+    let stderr = String::from_utf8_lossy(&strict.stderr);
+    assert_eq!(strict.status.code(), Some(3), "{stderr}");
+    assert!(strict.stdout.is_empty());
+    assert!(
+        stderr.contains("walbox: cannot honour slot.drop.on.stop: "),
+        "{stderr}"
+    );
+    let partial = support::walbox_output(&["from-debezium", "--allow-partial", path], &[]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&partial.stdout),
+        String::from_utf8_lossy(&partial.stderr),
+    );
+    assert_eq!(partial.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("compat = \"debezium\""), "{stdout}");
+    assert!(stdout.contains("password_file = "), "{stdout}");
+    assert!(!stdout.contains("hunter2") && !stderr.contains("hunter2"));
+    let missing = support::walbox_output(&["from-debezium", "/nonexistent/connector.json"], &[]);
+    assert_eq!(missing.status.code(), Some(3));
 }

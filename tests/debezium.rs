@@ -1,7 +1,9 @@
 //! Side by side with Debezium: one outbox table in Debezium's own layout, relayed through two
 //! slots, by Kafka Connect with the Debezium PostgreSQL connector and its Outbox Event Router,
 //! and by walbox with `compat = "debezium"`, each under its own topic prefix on the real-Kafka
-//! lane's broker. After stripping the prefixes, every record must be the same: topic, partition
+//! lane's broker. walbox's configuration is what `walbox from-debezium` makes of the connector's
+//! own (on a slot of its own, under its prefix), whose routes must equal the compatibility mode
+//! written by hand. After stripping the prefixes, every record must be the same: topic, partition
 //! (same partition count), key bytes, value bytes, headers (names and bytes, apart from
 //! walbox's own `walbox.*` ones; see docs/migrating.md), and the order within each partition,
 //! hence per key. Runs only with `WALBOX_TEST_KAFKA=apache` (scripts/real-kafka.sh).
@@ -17,7 +19,7 @@ use crate::support::{self, kafka, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
 /// Debezium's outbox table, as its documentation creates it, with three more columns that the
 /// router places in headers (each sometimes NULL).
-const TABLE: &str = "
+pub(crate) const TABLE: &str = "
 DROP TABLE outbox;
 CREATE TABLE outbox (
     id            uuid         PRIMARY KEY,
@@ -31,18 +33,18 @@ CREATE TABLE outbox (
 );";
 
 /// The routing values; each has a topic of [`PARTITIONS`] partitions per side.
-const AGGREGATE_TYPES: [&str; 3] = ["order", "customer", "invoice"];
-const PARTITIONS: i32 = 3;
+pub(crate) const AGGREGATE_TYPES: [&str; 3] = ["order", "customer", "invoice"];
+pub(crate) const PARTITIONS: i32 = 3;
 const DBZ_PREFIX: &str = "dbz.";
 const WBX_PREFIX: &str = "wbx.";
 
-/// The router's settings: its defaults, apart from the topic (prefixed for the comparison) and
-/// the commonly used header placements.
-fn router() -> Vec<(&'static str, String)> {
+/// The router's settings: its defaults, apart from the topic (under `prefix`, stripped for the
+/// comparison) and the commonly used header placements.
+pub(crate) fn router(prefix: &str) -> Vec<(&'static str, String)> {
     vec![
         (
             "route.topic.replacement",
-            format!("{DBZ_PREFIX}outbox.event.${{routedByValue}}"),
+            format!("{prefix}outbox.event.${{routedByValue}}"),
         ),
         (
             "table.fields.additional.placement",
@@ -93,7 +95,7 @@ fn row(n: usize, aggregate: usize) -> String {
     )
 }
 
-const INSERT: &str =
+pub(crate) const INSERT: &str =
     "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant, attempt, traceparent) VALUES ";
 
 /// The workload: single-row and multi-row transactions over many aggregates, a rolled-back
@@ -171,7 +173,7 @@ fn read_side(
 /// The headers a consumer of either relay reads, by name: without walbox's own `walbox.*` and
 /// Debezium's own `__debezium.context.*` headers, and sorted, because the router places headers
 /// in its placement order and walbox in column-name order (both in docs/migrating.md).
-fn comparable_headers(r: &ConsumedRecord) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn comparable_headers(r: &ConsumedRecord) -> Vec<(String, Vec<u8>)> {
     let mut headers: Vec<(String, Vec<u8>)> = r
         .headers
         .iter()
@@ -205,7 +207,7 @@ fn walbox_in_debezium_compat_mode_writes_the_event_routers_records() {
     let dbz_slot = format!("dbz_{}", db.name);
     let wbx_slot = format!("wbx_{}", db.name);
 
-    let router = router();
+    let router = router(DBZ_PREFIX);
     let connect = Connect::start(&ConnectorSpec {
         db: &db,
         slot: &dbz_slot,
@@ -219,10 +221,32 @@ fn walbox_in_debezium_compat_mode_writes_the_event_routers_records() {
         connect.rss_kib()
     );
 
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    file.write_all(walbox_toml().as_bytes()).unwrap();
+    // walbox as `walbox from-debezium` describes the connector, on a slot of its own and under
+    // its own prefix; the same routes as the compatibility mode written by hand.
+    let dir = tempfile::tempdir().unwrap();
     let mut env = walbox_env(&db, &wbx_slot, &bootstrap);
-    env.push(("WALBOX_CONFIG".into(), file.path().display().to_string()));
+    env.extend(support::debezium::walbox_config(&connect, dir.path()));
+    env.push((
+        "WALBOX_OUTBOX_TOPIC".into(),
+        format!("{WBX_PREFIX}outbox.event.${{aggregate_type}}"),
+    ));
+    let mut by_hand = tempfile::NamedTempFile::new().unwrap();
+    by_hand.write_all(walbox_toml().as_bytes()).unwrap();
+    let load = |file: &std::path::Path| {
+        walbox::config::load_from(Some(file), &mut env.clone().into_iter())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .outbox
+    };
+    let translated = env
+        .iter()
+        .find(|(k, _)| k == "WALBOX_CONFIG")
+        .map(|(_, v)| std::path::PathBuf::from(v))
+        .expect("WALBOX_CONFIG");
+    assert_eq!(
+        load(&translated),
+        load(by_hand.path()),
+        "from-debezium's routes"
+    );
     let started = Instant::now();
     let walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox's slot to stream", || db.streaming(&wbx_slot));

@@ -226,6 +226,19 @@ impl Connect {
         status["tasks"][0]["state"].as_str().map(str::to_owned)
     }
 
+    /// The connector's configuration as Connect was given it: a `.properties` file, password
+    /// included.
+    pub fn connector_config(&self) -> PathBuf {
+        self.dir.path().join("connector.properties")
+    }
+
+    /// Kills the JVM at once (SIGKILL), as a crash would: the slot keeps the position Debezium
+    /// last confirmed, which may be behind what it produced.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// The JVM's resident set size in KiB, while it runs.
     pub fn rss_kib(&self) -> Option<u64> {
         rss_kib(self.child.id())
@@ -243,6 +256,44 @@ impl Connect {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(60)..].join("\n")
     }
+}
+
+/// Runs `walbox from-debezium` on `connect`'s connector configuration and writes the
+/// walbox.toml it prints, and the database password it leaves to a file, into `dir`. Returns
+/// the variables that point walbox at both (`WALBOX_CONFIG`, `WALBOX_POSTGRES_PASSWORD_FILE`).
+/// Panics when the command fails (a setting it cannot honour included) or when the password
+/// appears in its output.
+pub fn walbox_config(connect: &Connect, dir: &std::path::Path) -> Vec<(String, String)> {
+    let connector = connect.connector_config();
+    let out = super::walbox_output(
+        &["from-debezium", connector.to_str().expect("a UTF-8 path")],
+        &[],
+    );
+    let (toml, notes) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        out.status.success(),
+        "walbox from-debezium: {:?}\n{notes}",
+        out.status
+    );
+    let password = super::cluster().password();
+    assert!(
+        !toml.contains(password) && !notes.contains(password),
+        "walbox from-debezium copied the password:\n{toml}\n{notes}"
+    );
+    let config = dir.join("walbox.toml");
+    let password_file = dir.join("postgres-password");
+    fs::write(&config, &toml).expect("write walbox.toml");
+    fs::write(&password_file, format!("{password}\n")).expect("write the password file");
+    vec![
+        ("WALBOX_CONFIG".into(), config.display().to_string()),
+        (
+            "WALBOX_POSTGRES_PASSWORD_FILE".into(),
+            password_file.display().to_string(),
+        ),
+    ]
 }
 
 /// A process's resident set size in KiB (`VmRSS`).
