@@ -45,7 +45,8 @@ use smallvec::SmallVec;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 
-use crate::config::{Config, OnInvalid, RouteSource};
+use crate::config::{Config, RouteSource};
+use crate::dead_letter::Policy;
 use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
 use crate::outbox::{
@@ -310,8 +311,8 @@ async fn read_rows(
             continue;
         };
         let dead_letter: Option<Arc<str>> = match &route.on_invalid {
-            OnInvalid::DeadLetter(topic) => Some(topic.as_str().into()),
-            OnInvalid::Fail => None,
+            Policy::DeadLetter(topic) => Some(topic.as_str().into()),
+            Policy::Fail => None,
         };
         let (relation, types) = describe(&tx, schema, table).await?;
         check_window(&tx, route, &relation, &types, window).await?;

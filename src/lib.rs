@@ -17,6 +17,7 @@
 //! failure.rs           fatal failures, exit statuses, the Classify trait every error implements
 //! lsn.rs, timestamp.rs log sequence numbers; epochs and RFC 3339
 //! backoff.rs           the one capped exponential backoff (relay, inbox, webhook)
+//! dead_letter.rs       the one dead-letter policy and its headers (relay, republish, inbox)
 //! fault.rs             fault points for the crash tests (`failpoints` feature)
 //! config/              TOML + WALBOX_* environment → validated per-stage sections; outbox
 //!                      routes; connection strings (conninfo.rs)
@@ -45,6 +46,7 @@ pub mod audit;
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod dead_letter;
 pub mod failure;
 pub mod fault;
 pub mod health;

@@ -440,7 +440,7 @@ fn forbidden_imports(from: &str, forbidden: &[&str]) -> Vec<String> {
 }
 
 /// Every module that is not a foundation module (`lsn`, `timestamp`, `failure`, `backoff`,
-/// `fault`).
+/// `fault`, `dead_letter`).
 const NOT_FOUNDATION: &[&str] = &[
     "config",
     "shard",
@@ -470,6 +470,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("failure", NOT_FOUNDATION),
     ("backoff", NOT_FOUNDATION),
     ("fault", NOT_FOUNDATION),
+    ("dead_letter", NOT_FOUNDATION),
     (
         "config",
         &[
