@@ -45,6 +45,7 @@ use smallvec::SmallVec;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 
+use super::republish::{check_window, describe, insert_of, refused, select, Window};
 use crate::config::{Config, RouteSource};
 use crate::dead_letter::Policy;
 use crate::failure::{Failure, FatalError};
@@ -53,7 +54,6 @@ use crate::outbox::{
     EventPosition, OutboxError, OutboxMapper, COMMIT_LSN_HEADER, ERROR_HEADER, SOURCE_HEADER,
 };
 use crate::pg::control::connect_control;
-use crate::republish::{check_window, describe, insert_of, refused, select, Window};
 use crate::sink::kafka::ReaderContext;
 
 /// At most this many ids of each kind are listed; the counts are always complete.
