@@ -152,7 +152,7 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     })?;
     cluster.create_database("soak")?;
-    cluster.psql("soak", walbox::sandbox::demo::SCHEMA)?;
+    cluster.psql("soak", walbox::sandbox::SCHEMA)?;
     // The slot exists before the first row: every row written is in its stream.
     cluster.psql(
         "soak",

@@ -1,29 +1,32 @@
-//! The compose stack (`deploy/compose.yaml`) on throwaway infrastructure, with its `/metrics`
-//! sampled every second: the samples `scripts/render-dashboard.py` draws the dashboard from.
+//! The compose stack (`deploy/compose.yaml`) on throwaway infrastructure, scraped every second
+//! by a real Prometheus: the run `scripts/render-dashboard.py` draws the dashboard from.
 //!
 //! ```sh
-//! cargo run --example stack_sample -- /tmp/samples.txt          # 160 s
-//! python3 scripts/render-dashboard.py /tmp/samples.txt docs/dashboard.png
+//! cargo run --example stack_sample -- /tmp/stack-run            # 160 s
+//! python3 scripts/render-dashboard.py /tmp/stack-run docs/dashboard.png
 //! ```
 //!
 //! The stack is the compose file's, with a throwaway PostgreSQL cluster in place of the
 //! `postgres` container and librdkafka's mock cluster in place of Kafka: the same init script
 //! (`deploy/compose/postgres-init.sh`, which applies `migrations/`), the same topics, walbox
-//! and `walbox inbox` with the compose configuration files (only the addresses overridden), and
-//! the same writer (`deploy/compose/writer.sql`). The cluster has 1 MiB WAL segments,
+//! and `walbox inbox` with the compose configuration files (only the addresses overridden), the
+//! same writer (`deploy/compose/writer.sql`) and the same Prometheus configuration
+//! (`deploy/prometheus/prometheus.yml` with its alert rules; only the targets, and a 1 s scrape
+//! and evaluation interval, overridden). The cluster has 1 MiB WAL segments,
 //! `max_wal_size = 4MB` and `max_slot_wal_keep_size = 32MB`, and walbox warns at a quarter of it
 //! (`slot.warning_ratio = 0.25`), so the slot's gauges move within a short run. The run tells
 //! one story: steady traffic, then the broker goes down while the writer goes on (in-flight
 //! events fill up, walbox stops reading, the slot retains WAL until its alert level reaches
 //! `warning`), then the broker comes back and walbox catches up.
 //!
-//! The samples file is a sequence of scrapes, each a line `# scrape <job> <unix ms>` followed
-//! by the Prometheus text exposition of that job (`walbox` or `walbox-inbox`).
+//! The run directory holds Prometheus' storage (`data/`), its configuration and log, and
+//! `run.json`: the first and last second of the sampled window (unix seconds).
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
 
 use anyhow::{bail, Context};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -129,13 +132,74 @@ fn start_writer(cluster: &PgCluster) -> anyhow::Result<Child> {
         .spawn()?)
 }
 
+/// The compose stack's Prometheus configuration, scraping this run's ports every second.
+fn prometheus_config(relay_port: u16, inbox_port: u16) -> anyhow::Result<String> {
+    let dir = repo().join("deploy/prometheus");
+    let mut text = std::fs::read_to_string(dir.join("prometheus.yml"))?;
+    let rules = dir.join("alerts.yml");
+    for (from, to) in [
+        ("scrape_interval: 5s", "scrape_interval: 1s".to_owned()),
+        (
+            "evaluation_interval: 15s",
+            "evaluation_interval: 1s".to_owned(),
+        ),
+        ("- alerts.yml", format!("- {}", rules.display())),
+        ("\"walbox:9187\"", format!("\"127.0.0.1:{relay_port}\"")),
+        ("\"inbox:9188\"", format!("\"127.0.0.1:{inbox_port}\"")),
+    ] {
+        if !text.contains(from) {
+            bail!("deploy/prometheus/prometheus.yml no longer has {from:?}: update stack_sample");
+        }
+        text = text.replace(from, &to);
+    }
+    Ok(text)
+}
+
+/// A Prometheus server with `dir/data` as its storage, scraping as `dir/prometheus.yml` says.
+fn start_prometheus(dir: &Path, port: u16) -> anyhow::Result<Child> {
+    let log = std::fs::File::create(dir.join("prometheus.log"))?;
+    Command::new("prometheus")
+        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("prometheus not found: install it with scripts/install-deps.sh (Debian package prometheus)")
+}
+
+/// The number of active targets Prometheus has scraped successfully (`up == 1`).
+async fn targets_up(port: u16) -> usize {
+    match get(port, "/api/v1/query?query=up").await {
+        Some((200, body)) => serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| {
+                let results = v["data"]["result"].as_array()?.clone();
+                Some(results.iter().filter(|r| r["value"][1] == "1").count())
+            })
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn unix_now() -> anyhow::Result<f64> {
+    Ok(SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let out_path = PathBuf::from(
+    let run_dir = PathBuf::from(
         args.next()
-            .context("usage: stack_sample <samples file> [seconds]")?,
+            .context("usage: stack_sample <run directory> [seconds]")?,
     );
+    if run_dir.join("data").exists() {
+        bail!(
+            "{} already holds a run: choose a new directory",
+            run_dir.display()
+        );
+    }
+    std::fs::create_dir_all(&run_dir)?;
     let seconds: u64 = args.next().map_or(Ok(160), |s| s.parse())?;
     tracing_subscriber::fmt()
         .with_env_filter("warn,walbox=info")
@@ -214,27 +278,43 @@ async fn main() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let prometheus_port = free_port()?;
+    std::fs::write(
+        run_dir.join("prometheus.yml"),
+        prometheus_config(relay_port, inbox_port)?,
+    )?;
+    let mut prometheus = start_prometheus(&run_dir, prometheus_port)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while targets_up(prometheus_port).await < 2 {
+        if let Some(status) = prometheus.try_wait()? {
+            bail!(
+                "prometheus stopped ({status}); see {}",
+                run_dir.join("prometheus.log").display()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!("prometheus did not scrape walbox and the inbox within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let mut writer = start_writer(&cluster)?;
-    eprintln!("sampling walbox (:{relay_port}) and the inbox (:{inbox_port}) every second for {seconds} s…");
+    eprintln!(
+        "prometheus (:{prometheus_port}) scrapes walbox (:{relay_port}) and the inbox \
+         (:{inbox_port}) every second; running for {seconds} s…"
+    );
 
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&out_path)?);
+    let first = unix_now()?;
     let start = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let (mut down_since, mut warning_since, mut outage_done) =
         (None::<Instant>, None::<Instant>, false);
     while start.elapsed() < Duration::from_secs(seconds) {
         tick.tick().await;
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
-        let mut level = 0.0;
-        for (job, port) in [("walbox", relay_port), ("walbox-inbox", inbox_port)] {
-            if let Some((200, body)) = get(port, "/metrics").await {
-                writeln!(out, "# scrape {job} {now_ms}")?;
-                out.write_all(body.as_bytes())?;
-                if job == "walbox" {
-                    level = value(&body, "walbox_slot_alert_level").unwrap_or(0.0);
-                }
-            }
-        }
+        // The outage lasts until the slot's alert level reached `warning`.
+        let level = match get(relay_port, "/metrics").await {
+            Some((200, body)) => value(&body, "walbox_slot_alert_level").unwrap_or(0.0),
+            _ => 0.0,
+        };
         if let Some(status) = writer.try_wait()? {
             bail!("the writer stopped: {status}");
         }
@@ -263,7 +343,18 @@ async fn main() -> anyhow::Result<()> {
             None => {}
         }
     }
-    out.flush()?;
+    let last = unix_now()?;
+    // One more scrape interval, so the window's last second is in the storage.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    std::fs::write(
+        run_dir.join("run.json"),
+        serde_json::to_string_pretty(&json!({ "start": first.ceil(), "end": last.floor() }))?,
+    )?;
+    // SIGTERM: Prometheus closes its storage cleanly.
+    let _ = Command::new("kill")
+        .arg(prometheus.id().to_string())
+        .status();
+    prometheus.wait()?;
     let _ = writer.kill();
     let _ = writer.wait();
     let _ = stop_tx.send(true);
@@ -271,7 +362,7 @@ async fn main() -> anyhow::Result<()> {
     inbox
         .await?
         .map_err(|e| anyhow::anyhow!("walbox inbox: {e}"))?;
-    eprintln!("wrote {}", out_path.display());
+    eprintln!("wrote {}", run_dir.display());
     drop(cluster);
     Ok(())
 }

@@ -1,303 +1,103 @@
 #!/usr/bin/env python3
-"""Renders walbox's Grafana dashboard (deploy/grafana/walbox.json) as a PNG from /metrics samples.
+"""Renders walbox's Grafana dashboard (deploy/grafana/walbox.json) as a PNG from a real run.
 
 Grafana does not run everywhere; this draws the same panels, with the same titles, layout,
-queries, legends, units and value mappings, from scrapes of a real run, so a reader sees what an
-operator will see. The samples come from `cargo run --example stack_sample -- samples.txt`
-(the compose stack on a throwaway PostgreSQL cluster and librdkafka's mock Kafka cluster):
-blocks of `# scrape <job> <unix ms>` followed by a Prometheus text exposition.
+queries, legends, units and value mappings, so a reader sees what an operator will see. The run
+comes from `cargo run --example stack_sample -- RUN_DIR` (the compose stack on a throwaway
+PostgreSQL cluster and librdkafka's mock Kafka cluster, scraped every second by a real
+Prometheus into RUN_DIR/data).
 
-    pip install matplotlib        # the only dependency (tested with 3.11)
-    python3 scripts/render-dashboard.py samples.txt docs/dashboard.png
+    pip install matplotlib        # the only Python dependency (tested with 3.11)
+    python3 scripts/render-dashboard.py RUN_DIR docs/dashboard.png
 
-Each query is evaluated by the small PromQL evaluator below, which knows the subset the
-dashboard uses: selectors with label matchers, rate/increase over a range, histogram_quantile,
-sum/max [by (...)], comparisons as filters, and arithmetic between vectors or numbers.
-`$__rate_interval` is 15 s (the samples are 1 s apart). A query outside that subset is an
-error, never a silently empty panel.
+The script evaluates nothing itself: it starts Prometheus on the run's storage and asks its
+`query_range` API for each panel's query over the run's window (RUN_DIR/run.json), one point a
+second, with `$__rate_interval` as 15 s. A query Prometheus rejects stops the script with Prometheus' own error; it never draws an empty panel instead.
 """
 
 import json
 import math
 import re
+import socket
+import subprocess
 import sys
-from collections import defaultdict
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-RATE_INTERVAL = 15.0
+RATE_INTERVAL = "15s"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# ---------------------------------------------------------------- samples
+# ---------------------------------------------------------------- Prometheus
 
-def parse_samples(path):
-    """(times, series): series maps (name, labels tuple) to {t: value}; times are sorted."""
-    series = defaultdict(dict)
-    times = set()
-    job = t = None
-    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
-    label_re = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-    for line in open(path, encoding="utf-8"):
-        if line.startswith("# scrape "):
-            _, _, job, ms = line.split()
-            t = int(ms) / 1000.0
-            times.add(t)
-            continue
-        if line.startswith("#") or not line.strip():
-            continue
-        m = line_re.match(line)
-        if not m:
-            raise ValueError(f"cannot parse sample line: {line!r}")
-        labels = dict(label_re.findall(m.group(3) or ""))
-        labels["job"] = job
-        series[(m.group(1), tuple(sorted(labels.items())))][t] = float(m.group(4))
-    return sorted(times), series
+class Prometheus:
+    """A Prometheus server reading RUN_DIR/data, scraping nothing, on a free local port."""
 
-
-# ---------------------------------------------------------------- PromQL subset
-
-TOKEN_RE = re.compile(r'\s*(?:(\d+(?:\.\d+)?)|([a-zA-Z_:][a-zA-Z0-9_:]*)|(==|!=|>=|<=|[-+*/(){}\[\],<>=])|("(?:[^"\\]|\\.)*"))')
-
-
-def tokenize(expr):
-    tokens, pos = [], 0
-    expr = expr.replace("$__rate_interval", f"{int(RATE_INTERVAL)}s")
-    while pos < len(expr):
-        if expr[pos:].strip() == "":
-            break
-        m = TOKEN_RE.match(expr, pos)
-        if not m:
-            raise ValueError(f"unsupported PromQL near {expr[pos:]!r}")
-        pos = m.end()
-        num, ident, op, string = m.groups()
-        if num is not None:
-            # A duration such as 15s or 1m directly follows its number.
-            d = re.match(r'(ms|s|m|h)', expr[pos:])
-            if d and ident is None:
-                pos += d.end()
-                tokens.append(("dur", float(num) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[d.group(1)]))
-            else:
-                tokens.append(("num", float(num)))
-        elif ident is not None:
-            tokens.append(("id", ident))
-        elif string is not None:
-            tokens.append(("str", json.loads(string)))
-        else:
-            tokens.append(("op", op))
-    return tokens
-
-
-class Parser:
-    """Expression tree as tuples: ("num", x), ("sel", name, matchers, range), ("call", f, args),
-    ("agg", op, by, expr), ("bin", op, lhs, rhs)."""
-
-    PRECEDENCE = {"==": 1, "!=": 1, ">": 1, "<": 1, ">=": 1, "<=": 1, "+": 2, "-": 2, "*": 3, "/": 3}
-
-    def __init__(self, expr):
-        self.expr, self.tokens, self.i = expr, tokenize(expr), 0
-
-    def peek(self):
-        return self.tokens[self.i] if self.i < len(self.tokens) else (None, None)
-
-    def take(self, kind=None, value=None):
-        tok = self.peek()
-        if (kind and tok[0] != kind) or (value is not None and tok[1] != value):
-            raise ValueError(f"{self.expr}: expected {value or kind}, got {tok[1]!r}")
-        self.i += 1
-        return tok[1]
-
-    def parse(self):
-        node = self.binary(0)
-        if self.i != len(self.tokens):
-            raise ValueError(f"{self.expr}: unexpected {self.peek()[1]!r}")
-        return node
-
-    def binary(self, min_prec):
-        lhs = self.unary()
+    def __init__(self, data):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.config = tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False)
+        self.config.write("global:\n  scrape_interval: 1m\n")
+        self.config.close()
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={self.config.name}", f"--storage.tsdb.path={data}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=100y"],
+            stdout=subprocess.DEVNULL, stderr=self.log)
+        deadline = time.monotonic() + 60
         while True:
-            kind, op = self.peek()
-            if kind != "op" or op not in self.PRECEDENCE or self.PRECEDENCE[op] < min_prec + 1:
-                return lhs
-            self.i += 1
-            rhs = self.binary(self.PRECEDENCE[op])
-            lhs = ("bin", op, lhs, rhs)
+            if self.proc.poll() is not None:
+                raise SystemExit(f"prometheus exited ({self.proc.returncode}):\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise SystemExit("prometheus was not ready within 60 s")
+            time.sleep(0.2)
 
-    def unary(self):
-        kind, value = self.peek()
-        if kind == "num":
-            self.i += 1
-            return ("num", value)
-        if kind == "op" and value == "(":
-            self.i += 1
-            node = self.binary(0)
-            self.take("op", ")")
-            return node
-        name = self.take("id")
-        if name in ("sum", "max", "min", "avg"):
-            by = []
-            if self.peek() == ("id", "by"):
-                self.i += 1
-                self.take("op", "(")
-                while self.peek() != ("op", ")"):
-                    by.append(self.take("id"))
-                    if self.peek() == ("op", ","):
-                        self.i += 1
-                self.take("op", ")")
-            self.take("op", "(")
-            inner = self.binary(0)
-            self.take("op", ")")
-            return ("agg", name, tuple(by), inner)
-        if self.peek() == ("op", "("):
-            self.i += 1
-            args = [self.binary(0)]
-            while self.peek() == ("op", ","):
-                self.i += 1
-                args.append(self.binary(0))
-            self.take("op", ")")
-            if name not in ("rate", "increase", "histogram_quantile"):
-                raise ValueError(f"{self.expr}: function {name} is not supported")
-            return ("call", name, args)
-        matchers = []
-        if self.peek() == ("op", "{"):
-            self.i += 1
-            while self.peek() != ("op", "}"):
-                label = self.take("id")
-                self.take("op", "=")
-                matchers.append((label, self.take("str")))
-                if self.peek() == ("op", ","):
-                    self.i += 1
-            self.take("op", "}")
-        rng = None
-        if self.peek() == ("op", "["):
-            self.i += 1
-            rng = self.take("dur")
-            self.take("op", "]")
-        return ("sel", name, tuple(matchers), rng)
+    def log_tail(self):
+        self.log.seek(0)
+        return "".join(self.log.readlines()[-20:])
 
+    def query_range(self, expr, start, end):
+        """[(labels dict, [t...], [v...])] for expr, one point a second; SystemExit if rejected."""
+        query = expr.replace("$__rate_interval", RATE_INTERVAL)
+        params = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": "1"})
+        url = f"http://127.0.0.1:{self.port}/api/v1/query_range?{params}"
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as e:
+            body = json.load(e)
+        if body.get("status") != "success":
+            raise SystemExit(f"prometheus rejected {query!r}: {body.get('errorType')}: {body.get('error')}")
+        out = []
+        for series in body["data"]["result"]:
+            points = [(float(t), float(v)) for t, v in series["values"] if not math.isnan(float(v))]
+            out.append((series["metric"], [t for t, _ in points], [v for _, v in points]))
+        return out
 
-class Evaluator:
-    def __init__(self, series):
-        self.by_name = defaultdict(list)
-        for (name, labels), points in series.items():
-            times = sorted(points)
-            self.by_name[name].append((labels, times, [points[t] for t in times]))
-
-    def select(self, name, matchers):
-        for labels, times, values in self.by_name.get(name, []):
-            d = dict(labels)
-            if all(d.get(k) == v for k, v in matchers):
-                yield labels, times, values
-
-    def eval(self, node, t):
-        """An instant vector {labels: value} or a number."""
-        kind = node[0]
-        if kind == "num":
-            return node[1]
-        if kind == "sel":
-            _, name, matchers, rng = node
-            if rng is not None:
-                raise ValueError(f"range selector {name}[...] outside rate/increase")
-            out = {}
-            for labels, times, values in self.select(name, matchers):
-                # The newest sample at or before t, if it is at most 5 s old (staleness).
-                j = _bisect_right(times, t) - 1
-                if j >= 0 and t - times[j] <= 5.0:
-                    out[labels] = values[j]
-            return out
-        if kind == "call":
-            _, fn, args = node
-            if fn in ("rate", "increase"):
-                sel = args[0]
-                if sel[0] != "sel" or sel[3] is None:
-                    raise ValueError(f"{fn} needs a range selector")
-                out = {}
-                for labels, times, values in self.select(sel[1], sel[2]):
-                    lo, hi = _bisect_right(times, t - sel[3]), _bisect_right(times, t)
-                    if hi - lo < 2:
-                        continue
-                    gain = 0.0
-                    for a, b in zip(values[lo:hi - 1], values[lo + 1:hi]):
-                        gain += b - a if b >= a else b  # a counter reset starts from 0
-                    rate = gain / (times[hi - 1] - times[lo])
-                    out[labels] = rate * sel[3] if fn == "increase" else rate
-                return out
-            q = self.eval(args[0], t)
-            return histogram_quantile(q, self.eval(args[1], t))
-        if kind == "agg":
-            _, op, by, inner = node
-            vec = self.eval(inner, t)
-            groups = defaultdict(list)
-            for labels, v in vec.items():
-                groups[tuple((k, x) for k, x in labels if k in by)].append(v)
-            f = {"sum": sum, "max": max, "min": min, "avg": lambda xs: sum(xs) / len(xs)}[op]
-            return {k: f(vs) for k, vs in groups.items()}
-        if kind == "bin":
-            _, op, lhs, rhs = node
-            a, b = self.eval(lhs, t), self.eval(rhs, t)
-            return binary(op, a, b)
-        raise ValueError(node)
-
-
-def _bisect_right(xs, x):
-    lo, hi = 0, len(xs)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if x < xs[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def histogram_quantile(q, vec):
-    groups = defaultdict(list)
-    for labels, v in vec.items():
-        d = dict(labels)
-        le = d.pop("le")
-        groups[tuple(sorted(d.items()))].append((float(le), v))
-    out = {}
-    for key, buckets in groups.items():
-        buckets.sort()
-        total = buckets[-1][1]
-        if total <= 0:
-            continue
-        rank = q * total
-        prev_le, prev_count = 0.0, 0.0
-        for le, count in buckets:
-            if count >= rank:
-                if math.isinf(le):
-                    out[key] = prev_le
-                else:
-                    width = count - prev_count
-                    out[key] = prev_le + (le - prev_le) * ((rank - prev_count) / width if width else 1)
-                break
-            prev_le, prev_count = le, count
-    return out
-
-
-def binary(op, a, b):
-    ops = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y,
-           "/": lambda x, y: x / y if y else math.nan}
-    cmp = {"==": lambda x, y: x == y, "!=": lambda x, y: x != y, ">": lambda x, y: x > y,
-           "<": lambda x, y: x < y, ">=": lambda x, y: x >= y, "<=": lambda x, y: x <= y}
-    if isinstance(a, dict) and isinstance(b, dict):
-        pairs = {k: (a[k], b[k]) for k in a if k in b}
-        if op in cmp:
-            return {k: x for k, (x, y) in pairs.items() if cmp[op](x, y)}
-        return {k: ops[op](x, y) for k, (x, y) in pairs.items()}
-    if isinstance(a, dict):
-        return {k: x for k, x in a.items() if cmp[op](x, b)} if op in cmp else {k: ops[op](x, b) for k, x in a.items()}
-    if isinstance(b, dict):
-        return {k: y for k, y in b.items() if cmp[op](a, y)} if op in cmp else {k: ops[op](a, y) for k, y in b.items()}
-    return ops[op](a, b)
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+        Path(self.config.name).unlink(missing_ok=True)
+        Path(self.log.name).unlink(missing_ok=True)
 
 
 def legend(fmt, labels, fallback):
-    d = dict(labels)
     if not fmt:
         return fallback
-    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: d.get(m.group(1), ""), fmt)
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), fmt)
 
 
 # ---------------------------------------------------------------- drawing
@@ -391,17 +191,27 @@ def draw_state_timeline(ax, panel, results, t0):
     ax.grid(False)
 
 
-def render(samples, out, dashboard_path):
+def render(run_dir, out, dashboard_path):
+    dashboard = json.load(open(dashboard_path, encoding="utf-8"))
+    run_dir = Path(run_dir)
+    window = json.load(open(run_dir / "run.json", encoding="utf-8"))
+    first, last = window["start"], window["end"]
+    if last - first < 2:
+        raise SystemExit(f"{run_dir}/run.json: a window of under two seconds")
+    prometheus = Prometheus(run_dir / "data")
+    try:
+        draw(dashboard, prometheus, first, last, out)
+    finally:
+        prometheus.close()
+    print(f"wrote {out}")
+
+
+def draw(dashboard, prometheus, first, last, out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    dashboard = json.load(open(dashboard_path, encoding="utf-8"))
-    times, series = parse_samples(samples)
-    if len(times) < 2:
-        raise SystemExit(f"{samples}: fewer than two scrapes")
-    ev = Evaluator(series)
     panels = []
     for p in dashboard["panels"]:
         panels.append(p)
@@ -410,10 +220,10 @@ def render(samples, out, dashboard_path):
     unit_px, width_px, dpi = 30, 1600, 100
     fig = plt.figure(figsize=(width_px / dpi, (height_units * unit_px + 40) / dpi), dpi=dpi, facecolor=BG)
     H = height_units * unit_px + 40
-    t0 = times[0]
+    t0 = first
     start = datetime.fromtimestamp(t0, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     fig.text(0.01, 1 - 18 / H, f"{dashboard['title']}", color=TEXT, fontsize=13, weight="bold", va="center")
-    fig.text(0.99, 1 - 18 / H, f"{len(times)} scrapes from {start}, 1 s apart; rates over {RATE_INTERVAL:.0f} s",
+    fig.text(0.99, 1 - 18 / H, f"Prometheus, scraping every 1 s, from {start} for {last - first:.0f} s; rates over {RATE_INTERVAL}",
              color=MUTED, fontsize=8, va="center", ha="right")
     for p in panels:
         g = p["gridPos"]
@@ -441,29 +251,19 @@ def render(samples, out, dashboard_path):
         ax.set_axisbelow(True)
         results = []
         for target in p["targets"]:
-            tree = Parser(target["expr"]).parse()
-            per_series = defaultdict(lambda: ([], []))
-            for t in times:
-                vec = ev.eval(tree, t)
-                if not isinstance(vec, dict):
-                    vec = {(): vec}
-                for labels, v in vec.items():
-                    if not math.isnan(v):
-                        per_series[labels][0].append(t)
-                        per_series[labels][1].append(v)
-            for labels, (xs, ys) in sorted(per_series.items()):
+            series = prometheus.query_range(target["expr"], first, last)
+            for labels, xs, ys in sorted(series, key=lambda s: sorted(s[0].items())):
                 results.append((legend(target.get("legendFormat"), labels, target["expr"]), xs, ys))
         unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")
         if p["type"] == "state-timeline":
             draw_state_timeline(ax, p, results, t0)
         else:
             draw_timeseries(ax, p, results, t0, unit)
-        ax.set_xlim(0, times[-1] - t0)
+        ax.set_xlim(0, last - t0)
         ax.xaxis.set_major_formatter(FuncFormatter(
             lambda v, _: datetime.fromtimestamp(t0 + v, timezone.utc).strftime("%H:%M:%S")))
         ax.xaxis.set_major_locator(matplotlib.ticker.MultipleLocator(30))
     fig.savefig(out, facecolor=BG, dpi=dpi)
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

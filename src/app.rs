@@ -156,37 +156,82 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
             return prepared.map(drop);
         }
     }
-    let tasks: Vec<_> = shards
+    let slots = shards
         .into_iter()
         .zip(lanes)
-        .map(|((shard, metrics, health), producer)| {
-            let slot = shard.postgres.slot.clone();
-            let span = tracing::info_span!("shard", slot = %slot);
-            let borrowed = Borrowed {
+        .map(|((shard, metrics, health), producer)| SlotRun {
+            config: shard,
+            metrics,
+            health,
+            borrowed: Borrowed {
                 producer,
                 topics: Some(topics.sharing()),
-            };
-            let relay = run_slot(Arc::new(shard), stop.clone(), metrics, health, borrowed);
+            },
+        })
+        .collect();
+    let outcome = run_slots(slots, &stop, |slot, ended| {
+        if let Err(e) = ended {
+            tracing::error!(slot = %slot, error = %e.message, "shard stopped");
+        }
+    })
+    .await;
+    if let Some(producer) = producer {
+        producer.finish(config.relay.shutdown_timeout).await;
+    }
+    outcome
+}
+
+/// One slot's relay for [`run_slots`]: its configuration (`postgres` names the slot), its
+/// metrics and health, and what it borrows from the process.
+pub struct SlotRun {
+    /// The relay's configuration, its `postgres` section the slot's.
+    pub config: Config,
+    /// The slot's metrics.
+    pub metrics: Arc<Metrics>,
+    /// The slot's health.
+    pub health: Arc<Health>,
+    /// Clients shared with the other slots.
+    pub borrowed: Borrowed,
+}
+
+/// Relays every slot of `slots` at once, each by [`run_slot`] in its own task (a span naming
+/// its slot), until each has stopped; `ended` hears each slot's outcome as it is collected.
+/// Returns the first fatal error: one slot's error stops only that slot. Shared by `walbox run`
+/// with shards and `walbox reshard`'s drain.
+pub async fn run_slots(
+    slots: Vec<SlotRun>,
+    stop: &watch::Receiver<bool>,
+    mut ended: impl FnMut(&str, &Result<(), FatalError>),
+) -> Result<(), FatalError> {
+    let tasks: Vec<_> = slots
+        .into_iter()
+        .map(|run| {
+            let slot = run.config.postgres.slot.clone();
+            let span = tracing::info_span!("shard", slot = %slot);
+            let relay = run_slot(
+                Arc::new(run.config),
+                stop.clone(),
+                run.metrics,
+                run.health,
+                run.borrowed,
+            );
             (slot, tokio::spawn(relay.instrument(span)))
         })
         .collect();
     let mut outcome = Ok(());
     for (slot, task) in tasks {
-        let ended = task.await.unwrap_or_else(|e| {
+        let result = task.await.unwrap_or_else(|e| {
             Err(FatalError {
                 failure: Failure::Internal,
-                message: format!("shard {slot} panicked: {e}"),
+                message: format!("slot {slot} panicked: {e}"),
             })
         });
-        if let Err(e) = ended {
-            tracing::error!(slot = %slot, error = %e.message, "shard stopped");
+        ended(&slot, &result);
+        if let Err(e) = result {
             if outcome.is_ok() {
                 outcome = Err(e);
             }
         }
-    }
-    if let Some(producer) = producer {
-        producer.finish(config.relay.shutdown_timeout).await;
     }
     outcome
 }

@@ -13,10 +13,13 @@
 //! `tests/layout.rs`).
 //! ```text
 //! main.rs, cli.rs      command line; main is thin
-//! app.rs               wiring: HTTP, producer, reconnect loop, shutdown order
+//! cmd/                 the one-shot commands, one file each: check, republish, audit,
+//!                      reshard, demo
+//! app.rs, app/         wiring: HTTP, producer, reconnect loop, shutdown order; run_slots
 //! failure.rs           fatal failures, exit statuses, the Classify trait every error implements
 //! lsn.rs, timestamp.rs log sequence numbers; epochs and RFC 3339
 //! backoff.rs           the one capped exponential backoff (relay, inbox, webhook)
+//! dead_letter.rs       the one dead-letter policy and its headers (relay, republish, inbox)
 //! fault.rs             fault points for the crash tests (`failpoints` feature)
 //! config/              TOML + WALBOX_* environment → validated per-stage sections; outbox
 //!                      routes; connection strings (conninfo.rs)
@@ -26,26 +29,29 @@
 //!                      checks (catalog.rs), the replication connection and CopyBoth stream,
 //!                      the pgoutput decoder, slot health readings
 //! outbox/              LogicalMessage → OutboxEvent: relation cache, mapping, envelopes, the
-//!                      on_invalid policy (dead_letter.rs)
+//!                      relay's dead letters (dead_letter.rs)
 //! relay/               the session (mod.rs), the select loop (stream.rs), handing events to
 //!                      the producer (publish.rs), RelayError (error.rs), the checkpoint
 //!                      (flush LSN = end of the longest fully acknowledged prefix)
 //! sink/                Kafka producer, topics, progress records (the evidence a slot existed)
 //! health/              slot monitor, alert levels, webhook, `walbox status`/`recreate-slot`
-//! republish.rs         `walbox republish`: rows still in the outbox → Kafka, relay's mapping
 //! debezium/            `walbox from-debezium`: a Debezium connector's configuration → walbox.toml
 //! preflight/           `walbox check`: everything `run` needs, one line per check with its fix
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz
+//! leader.rs            which process of several streams a slot: the advisory lock, standbys
+//! shard/               the shard layout: names, row filters, what exists
+//! retention/           [outbox.retention]: confirmed rows and partitions removed
 //! inbox/               `walbox inbox`: the consumer half
-//! sandbox/             throwaway PostgreSQL + Kafka-protocol broker, `walbox demo`
-//!                      (`sandbox` feature, on by default)
+//! sandbox/             throwaway PostgreSQL, mock and Apache Kafka brokers (`sandbox`
+//!                      feature, on by default)
 //! ```
 
 pub mod app;
-pub mod audit;
 pub mod backoff;
 pub mod cli;
+pub mod cmd;
 pub mod config;
+pub mod dead_letter;
 pub mod debezium;
 pub mod failure;
 pub mod fault;
@@ -58,7 +64,6 @@ pub mod outbox;
 pub mod pg;
 pub mod preflight;
 pub mod relay;
-pub mod republish;
 pub mod retention;
 #[cfg(feature = "sandbox")]
 pub mod sandbox;

@@ -147,7 +147,7 @@ fn main() -> ExitCode {
         Command::Check { config, json } => match load(config) {
             Err(e) => {
                 if json {
-                    let report = walbox::preflight::unloadable_config_json(&e.to_string());
+                    let report = walbox::cmd::check::unloadable_config_json(&e.to_string());
                     println!("{report:#}");
                 }
                 fail(Failure::Config, e)
@@ -155,7 +155,7 @@ fn main() -> ExitCode {
             Ok(config) => {
                 init_logging(config.log.format, "warn");
                 // A failed check is the report's news, already printed: not an error to log.
-                finish_once(block_on(walbox::preflight::check(&config, json)))
+                finish_once(block_on(walbox::cmd::check::check(&config, json)))
             }
         },
         Command::RecreateSlot { config, confirm_data_loss } => match load(config) {
@@ -174,7 +174,7 @@ fn main() -> ExitCode {
             Ok(config) => {
                 init_logging(config.log.format, &config.log.level);
                 let reshard = async move {
-                    walbox::shard::reshard::reshard(&config, to, shutdown_signal()).await
+                    walbox::cmd::reshard::reshard(&config, to, shutdown_signal()).await
                 };
                 finish_once(spawn_on(2, "reshard", reshard))
             }
@@ -189,12 +189,12 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                let window = walbox::republish::Window {
+                let window = walbox::cmd::republish::Window {
                     since_id,
                     since,
                     time_column,
                 };
-                let republish = walbox::republish::republish(&config, &window, ack_timeout);
+                let republish = walbox::cmd::republish::republish(&config, &window, ack_timeout);
                 let result = block_on(republish);
                 finish_once(result.map(|_| ()))
             }
@@ -210,12 +210,12 @@ fn main() -> ExitCode {
             Err(e) => fail(Failure::Config, e),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                let window = walbox::republish::Window {
+                let window = walbox::cmd::republish::Window {
                     since_id,
                     since,
                     time_column,
                 };
-                let result = block_on(walbox::audit::audit(&config, &window, wait, json));
+                let result = block_on(walbox::cmd::audit::audit(&config, &window, wait, json));
                 finish_once(result.map(|_| ()))
             }
         },
@@ -238,7 +238,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "sandbox")]
         Command::Demo { aggregates, events } => {
             init_logging(LogFormat::Text, "warn");
-            match runtime(2).map(|rt| rt.block_on(walbox::sandbox::demo::run(aggregates, events))) {
+            match runtime(2).map(|rt| rt.block_on(walbox::cmd::demo::run(aggregates, events))) {
                 Ok(Ok(())) => ExitCode::SUCCESS,
                 Ok(Err(e)) => fail(Failure::Internal, format!("{e:#}")),
                 Err(e) => fail(Failure::Internal, format!("cannot start runtime: {e}")),

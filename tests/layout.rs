@@ -416,310 +416,251 @@ fn no_import_cycle_between_files() {
     );
 }
 
-/// The files of modules under `from` that import a module under one of `forbidden`.
-fn forbidden_imports(from: &str, forbidden: &[&str]) -> Vec<String> {
-    let src = root().join("src");
-    let (mods, graph) = imports(&src);
-    let top = |f: &PathBuf| mods.of_file[f].first().cloned().unwrap_or_default();
-    let mut bad = Vec::new();
-    for (f, deps) in &graph {
-        if top(f) != from {
-            continue;
+/// What a top-level module may import, read from docs/architecture.md's folder table ("The
+/// folders"): its `may import` cell, a list of backticked modules and the words `foundation`
+/// (the modules of the row whose stage is "foundation") and `anything`; a clause
+/// "`file.rs`: also …" after a `;` allows more to that file of the folder only. Parenthesised
+/// remarks are prose. A module may always import itself.
+#[derive(Debug, Default)]
+struct Allowed {
+    folder: BTreeSet<String>,
+    per_file: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// The backticked words of `text` outside parentheses.
+fn backticked(text: &str) -> Vec<String> {
+    let mut prose = String::new();
+    let mut depth = 0usize;
+    for c in text.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            c if depth == 0 => prose.push(c),
+            _ => {}
         }
+    }
+    prose
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The rows of the folder table: (modules of the row, stage, may-import cell).
+fn table_rows(doc: &str) -> Vec<(BTreeSet<String>, String, String)> {
+    let section = doc
+        .split("\n## ")
+        .find(|s| s.starts_with("The folders"))
+        .expect("docs/architecture.md has a section \"The folders\"");
+    section
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .skip(2) // the header and its separator
+        .map(|l| {
+            let cells: Vec<&str> = l
+                .trim()
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
+            assert_eq!(
+                cells.len(),
+                3,
+                "docs/architecture.md: a folder row of 3 cells: {l}"
+            );
+            let modules = backticked(cells[0])
+                .iter()
+                .map(|m| m.trim_end_matches('/').trim_end_matches(".rs").to_owned())
+                .collect();
+            (modules, cells[1].to_owned(), cells[2].to_owned())
+        })
+        .collect()
+}
+
+/// Top-level module → what it may import, from the folder table.
+fn architecture_table(doc: &str) -> BTreeMap<String, Allowed> {
+    let rows = table_rows(doc);
+    let all: BTreeSet<String> = rows.iter().flat_map(|(m, _, _)| m.clone()).collect();
+    let foundation: BTreeSet<String> = rows
+        .iter()
+        .filter(|(_, stage, _)| stage == "foundation")
+        .flat_map(|(m, _, _)| m.clone())
+        .collect();
+    assert!(
+        !foundation.is_empty(),
+        "no foundation row in the folder table"
+    );
+    let words = |text: &str| -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = backticked(text)
+            .into_iter()
+            .inspect(|m| {
+                assert!(
+                    all.contains(m),
+                    "the folder table allows `{m}`, which it does not list"
+                )
+            })
+            .collect();
+        if text.contains("foundation") {
+            out.extend(foundation.iter().cloned());
+        }
+        if text.contains("anything") {
+            out.extend(all.iter().cloned());
+        }
+        out
+    };
+    let mut table = BTreeMap::new();
+    for (modules, _, cell) in &rows {
+        let mut allowed = Allowed::default();
+        for clause in cell.split(';') {
+            match clause.trim().split_once(':') {
+                Some((file, rest)) if file.starts_with('`') && file.ends_with(".rs`") => {
+                    allowed
+                        .per_file
+                        .insert(file.trim_matches('`').to_owned(), words(rest));
+                }
+                _ => allowed.folder.extend(words(clause)),
+            }
+        }
+        for m in modules {
+            let previous = table.insert(
+                m.clone(),
+                Allowed {
+                    folder: allowed.folder.clone(),
+                    per_file: allowed.per_file.clone(),
+                },
+            );
+            assert!(previous.is_none(), "`{m}` has two rows in the folder table");
+        }
+    }
+    table
+}
+
+fn architecture() -> BTreeMap<String, Allowed> {
+    architecture_table(&std::fs::read_to_string(root().join("docs/architecture.md")).unwrap())
+}
+
+/// Every import in `graph` the table does not allow, as "file imports file".
+fn disallowed_imports(
+    src: &Path,
+    mods: &Modules,
+    graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    table: &BTreeMap<String, Allowed>,
+) -> Vec<String> {
+    let top = |f: &PathBuf| mods.of_file[f].first().cloned().unwrap_or_default();
+    let rel = |f: &PathBuf| f.strip_prefix(src).unwrap().display().to_string();
+    let mut bad = Vec::new();
+    for (f, deps) in graph {
+        let from = top(f);
+        if from.is_empty() {
+            continue; // lib.rs declares the modules
+        }
+        let Some(allowed) = table.get(&from) else {
+            bad.push(format!(
+                "{}: module `{from}` is not in the folder table",
+                rel(f)
+            ));
+            continue;
+        };
+        let file = f.file_name().unwrap().to_string_lossy().into_owned();
         for d in deps {
-            if forbidden.contains(&top(d).as_str()) {
-                bad.push(format!(
-                    "{} imports {}",
-                    f.strip_prefix(&src).unwrap().display(),
-                    d.strip_prefix(&src).unwrap().display()
-                ));
+            let to = top(d);
+            let ok = to == from
+                || to.is_empty()
+                || allowed.folder.contains(&to)
+                || allowed
+                    .per_file
+                    .get(&file)
+                    .is_some_and(|extra| extra.contains(&to));
+            if !ok {
+                bad.push(format!("{} imports {}", rel(f), rel(d)));
             }
         }
     }
     bad
 }
 
-/// Every module that is not a foundation module (`lsn`, `timestamp`, `failure`, `backoff`,
-/// `fault`).
-const NOT_FOUNDATION: &[&str] = &[
-    "config",
-    "shard",
-    "pg",
-    "source",
-    "outbox",
-    "relay",
-    "sink",
-    "health",
-    "inbox",
-    "republish",
-    "app",
-    "sandbox",
-    "preflight",
-    "leader",
-    "metrics",
-    "retention",
-];
-
-/// What each top-level module may not import: the dependency directions of
-/// docs/architecture.md ("What each folder may import"). Upstream stages never import
-/// downstream ones; `config` and `pg` import no stage; the inbox shares only `pg`, `config`,
-/// `metrics` and the foundation modules with the relay.
-const RULES: &[(&str, &[&str])] = &[
-    ("lsn", NOT_FOUNDATION),
-    ("timestamp", NOT_FOUNDATION),
-    ("failure", NOT_FOUNDATION),
-    ("backoff", NOT_FOUNDATION),
-    ("fault", NOT_FOUNDATION),
-    (
-        "config",
-        &[
-            "shard",
-            "pg",
-            "source",
-            "outbox",
-            "relay",
-            "sink",
-            "health",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "leader",
-            "metrics",
-            "retention",
-        ],
-    ),
-    (
-        "pg",
-        &[
-            "shard",
-            "source",
-            "outbox",
-            "relay",
-            "sink",
-            "health",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "leader",
-            "metrics",
-            "retention",
-        ],
-    ),
-    (
-        "source",
-        &[
-            "outbox",
-            "relay",
-            "sink",
-            "health",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "leader",
-            "metrics",
-            "retention",
-        ],
-    ),
-    (
-        "outbox",
-        &[
-            "shard",
-            "pg",
-            "relay",
-            "sink",
-            "health",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "leader",
-            "metrics",
-            "retention",
-        ],
-    ),
-    (
-        "sink",
-        &[
-            "shard",
-            "pg",
-            "source",
-            "relay",
-            "health",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "leader",
-            "retention",
-        ],
-    ),
-    (
-        "health",
-        &[
-            "shard",
-            "outbox",
-            "relay",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "leader",
-            "retention",
-        ],
-    ),
-    (
-        "relay",
-        &[
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "leader",
-            "preflight",
-            "retention",
-        ],
-    ),
-    (
-        "preflight",
-        &[
-            "relay",
-            "health",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "metrics",
-            "leader",
-        ],
-    ),
-    (
-        "inbox",
-        &[
-            "shard",
-            "source",
-            "outbox",
-            "relay",
-            "sink",
-            "health",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "leader",
-            "retention",
-        ],
-    ),
-    (
-        "metrics",
-        &[
-            "shard",
-            "source",
-            "outbox",
-            "relay",
-            "sink",
-            "health",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "leader",
-            "retention",
-        ],
-    ),
-    (
-        "leader",
-        &[
-            "shard",
-            "source",
-            "outbox",
-            "relay",
-            "sink",
-            "health",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "retention",
-        ],
-    ),
-    (
-        "retention",
-        &[
-            "shard",
-            "source",
-            "outbox",
-            "relay",
-            "sink",
-            "health",
-            "inbox",
-            "republish",
-            "app",
-            "sandbox",
-            "preflight",
-            "leader",
-        ],
-    ),
-    (
-        "shard",
-        &[
-            "outbox",
-            "relay",
-            "sink",
-            "health",
-            "inbox",
-            "republish",
-            "sandbox",
-            "preflight",
-            "retention",
-        ],
-    ),
-];
+/// The top-level modules' import graph (a module's imports of itself left out).
+fn folder_graph(
+    mods: &Modules,
+    graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
+    let top = |f: &PathBuf| PathBuf::from(mods.of_file[f].first().cloned().unwrap_or_default());
+    let mut folders: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    for (f, deps) in graph {
+        let from = top(f);
+        let out = folders.entry(from.clone()).or_default();
+        out.extend(
+            deps.iter()
+                .map(top)
+                .filter(|t| *t != from && !t.as_os_str().is_empty()),
+        );
+    }
+    folders
+}
 
 #[test]
-fn every_folder_imports_only_what_the_architecture_allows() {
-    let bad: Vec<String> = RULES
-        .iter()
-        .flat_map(|(from, forbidden)| forbidden_imports(from, forbidden))
-        .collect();
+fn every_import_is_one_the_architecture_table_allows() {
+    let src = root().join("src");
+    let (mods, graph) = imports(&src);
+    let bad = disallowed_imports(&src, &mods, &graph, &architecture());
     assert!(
         bad.is_empty(),
-        "imports against docs/architecture.md: {bad:?}"
+        "imports docs/architecture.md's folder table does not allow:\n{}",
+        bad.join("\n")
     );
 }
 
 #[test]
-fn every_top_level_module_is_on_the_architecture_map() {
-    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
-    let mut missing = Vec::new();
-    for entry in std::fs::read_dir(root().join("src")).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let named = if path.is_dir() {
-            format!("`{name}/`")
-        } else if name == "lib.rs" || name == "main.rs" {
-            continue;
-        } else {
-            format!("`{name}`")
-        };
-        if !doc.contains(&named) {
-            missing.push(named);
-        }
-    }
-    missing.sort();
+fn no_import_cycle_between_folders() {
+    let src = root().join("src");
+    let (mods, graph) = imports(&src);
+    let found = cycles(&folder_graph(&mods, &graph));
+    assert!(
+        found.is_empty(),
+        "folders that import each other: {found:?}"
+    );
+}
+
+#[test]
+fn the_crate_map_in_lib_rs_names_every_module_of_the_table() {
+    let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
+    let map: Vec<&str> = lib.lines().filter_map(|l| l.strip_prefix("//! ")).collect();
+    let missing: Vec<String> = architecture()
+        .keys()
+        .filter(|m| {
+            !map.iter().any(|l| {
+                l.split([' ', ','])
+                    .any(|w| w == format!("{m}.rs") || w == format!("{m}/"))
+            })
+        })
+        .cloned()
+        .collect();
     assert!(
         missing.is_empty(),
-        "docs/architecture.md's folder table does not name {missing:?}"
+        "src/lib.rs's map does not name {missing:?}"
+    );
+}
+
+#[test]
+fn every_top_level_module_is_in_the_architecture_table_and_every_row_exists() {
+    let table = architecture();
+    let mut on_disk = BTreeSet::new();
+    for entry in std::fs::read_dir(root().join("src")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name != "lib.rs" && name != "main.rs" {
+            on_disk.insert(name.trim_end_matches(".rs").to_owned());
+        }
+    }
+    let missing: Vec<_> = on_disk.iter().filter(|m| !table.contains_key(*m)).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md's folder table does not list {missing:?}"
+    );
+    let gone: Vec<_> = table.keys().filter(|m| !on_disk.contains(*m)).collect();
+    assert!(
+        gone.is_empty(),
+        "the folder table lists modules that do not exist: {gone:?}"
     );
 }
 
@@ -743,10 +684,22 @@ fn the_checker_sees_imports_and_cycles() {
     a_cycle.insert(PathBuf::from("a"), BTreeSet::from([PathBuf::from("b")]));
     a_cycle.insert(PathBuf::from("b"), BTreeSet::from([PathBuf::from("a")]));
     assert_eq!(cycles(&a_cycle).len(), 1);
-    assert!(
-        !forbidden_imports("relay", &["sink"]).is_empty(),
-        "the relay does use the sink"
+    // A planted back-arrow (config → relay) breaks both the table and the folder order.
+    let (mods, mut planted) = imports(&src);
+    planted
+        .get_mut(&src.join("config/mod.rs"))
+        .unwrap()
+        .insert(src.join("relay/mod.rs"));
+    let table = architecture();
+    assert_eq!(
+        disallowed_imports(&src, &mods, &planted, &table),
+        ["config/mod.rs imports relay/mod.rs"]
     );
+    assert!(!cycles(&folder_graph(&mods, &planted)).is_empty());
+    // The table is read as written: a per-file clause allows that file only.
+    let cmd = &table["cmd"];
+    assert!(!cmd.folder.contains("sandbox") && cmd.per_file["demo.rs"].contains("sandbox"));
+    assert!(table["relay"].folder.contains("sink") && !table["config"].folder.contains("pg"));
     let inline = tokens(&code_of("mod tests { use super::*; }"));
     assert_eq!(inline[..3], ["mod", "tests", "{"]);
     assert_eq!(code_of("a // crate::x\n\"crate::y\" b"), "a \n\"\" b");

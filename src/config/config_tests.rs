@@ -1,4 +1,5 @@
 use super::*;
+use crate::dead_letter::Policy;
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
@@ -32,7 +33,7 @@ fn defaults_follow_the_seed_schema() {
     assert_eq!(t.columns.aggregate_id, "aggregate_id");
     assert_eq!(t.topic, "outbox.event.${aggregate_type}");
     assert_eq!(t.format, ValueFormat::Raw);
-    assert_eq!(t.on_invalid, OnInvalid::Fail);
+    assert_eq!(t.on_invalid, Policy::Fail);
     assert!(c.outbox.messages.is_none());
     assert_eq!(c.relay.max_in_flight, 10_000);
     assert_eq!(c.postgres.status_interval, Duration::from_secs(1));
@@ -225,7 +226,7 @@ format = \"protobuf\"
     assert_eq!(b.format, ValueFormat::Json);
     assert_eq!(
         b.on_invalid,
-        OnInvalid::DeadLetter("walbox.dead_letter".into())
+        Policy::DeadLetter("walbox.dead_letter".into())
     );
     assert_eq!(b.headers, vec![("tenant_id".into(), "tenant".into())]);
     assert_eq!(b.columns.payload, "body");

@@ -66,8 +66,7 @@ pub use kafka::{
 pub(crate) use layers::{deserialize, read_layers};
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
 pub use outbox::{
-    ColumnNames, Compat, OnChange, OnInvalid, OutboxConfig, Route, RouteSource, ValueFormat,
-    MAX_OUTBOX_TABLES,
+    ColumnNames, Compat, OnChange, OutboxConfig, Route, RouteSource, ValueFormat, MAX_OUTBOX_TABLES,
 };
 pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};
 pub use relay::{RawRelay, RelayConfig, DEFAULT_MAX_IN_FLIGHT};

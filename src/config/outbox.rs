@@ -28,6 +28,7 @@ use serde::Deserialize;
 
 use super::error::ConfigError;
 use super::retention::{RawRetention, RetentionConfig};
+use crate::dead_letter::Policy;
 
 /// One table (or the message source) as written.
 #[derive(Debug, Default, Deserialize)]
@@ -170,15 +171,6 @@ pub enum ValueFormat {
     Protobuf,
 }
 
-/// What happens to a row that cannot be published.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OnInvalid {
-    /// Stop (exit 8), confirming nothing past it.
-    Fail,
-    /// Produce the original payload to this topic with headers naming the error, and continue.
-    DeadLetter(String),
-}
-
 /// What an UPDATE, DELETE or TRUNCATE of an outbox table does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnChange {
@@ -258,7 +250,7 @@ pub struct Route {
     /// NULL payload → tombstone.
     pub tombstones: bool,
     /// Invalid rows.
-    pub on_invalid: OnInvalid,
+    pub on_invalid: Policy,
     /// Non-insert changes.
     pub on_change: OnChange,
     /// Whose record layout.
@@ -413,9 +405,9 @@ impl RawRoute {
                         "{what}.dead_letter_topic needs on_invalid = \"dead_letter\""
                     )));
                 }
-                OnInvalid::Fail
+                Policy::Fail
             }
-            "dead_letter" => OnInvalid::DeadLetter(
+            "dead_letter" => Policy::DeadLetter(
                 self.dead_letter_topic
                     .unwrap_or_else(|| "walbox.dead_letter".into()),
             ),

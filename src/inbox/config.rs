@@ -31,6 +31,7 @@ use crate::config::{
 };
 
 use super::effect::EffectSql;
+use crate::dead_letter::Policy;
 
 /// The configuration as written: every field optional, unknown keys rejected.
 #[derive(Debug, Default, Deserialize)]
@@ -153,15 +154,6 @@ pub struct RawRetention {
     pub cleanup_interval: Option<HumanDuration>,
     /// Rows deleted per statement.
     pub cleanup_batch: Option<i64>,
-}
-
-/// What to do with a record that cannot be processed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// Stop walbox; the record's offset is not committed.
-    Fail,
-    /// Produce the record to the dead-letter topic, then go on.
-    DeadLetter,
 }
 
 /// What the retention guard does when the inbox keeps rows for less than a topic's replay
@@ -345,10 +337,20 @@ fn invalid(message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid(message.into())
 }
 
-fn policy(what: &str, value: Option<String>) -> Result<Policy, ConfigError> {
+/// `effect.on_error` / `effect.on_invalid`: `dead_letter` produces to `kafka.dead_letter_topic`.
+fn policy(
+    what: &str,
+    value: Option<String>,
+    dead_letter_topic: Option<&String>,
+) -> Result<Policy, ConfigError> {
     match value.as_deref().unwrap_or("fail") {
         "fail" => Ok(Policy::Fail),
-        "dead_letter" => Ok(Policy::DeadLetter),
+        "dead_letter" => match dead_letter_topic {
+            Some(topic) => Ok(Policy::DeadLetter(topic.clone())),
+            None => Err(invalid(
+                "a dead_letter policy needs kafka.dead_letter_topic",
+            )),
+        },
         other => Err(invalid(format!(
             "{what} {other:?} must be \"fail\" or \"dead_letter\""
         ))),
@@ -451,16 +453,13 @@ impl RawInboxConfig {
                 "effect.sql is not set and effect.store_record = false: nothing would happen to the records",
             ));
         }
-        let on_error = policy("effect.on_error", e.on_error)?;
-        let on_invalid = policy("effect.on_invalid", e.on_invalid)?;
         let dead_letter_topic = k.dead_letter_topic.filter(|t| !t.is_empty());
-        if (on_error == Policy::DeadLetter || on_invalid == Policy::DeadLetter)
-            && dead_letter_topic.is_none()
-        {
-            return Err(invalid(
-                "a dead_letter policy needs kafka.dead_letter_topic",
-            ));
-        }
+        let on_error = policy("effect.on_error", e.on_error, dead_letter_topic.as_ref())?;
+        let on_invalid = policy(
+            "effect.on_invalid",
+            e.on_invalid,
+            dead_letter_topic.as_ref(),
+        )?;
         if let Some(dlq) = &dead_letter_topic {
             if topics.contains(dlq) {
                 return Err(invalid(
@@ -721,7 +720,10 @@ sql = "SELECT billing.apply_payment($payload)"
     #[test]
     fn the_shipped_example_is_valid() {
         let c = load_text(include_str!("../../examples/inbox.toml"), &[]).unwrap();
-        assert_eq!(c.effect.on_error, Policy::DeadLetter);
+        assert_eq!(
+            c.effect.on_error,
+            Policy::DeadLetter("billing.inbox.dlq".into())
+        );
         assert!(c.retention.cleanup);
     }
 

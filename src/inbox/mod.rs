@@ -52,11 +52,11 @@ use tokio::sync::mpsc;
 use crate::backoff::Backoff;
 use crate::failure::{Failure, FatalError};
 
-use self::config::{Guard, InboxConfig, Policy};
+use self::config::{Guard, InboxConfig};
 use self::consumer::ConsumerLoop;
 use self::metrics::InboxMetrics;
 use self::store::{ErrorClass, Pool, Statements};
-use self::worker::{DeadLetter, WorkerEnv};
+use self::worker::WorkerEnv;
 use crate::metrics::{self as endpoints, Health};
 
 pub use self::config::load;
@@ -176,10 +176,10 @@ async fn run_inner(
         drop(first);
     }
 
-    let needs_dlq = config.effect.on_error == Policy::DeadLetter
-        || config.effect.on_invalid == Policy::DeadLetter;
-    let dead_letter = match (&config.kafka.dead_letter_topic, needs_dlq) {
-        (Some(topic), true) => {
+    let needs_dlq =
+        config.effect.on_error.topic().is_some() || config.effect.on_invalid.topic().is_some();
+    let dead_letter = match needs_dlq {
+        true => {
             let mut cc = ClientConfig::new();
             // Only the connection's security settings carry over from the consumer.
             for (k, v) in &config.kafka.properties {
@@ -197,12 +197,9 @@ async fn run_inner(
             let producer: FutureProducer = cc
                 .create()
                 .map_err(|e| fatal(Failure::Kafka, format!("dead-letter producer: {e}")))?;
-            Some(DeadLetter {
-                producer,
-                topic: topic.clone(),
-            })
+            Some(producer)
         }
-        _ => None,
+        false => None,
     };
 
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();

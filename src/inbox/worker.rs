@@ -28,15 +28,15 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use tokio::sync::{mpsc, watch};
 
 use crate::backoff::Backoff;
+use crate::dead_letter::{self, ConsumedAt, Policy};
 use crate::failure::{Failure, FatalError};
 
-use super::config::{EffectConfig, Policy};
+use super::config::EffectConfig;
 use super::effect::Record;
 use super::metrics::InboxMetrics;
 use super::store::{BatchError, ErrorClass, Outcome, Pool, Prepared, StoreError};
@@ -71,23 +71,14 @@ impl Default for Progress {
     }
 }
 
-/// The dead-letter topic and its producer.
-#[derive(Clone)]
-pub struct DeadLetter {
-    /// Producer (idempotent, `acks=all`).
-    pub producer: FutureProducer,
-    /// The dead-letter topic (`kafka.dead_letter_topic`).
-    pub topic: String,
-}
-
 /// What every partition worker shares.
 pub struct WorkerEnv {
     /// Connections to the inbox database.
     pub pool: Arc<Pool>,
     /// Effect settings.
     pub effect: EffectConfig,
-    /// Dead-letter topic, when a policy needs it.
-    pub dead_letter: Option<DeadLetter>,
+    /// The dead-letter producer (idempotent, `acks=all`), when a policy needs it.
+    pub dead_letter: Option<FutureProducer>,
     /// The inbox's counters, shared with `/metrics`.
     pub metrics: Arc<InboxMetrics>,
     /// Where fatal errors go.
@@ -175,7 +166,7 @@ async fn process(
                 if !give_up(
                     env,
                     &record,
-                    env.effect.on_invalid,
+                    &env.effect.on_invalid,
                     &reason,
                     cancel,
                     progress,
@@ -223,7 +214,15 @@ async fn apply(
             Some(f) if f.at == start => {
                 if f.failures > env.effect.retries {
                     let record = &records[start].record;
-                    if !give_up(env, record, env.effect.on_error, &f.error, cancel, progress).await
+                    if !give_up(
+                        env,
+                        record,
+                        &env.effect.on_error,
+                        &f.error,
+                        cancel,
+                        progress,
+                    )
+                    .await
                     {
                         return false;
                     }
@@ -339,13 +338,13 @@ async fn attempt(pool: &Pool, chunk: &[Prepared]) -> Result<Vec<Outcome>, BatchE
 async fn give_up(
     env: &WorkerEnv,
     record: &Record,
-    policy: Policy,
+    policy: &Policy,
     reason: &str,
     cancel: &mut watch::Receiver<bool>,
     progress: &Progress,
 ) -> bool {
-    let dead_letter = match (policy, &env.dead_letter) {
-        (Policy::DeadLetter, Some(d)) => d,
+    let (topic, producer) = match (policy, &env.dead_letter) {
+        (Policy::DeadLetter(topic), Some(producer)) => (topic, producer),
         _ => {
             let _ = env.fatal.send(FatalError {
                 failure: Failure::InboxRecord,
@@ -357,45 +356,27 @@ async fn give_up(
             return false;
         }
     };
-    let partition = record.partition.to_string();
-    let offset = record.offset.to_string();
     let mut backoff = Backoff::new(env.effect.backoff_initial, env.effect.backoff_max);
     loop {
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 4);
-        for (k, v) in &record.headers {
-            headers = headers.insert(Header {
-                key: k,
-                value: v.as_deref(),
-            });
-        }
-        headers = headers
-            .insert(Header {
-                key: "walbox.error",
-                value: Some(reason.as_bytes()),
-            })
-            .insert(Header {
-                key: "walbox.source_topic",
-                value: Some(record.topic.as_bytes()),
-            })
-            .insert(Header {
-                key: "walbox.source_partition",
-                value: Some(partition.as_bytes()),
-            })
-            .insert(Header {
-                key: "walbox.source_offset",
-                value: Some(offset.as_bytes()),
-            });
-        let mut out: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&dead_letter.topic).headers(headers);
+        let headers = dead_letter::consumed_record_headers(
+            &record.headers,
+            reason,
+            ConsumedAt {
+                topic: &record.topic,
+                partition: record.partition,
+                offset: record.offset,
+            },
+        );
+        let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
         if let Some(k) = &record.key {
             out = out.key(&k[..]);
         }
         if let Some(p) = &record.payload {
             out = out.payload(&p[..]);
         }
-        match dead_letter.producer.send(out, Timeout::Never).await {
+        match producer.send(out, Timeout::Never).await {
             Ok(_) => {
-                tracing::warn!(record = %describe(record), error = %reason, topic = %dead_letter.topic, "record dead-lettered");
+                tracing::warn!(record = %describe(record), error = %reason, topic = %topic, "record dead-lettered");
                 env.metrics.dead_lettered.inc();
                 env.metrics.records_consumed.inc();
                 progress.done(record.offset);

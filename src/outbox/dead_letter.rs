@@ -25,7 +25,7 @@ use super::event::{
     EventPosition, HeaderName, OutboxEvent, COMMIT_LSN_HEADER, ERROR_HEADER, INDEX_HEADER,
     SOURCE_HEADER,
 };
-use crate::config::OnInvalid;
+use crate::dead_letter::Policy;
 use crate::timestamp::pg_micros_to_unix_ms;
 
 /// An event that cannot be published as it is, with what its dead letter needs.
@@ -62,12 +62,8 @@ impl<'a> Rejected<'a> {
 /// The route's `on_invalid` policy applied to `rejected`, which could not be published because
 /// of `reason`: the dead letter to produce in its place, or `None` when the relay must stop
 /// (see the module docs).
-pub fn dead_letter(
-    policy: &OnInvalid,
-    rejected: Rejected<'_>,
-    reason: &str,
-) -> Option<OutboxEvent> {
-    let OnInvalid::DeadLetter(topic) = policy else {
+pub fn dead_letter(policy: &Policy, rejected: Rejected<'_>, reason: &str) -> Option<OutboxEvent> {
+    let Policy::DeadLetter(topic) = policy else {
         return None;
     };
     if rejected.topic == Some(topic.as_str()) {
@@ -136,12 +132,12 @@ mod tests {
 
     #[test]
     fn fail_has_no_replacement() {
-        assert!(dead_letter(&OnInvalid::Fail, rejected(Some("orders")), "too large").is_none());
+        assert!(dead_letter(&Policy::Fail, rejected(Some("orders")), "too large").is_none());
     }
 
     #[test]
     fn a_dead_letter_keeps_key_payload_and_position() {
-        let policy = OnInvalid::DeadLetter("walbox.dead_letter".into());
+        let policy = Policy::DeadLetter("walbox.dead_letter".into());
         let letter = dead_letter(&policy, rejected(Some("orders")), "too large").unwrap();
         assert_eq!(&*letter.topic, "walbox.dead_letter");
         assert_eq!(letter.key.as_deref(), Some(&b"order-7"[..]));
@@ -160,13 +156,13 @@ mod tests {
 
     #[test]
     fn a_row_without_a_topic_is_dead_lettered() {
-        let policy = OnInvalid::DeadLetter("dlq".into());
+        let policy = Policy::DeadLetter("dlq".into());
         assert!(dead_letter(&policy, rejected(None), "NULL id").is_some());
     }
 
     #[test]
     fn a_dead_letter_is_never_dead_lettered_again() {
-        let policy = OnInvalid::DeadLetter("dlq".into());
+        let policy = Policy::DeadLetter("dlq".into());
         assert!(dead_letter(&policy, rejected(Some("dlq")), "too large").is_none());
     }
 }

@@ -57,7 +57,7 @@ pub const COMMIT_LSN_HEADER: &str = "walbox.commit_lsn";
 pub const INDEX_HEADER: &str = "walbox.index";
 
 /// The header a dead letter carries: why the original event could not be published.
-pub const ERROR_HEADER: &str = "walbox.error";
+pub use crate::dead_letter::ERROR_HEADER;
 
 /// Headers held inline up to walbox's own five and two configured ones: no allocation per
 /// event (CloudEvents headers spill to the heap). A `None` value is a header with a null value

@@ -33,7 +33,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::config::{valid_topic, Compat, OnInvalid, OutboxConfig, Route, RouteSource};
+use crate::config::{valid_topic, Compat, OutboxConfig, Route, RouteSource};
+use crate::dead_letter::Policy;
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
@@ -215,7 +216,7 @@ impl OutboxMapper {
             {
                 add(literal);
             }
-            if let OnInvalid::DeadLetter(dlq) = &route.on_invalid {
+            if let Policy::DeadLetter(dlq) = &route.on_invalid {
                 add(dlq);
             }
         }

@@ -16,12 +16,11 @@
 //!   `outbox::OutboxMapper::known_topics`, `sink::kafka::DEFAULT_PROPERTIES`), so `walbox check`
 //!   and `walbox run` cannot disagree about what is required.
 //! - The exit status is 0 when no check failed (warnings allowed), else
-//!   [`Failure::Preflight`].
+//!   [`crate::failure::Failure::Preflight`] (`walbox check`, in `cmd/check.rs`).
 
 use std::fmt::Write as _;
 
 use crate::config::Config;
-use crate::failure::{Failure, FatalError};
 
 pub mod kafka;
 pub mod postgres;
@@ -175,46 +174,11 @@ impl Report {
     }
 }
 
-/// What `walbox check --json` prints when the configuration cannot be loaded (no check ran):
-/// the report's shape, failed, with the error (`message` never holds a secret: configuration
-/// errors name keys and files, not values).
-pub fn unloadable_config_json(message: &str) -> serde_json::Value {
-    serde_json::json!({
-        "passed": false,
-        "error": message,
-        "exit_status": Failure::Config.exit_code(),
-        "checks": [],
-    })
-}
-
 /// Runs every check.
 pub async fn run(config: &Config) -> Report {
     let mut checks = postgres::checks(config).await;
     checks.extend(kafka::checks(config).await);
     Report { checks }
-}
-
-/// `walbox check [--json]`: prints the report; fails with [`Failure::Preflight`] when a check
-/// failed.
-pub async fn check(config: &Config, json: bool) -> Result<(), FatalError> {
-    let report = run(config).await;
-    if json {
-        println!("{:#}", report.json());
-    } else {
-        print!("{}", report.text());
-    }
-    if report.passed() {
-        Ok(())
-    } else {
-        Err(FatalError {
-            failure: Failure::Preflight,
-            message: format!(
-                "{} of {} checks failed",
-                report.count(Status::Fail),
-                report.checks.len()
-            ),
-        })
-    }
 }
 
 #[cfg(test)]

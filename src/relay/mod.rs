@@ -174,7 +174,7 @@ pub enum SessionEnd {
     /// Shutdown was requested.
     Shutdown,
     /// `postgres.drain_to` was reached: every event committed before it is acknowledged and
-    /// the slot confirmed up to it (`walbox reshard`, [`crate::shard::reshard`]).
+    /// the slot confirmed up to it (`walbox reshard`, [`crate::cmd::reshard`]).
     Drained,
 }
 

@@ -28,8 +28,6 @@
 //! - Changing the number of shards goes through `walbox reshard` ([`reshard`]), which keeps
 //!   every aggregate's order across the change.
 
-pub mod reshard;
-
 use postgres_protocol::escape::escape_identifier as quote_ident;
 use tokio_postgres::Client;
 

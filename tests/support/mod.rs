@@ -32,7 +32,7 @@ use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 pub const WAIT: Duration = Duration::from_secs(60);
 
 /// The seeds' outbox table (`000_…`), plus a business table: the demo's schema.
-pub const OUTBOX_DDL: &str = walbox::sandbox::demo::SCHEMA;
+pub const OUTBOX_DDL: &str = walbox::sandbox::SCHEMA;
 
 /// The PostgreSQL major the tests run on: `WALBOX_TEST_PG` (13 to 18; installed by
 /// `scripts/install-deps.sh`), by default `None`, Debian's.

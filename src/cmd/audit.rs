@@ -55,14 +55,15 @@ use smallvec::SmallVec;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 
-use crate::config::{Config, OnInvalid, RouteSource};
+use super::republish::{check_window, describe, insert_of, refused, select, Window};
+use crate::config::{Config, RouteSource};
+use crate::dead_letter::Policy;
 use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
 use crate::outbox::{
     EventPosition, OutboxError, OutboxMapper, COMMIT_LSN_HEADER, ERROR_HEADER, SOURCE_HEADER,
 };
 use crate::pg::control::connect_control;
-use crate::republish::{check_window, describe, insert_of, refused, select, Window};
 use crate::sink::kafka::ReaderContext;
 
 /// At most this many ids of each kind are listed; the counts are always complete.
@@ -320,8 +321,8 @@ async fn read_rows(
             continue;
         };
         let dead_letter: Option<Arc<str>> = match &route.on_invalid {
-            OnInvalid::DeadLetter(topic) => Some(topic.as_str().into()),
-            OnInvalid::Fail => None,
+            Policy::DeadLetter(topic) => Some(topic.as_str().into()),
+            Policy::Fail => None,
         };
         let (relation, types) = describe(&tx, schema, table).await?;
         check_window(&tx, route, &relation, &types, window).await?;

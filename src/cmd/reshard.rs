@@ -3,11 +3,11 @@
 //! stopped (every process, standbys too); the command runs against the primary.
 //!
 //! # Procedure
-//! 1. Find the layout in use: the slots named after `postgres.slot` ([`super::find_slots`]).
+//! 1. Find the layout in use: the slots named after `postgres.slot` ([`crate::shard::find_slots`]).
 //! 2. Make the new layout's publications (row filters and comments, as `walbox run` makes them)
 //!    and slots.
 //! 3. Write the reshard marker, a non-transactional logical message with prefix
-//!    [`super::RESHARD_PREFIX`]. Its LSN X (the end of its record, which is also the LSN the
+//!    [`crate::shard::RESHARD_PREFIX`]. Its LSN X (the end of its record, which is also the LSN the
 //!    message carries in the stream) is the *reshard point*. Move the new slots to X
 //!    (`pg_replication_slot_advance`): a slot streams exactly the transactions whose commit
 //!    record is at or after its confirmed position.
@@ -37,7 +37,7 @@ use postgres_protocol::escape::escape_identifier as quote_ident;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
-use super::{find_slots, parse_slot_name, FoundSlot, RESHARD_PREFIX};
+use crate::app::{run_slots, Borrowed, SlotRun};
 use crate::config::{Config, OnSlotBusy, PostgresConfig, MAX_SHARDS};
 use crate::failure::{Classify, Failure, FatalError};
 use crate::fault::crash_point;
@@ -45,6 +45,7 @@ use crate::leader::LOCK_CLASS;
 use crate::lsn::Lsn;
 use crate::metrics::{Health, Metrics};
 use crate::pg::control::{connect_control, ConnectError};
+use crate::shard::{find_slots, parse_slot_name, FoundSlot, RESHARD_PREFIX};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::standby::{self, Role};
 
@@ -171,7 +172,7 @@ pub async fn reshard(
         let server = catalog::server(&client)
             .await
             .map_err(|e| fatal(e.into()))?;
-        if server.version_num < super::MIN_SERVER_VERSION {
+        if server.version_num < crate::shard::MIN_SERVER_VERSION {
             return Err(fatal(ReshardError::NeedsRowFilters {
                 to,
                 version: server.version,
@@ -411,7 +412,7 @@ async fn drain(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let mut tasks = Vec::new();
+    let mut slots = Vec::new();
     for (shard, slot) in &plan.old {
         if slot.confirmed >= point {
             println!("  {} is drained already", slot.name);
@@ -426,36 +427,26 @@ async fn drain(
         c.slot.heartbeat_interval = None;
         c.outbox.retention = None;
         c.alerts.webhook_url = None;
-        let metrics = Arc::new(Metrics::for_slot(&c.postgres.slot));
-        let name = slot.name.clone();
-        println!("  draining {name} from {} to {point}", slot.confirmed);
-        let task = tokio::spawn(crate::app::run_slot(
-            Arc::new(c),
-            stop_rx.clone(),
-            metrics,
-            Arc::new(Health::default()),
-            crate::app::Borrowed::default(),
-        ));
-        tasks.push((name, task));
-    }
-    let mut outcome = Ok(());
-    for (name, task) in tasks {
-        let ended = task.await.unwrap_or_else(|e| {
-            Err(FatalError {
-                failure: Failure::Internal,
-                message: format!("draining {name} panicked: {e}"),
-            })
+        println!(
+            "  draining {} from {} to {point}",
+            slot.name, slot.confirmed
+        );
+        slots.push(SlotRun {
+            metrics: Arc::new(Metrics::for_slot(&c.postgres.slot)),
+            config: c,
+            health: Arc::new(Health::default()),
+            borrowed: Borrowed::default(),
         });
-        match ended {
-            // A drain also ends without error when the command is stopped: only the slot's
-            // confirmed position (checked next) says it reached the reshard point.
-            Ok(()) if *stop_rx.borrow() => println!("  draining {name} stopped (interrupted)"),
-            Ok(()) => println!("  drained {name}"),
-            Err(e) if outcome.is_ok() => outcome = Err(e),
-            Err(_) => {}
-        }
     }
-    outcome
+    let stopped = stop_rx.clone();
+    run_slots(slots, &stop_rx, |name, ended| match ended {
+        // A drain also ends without error when the command is stopped: only the slot's
+        // confirmed position (checked next) says it reached the reshard point.
+        Ok(()) if *stopped.borrow() => println!("  draining {name} stopped (interrupted)"),
+        Ok(()) => println!("  drained {name}"),
+        Err(_) => {}
+    })
+    .await
 }
 
 /// Drops the shard publications named after `postgres.publication` that belong to a layout

@@ -15,18 +15,7 @@ use crate::config;
 use crate::pg::control::connect_control;
 use crate::sandbox::broker::{read_topics, Broker};
 use crate::sandbox::postgres::{PgCluster, PgClusterOptions};
-
-/// The seed article's outbox table (plus the business table the transactions also write).
-pub const SCHEMA: &str = "
-CREATE TABLE payments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, wallet_id text NOT NULL, amount numeric NOT NULL);
-CREATE TABLE outbox (
-    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    aggregate_id  text        NOT NULL,
-    topic         text        NOT NULL,
-    event_type    text        NOT NULL,
-    payload       jsonb       NOT NULL,
-    created_at    timestamptz NOT NULL DEFAULT now()
-);";
+use crate::sandbox::SCHEMA;
 
 const TOPIC: &str = "payments.events";
 
