@@ -8,5 +8,6 @@ pub mod kafka;
 pub mod kafka_cluster;
 pub mod postgres;
 mod programs;
+pub mod proxy;
 pub mod standby;
 pub mod tls;
