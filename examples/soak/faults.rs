@@ -113,10 +113,10 @@ pub fn inject(fault: Fault, t: &mut Targets, rng: &mut StdRng) -> anyhow::Result
                 .with_context(|| format!("no leader for {topic}/{partition}"))?;
             t.cluster.kill(leader);
             let deadline = Instant::now() + LEADER_TIMEOUT;
-            while !t
+            while t
                 .cluster
                 .leader(topic, partition)
-                .is_some_and(|l| l != leader)
+                .is_none_or(|l| l == leader)
             {
                 if Instant::now() > deadline {
                     bail!("{topic}/{partition} has no new leader {LEADER_TIMEOUT:?} after node {leader} was killed");
