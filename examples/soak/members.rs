@@ -77,7 +77,7 @@ impl Members {
             ),
             ("WALBOX_HTTP_LISTEN", "off"),
             ("WALBOX_RELAY_BACKOFF_INITIAL", "50ms"),
-            ("WALBOX_RELAY_BACKOFF_MAX", "1s"),
+            ("WALBOX_RELAY_BACKOFF_MAX", "300ms"),
             ("WALBOX_LOG_LEVEL", "info,librdkafka=warn,rdkafka=warn"),
         ]
         .into_iter()
