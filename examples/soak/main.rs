@@ -19,8 +19,9 @@
 //!
 //! Prints a line per fault, a table row every 30 s, and a summary: faults per kind, standby
 //! takeovers, events committed, missing, duplicates, walbox's RSS. Exit status 1 when an event
-//! is missing, when anything is still missing after the drain, or (exactly-once) when the
-//! consumer read any event twice.
+//! is missing (or the relay does not catch up after the last fault), when events did not flow
+//! again within 180 s of a fault, when a fault could not be injected or healed, or
+//! (exactly-once) when the consumer read any event twice.
 
 mod faults;
 mod members;
@@ -243,6 +244,8 @@ struct Soak {
     recovery: BTreeMap<Fault, Vec<f64>>,
     takeovers: u32,
     stalls: u32,
+    /// Faults that could not be injected or healed.
+    errors: u32,
     rss: (f64, f64),
 }
 
@@ -335,8 +338,15 @@ impl Soak {
                 members: &mut self.members,
                 topics,
             };
-            faults::inject(kind, &mut targets, rng)
-                .with_context(|| format!("fault {n} ({})", kind.label()))?
+            // A fault that cannot be injected or healed (a broker that does not come back, a
+            // walbox that ignores SIGTERM) is reported and counted; the soak goes on.
+            match faults::inject(kind, &mut targets, rng) {
+                Ok(detail) => detail,
+                Err(e) => {
+                    self.errors += 1;
+                    format!("FAILED: {e:#}")
+                }
+            }
         };
         let injected = began.elapsed();
         *self.faults.entry(kind).or_default() += 1;
@@ -498,6 +508,7 @@ fn main() -> anyhow::Result<()> {
         recovery: BTreeMap::new(),
         takeovers: 0,
         stalls: 0,
+        errors: 0,
         rss: (f64::MAX, 0.0),
     };
     println!("| minute | faults | committed | in Kafka (distinct) | duplicates | behind | walbox RSS MiB |");
@@ -588,7 +599,7 @@ fn summary(soak: &Soak, args: &Args, mode: &str, ids: &[i64], drained: bool, log
         );
     }
     println!(
-        "  standby takeovers: {}; walbox starts: {}; exits nobody asked for: {}; recoveries over {RECOVERY_TIMEOUT:?}: {}",
+        "  standby takeovers: {}; walbox starts: {}; exits nobody asked for: {}; recoveries over {RECOVERY_TIMEOUT:?}: {}; faults that failed: {}",
         soak.takeovers,
         soak.members.starts,
         if soak.members.unexpected_exits.is_empty() {
@@ -602,6 +613,7 @@ fn summary(soak: &Soak, args: &Args, mode: &str, ids: &[i64], drained: bool, log
                 .join(", ")
         },
         soak.stalls,
+        soak.errors,
     );
     println!(
         "  events committed: {}; in Kafka: {}; missing: {}; duplicates: {duplicates}{}",
@@ -630,5 +642,9 @@ fn summary(soak: &Soak, args: &Args, mode: &str, ids: &[i64], drained: bool, log
     if duplicates > 0 {
         println!("  ids read more than once: {}", ranges(&duplicated, 50));
     }
-    missing.is_empty() && drained && !(soak.exactly_once && duplicates > 0)
+    missing.is_empty()
+        && drained
+        && !(soak.exactly_once && duplicates > 0)
+        && soak.stalls == 0
+        && soak.errors == 0
 }
