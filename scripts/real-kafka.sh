@@ -21,7 +21,9 @@
 # Debezium to walbox on its slot (debezium_migration::), and the core
 # relay's SIGKILL test. Ignored tests (those needing a real
 # broker) run too. Tests that inject broker faults need the mock cluster and
-# say "external broker: … skipped" here.
+# say "external broker: … skipped" here. The whole lane (no filters) ends with
+# the mixed-fault soak's short run (scripts/soak.sh: 50 faults on a
+# three-node cluster).
 #
 # The broker logs to a file; its last lines are printed when a test fails.
 set -euo pipefail
@@ -30,7 +32,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/install-kafka.sh >/dev/null
 bash scripts/install-debezium.sh >/dev/null
 
+whole_lane=false
 if [ "$#" -eq 0 ]; then
+  whole_lane=true
   set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: audit:: \
     kafka_security:: routing:: debezium:: debezium_migration:: \
     relay::sigkill_at_random_points \
@@ -47,5 +51,8 @@ if ! WALBOX_TEST_KAFKA=apache WALBOX_TEST_KAFKA_LOG="$log" \
   tail -n 50 "$log" >&2
   trap - EXIT
   exit 1
+fi
+if $whole_lane; then
+  bash scripts/soak.sh --faults 50 --gap 0-1
 fi
 echo "real-kafka: lane passed in $(($(date +%s) - start)) s"

@@ -22,8 +22,8 @@ use crate::support::events::{
     assert_per_aggregate_commit_order, await_distinct, id_counts, id_of, outbox_ids,
     stop_and_read_exactly, write_txn, write_txns,
 };
-use crate::support::proxy::Proxy;
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
+use walbox::sandbox::proxy::Proxy;
 
 /// Partitions of each test topic.
 const PARTITIONS: i32 = 4;
@@ -256,7 +256,7 @@ fn cut_postgresql_connections_lose_nothing_and_duplicate_nothing() {
     };
     let started = Instant::now();
     let rig = Rig::new("eosf_pgcut", &server.bootstrap_servers());
-    let proxy = Proxy::start(rig.db.addr());
+    let proxy = Proxy::start(rig.db.addr()).expect("proxy");
     let mut env = rig.env.clone();
     env.retain(|(k, _)| k != "WALBOX_POSTGRES_URL");
     env.push((

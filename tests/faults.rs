@@ -15,10 +15,10 @@ use crate::support::events::{
     assert_per_aggregate_commit_order, await_distinct, distinct_ids, random_writer,
     stop_and_read_exactly, write_txn, write_txns, RandomWrites,
 };
-use crate::support::proxy::{Mode, Proxy};
 use crate::support::{
     self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
 };
+use walbox::sandbox::proxy::{Mode, Proxy};
 
 fn with(env: &mut Vec<(String, String)>, key: &str, value: String) {
     env.retain(|(k, _)| k != key);
@@ -31,7 +31,7 @@ fn a_slow_reset_and_blackholed_link_to_postgres_loses_nothing() {
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 4);
     db.create_slot_and_publication(&slot);
-    let proxy = Proxy::start(db.addr());
+    let proxy = Proxy::start(db.addr()).expect("proxy");
     let port = free_port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     with(&mut env, "WALBOX_POSTGRES_URL", db.url_via(proxy.port(), 3));

@@ -9,10 +9,10 @@ use walbox::sandbox::broker::TopicReader;
 use crate::support::events::{
     assert_per_aggregate_commit_order, distinct_ids, random_writer, write_txn, RandomWrites,
 };
-use crate::support::proxy::{Mode, Proxy};
 use crate::support::{
     self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
 };
+use walbox::sandbox::proxy::{Mode, Proxy};
 
 /// The takeover bound after SIGKILL of the active process (README, "High availability").
 const TAKEOVER_BOUND: Duration = Duration::from_secs(10);
@@ -165,7 +165,7 @@ fn a_partitioned_active_walbox_loses_its_role_to_the_standby_within_the_bound() 
     db.create_slot_and_publication(&slot);
     let env = walbox_env(&db, &slot, &broker.bootstrap_servers());
     // The first process reaches PostgreSQL through a proxy that can partition it.
-    let proxy = Proxy::start(db.addr());
+    let proxy = Proxy::start(db.addr()).expect("proxy");
     let mut env_a = env.clone();
     env_a.retain(|(k, _)| k != "WALBOX_POSTGRES_URL");
     env_a.push(("WALBOX_POSTGRES_URL".into(), db.url_via(proxy.port(), 3)));

@@ -126,6 +126,10 @@ pub(crate) struct Node {
     pub controller: u16,
     /// `controller.quorum.voters` (`id@host:port,…`).
     pub voters: Option<String>,
+    /// A second plaintext listener, `EXTERNAL`: the port it listens on and the port it
+    /// advertises (a proxy's, forwarding to the first), so clients that bootstrap through the
+    /// proxies stay behind them.
+    pub external: Option<(u16, u16)>,
 }
 
 pub(crate) fn free_port() -> Result<u16> {
@@ -150,6 +154,7 @@ impl KafkaServer {
             plaintext: free_port()?,
             controller: free_port()?,
             voters: None,
+            external: None,
         };
         let mut server = Self::spawn_node(opts, &node)?;
         server.wait_ready()?;
@@ -251,15 +256,17 @@ impl KafkaServer {
                 root.join("keystore.pem").display().to_string(),
             );
         }
-        let advertised: Vec<&String> = listeners
+        let mut advertised: Vec<String> = listeners
             .iter()
             .filter(|l| !l.starts_with("CONTROLLER"))
+            .cloned()
             .collect();
-        let advertised = advertised
-            .iter()
-            .map(|s| s.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
+        if let Some((listen, advertise)) = node.external {
+            listeners.push(format!("EXTERNAL://127.0.0.1:{listen}"));
+            advertised.push(format!("EXTERNAL://127.0.0.1:{advertise}"));
+            protocols.push("EXTERNAL:PLAINTEXT");
+        }
+        let advertised = advertised.join(",");
         let mut text = format!(
             "listeners={}\nadvertised.listeners={advertised}\nlistener.security.protocol.map={}\n",
             listeners.join(","),

@@ -9,7 +9,13 @@
 //!   replication factor 3 and min ISR 2: one node may be down and every write still commits.
 //! - [`KafkaCluster::start`] returns once every node answers metadata listing all three brokers.
 //! - [`KafkaCluster::kill`] SIGKILLs one node; [`KafkaCluster::restart`] starts it again on its
-//!   storage and ports, and returns once it is back in the cluster's metadata.
+//!   storage and ports, and returns once it is back in the cluster's metadata
+//!   ([`KafkaCluster::start_again`] does not wait).
+//! - [`KafkaCluster::start_behind_proxies`] adds a second listener on each node that advertises
+//!   a [`Proxy`] of its own: a client bootstrapped from
+//!   [`KafkaCluster::proxied_bootstrap_servers`] reaches every broker through the proxies only,
+//!   so a blackhole of the proxies cuts it off from the whole cluster, while the PLAINTEXT
+//!   listener ([`KafkaCluster::bootstrap_servers`]) stays direct.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +23,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use super::kafka::{free_port, KafkaServer, KafkaServerError, KafkaServerOptions, Node};
+use super::proxy::Proxy;
 
 /// Nodes in a [`KafkaCluster`].
 pub const NODES: u32 = 3;
@@ -40,19 +47,49 @@ const REPLICATION: [(&str, &str); 8] = [
 /// A running three-node cluster; every node killed and removed on drop.
 pub struct KafkaCluster {
     nodes: Vec<KafkaServer>,
+    /// With [`KafkaCluster::start_behind_proxies`]: node `i + 1`'s proxy at `i`.
+    proxies: Vec<Proxy>,
 }
 
 impl KafkaCluster {
     /// Formats and starts three nodes in one static quorum; `opts` applies to each (its
     /// `log_file`, when set, gets the node id appended: `<file>.<id>`).
     pub fn start(opts: KafkaServerOptions) -> Result<KafkaCluster, KafkaServerError> {
+        Self::start_with(opts, false)
+    }
+
+    /// [`KafkaCluster::start`], each node also reachable through a [`Proxy`] of its own (see the
+    /// [module docs](self)).
+    pub fn start_behind_proxies(
+        opts: KafkaServerOptions,
+    ) -> Result<KafkaCluster, KafkaServerError> {
+        Self::start_with(opts, true)
+    }
+
+    fn start_with(
+        opts: KafkaServerOptions,
+        proxied: bool,
+    ) -> Result<KafkaCluster, KafkaServerError> {
+        let mut proxies = Vec::new();
         let nodes: Vec<Node> = (1..=NODES)
             .map(|id| {
+                let external = if proxied {
+                    let listen = free_port()?;
+                    let proxy = Proxy::start(([127, 0, 0, 1], listen).into()).map_err(|e| {
+                        KafkaServerError::Io(format!("starting node {id}'s proxy"), e)
+                    })?;
+                    let advertise = proxy.port();
+                    proxies.push(proxy);
+                    Some((listen, advertise))
+                } else {
+                    None
+                };
                 Ok(Node {
                     id,
                     plaintext: free_port()?,
                     controller: free_port()?,
                     voters: None,
+                    external,
                 })
             })
             .collect::<Result<_, KafkaServerError>>()?;
@@ -77,7 +114,10 @@ impl KafkaCluster {
                 .collect();
             servers.push(KafkaServer::spawn_node(node_opts, &node)?);
         }
-        let mut cluster = KafkaCluster { nodes: servers };
+        let mut cluster = KafkaCluster {
+            nodes: servers,
+            proxies,
+        };
         for node in &mut cluster.nodes {
             node.wait_ready()?;
         }
@@ -92,6 +132,22 @@ impl KafkaCluster {
             .map(KafkaServer::bootstrap_servers)
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// `bootstrap.servers` naming every node's proxy (empty unless started with
+    /// [`KafkaCluster::start_behind_proxies`]).
+    pub fn proxied_bootstrap_servers(&self) -> String {
+        self.proxies
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The nodes' proxies, node 1's first (empty unless started with
+    /// [`KafkaCluster::start_behind_proxies`]).
+    pub fn proxies(&self) -> &[Proxy] {
+        &self.proxies
     }
 
     /// Node `id` (1 to [`NODES`]).
@@ -121,6 +177,12 @@ impl KafkaCluster {
     pub fn restart(&mut self, id: i32) -> Result<(), KafkaServerError> {
         self.nodes[usize::try_from(id - 1).expect("node ids start at 1")].restart()?;
         self.wait_brokers(NODES as usize)
+    }
+
+    /// Starts node `id` again after [`KafkaCluster::kill`] without waiting for it to rejoin (a
+    /// node that comes back while other faults go on); [`KafkaCluster::restart`] waits.
+    pub fn start_again(&mut self, id: i32) -> Result<(), KafkaServerError> {
+        self.nodes[usize::try_from(id - 1).expect("node ids start at 1")].spawn_again()
     }
 
     /// The last lines of every node's log.

@@ -7,6 +7,7 @@ pub mod kafka;
 pub mod kafka_cluster;
 pub mod postgres;
 mod programs;
+pub mod proxy;
 pub mod standby;
 pub mod tls;
 

@@ -11,7 +11,6 @@
 pub mod debezium;
 pub mod events;
 pub mod kafka;
-pub mod proxy;
 pub mod standby;
 
 use std::fs::File;

@@ -1,4 +1,5 @@
-//! A TCP proxy between walbox and a server, for network faults: pass, delay, blackhole, reset.
+//! A TCP proxy between walbox and a server, for network faults (the fault tests and the soak):
+//! pass, delay, blackhole, reset.
 //!
 //! - `Mode::Delay(d)`: every chunk waits `d` before it is forwarded, both ways.
 //! - `Mode::Blackhole`: nothing is read or forwarded, both ways, on open connections and new
@@ -23,11 +24,15 @@ use tokio::sync::watch;
 /// What the proxy does with the bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
+    /// Forward at once.
     Pass,
+    /// Forward each chunk after this delay.
     Delay(Duration),
+    /// Forward nothing (see the module docs).
     Blackhole,
 }
 
+/// A running proxy on 127.0.0.1; its connections end when it is dropped.
 pub struct Proxy {
     port: u16,
     mode: watch::Sender<Mode>,
@@ -38,17 +43,15 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Listens on 127.0.0.1 (a free port) and forwards to `upstream`.
-    pub fn start(upstream: SocketAddr) -> Proxy {
+    /// Listens on 127.0.0.1 (a free port) and forwards to `upstream`, which is connected to only
+    /// when a client connects (it need not listen yet).
+    pub fn start(upstream: SocketAddr) -> std::io::Result<Proxy> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
-            .build()
-            .expect("proxy runtime");
-        let listener = rt
-            .block_on(TcpListener::bind("127.0.0.1:0"))
-            .expect("proxy listen");
-        let port = listener.local_addr().expect("proxy address").port();
+            .build()?;
+        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0"))?;
+        let port = listener.local_addr()?.port();
         let (mode, _) = watch::channel(Mode::Pass);
         let (resets, _) = watch::channel(0u64);
         let (partitions, _) = watch::channel(0u64);
@@ -73,20 +76,22 @@ impl Proxy {
                 }
             });
         }
-        Proxy {
+        Ok(Proxy {
             port,
             mode,
             resets,
             partitions,
             accepted,
             _rt: rt,
-        }
+        })
     }
 
+    /// The port it listens on (127.0.0.1).
     pub fn port(&self) -> u16 {
         self.port
     }
 
+    /// Switches every connection, open and future, to `mode`.
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
     }
