@@ -619,13 +619,16 @@ fn a_stream_waiting_for_a_gone_standby_is_logged_alerted_and_named_then_relays_e
                 && metric(&scrape(), "walbox_slot_alert_level") == Some(1.0)
         },
     );
-    let warned = hook.received.lock().unwrap().iter().any(|v| {
-        v["alerts"][0]["labels"]["severity"] == "warning"
-            && v["alerts"][0]["annotations"]["description"]
-                .as_str()
-                .is_some_and(|d| d.contains(gone) && d.contains("synchronized_standby_slots"))
-    });
-    assert!(warned, "{:?}", hook.received.lock().unwrap());
+    // The webhook is posted after the gauge moves: wait for the delivery, then check it.
+    let warned = || {
+        hook.received.lock().unwrap().iter().any(|v| {
+            v["alerts"][0]["labels"]["severity"] == "warning"
+                && v["alerts"][0]["annotations"]["description"]
+                    .as_str()
+                    .is_some_and(|d| d.contains(gone) && d.contains("synchronized_standby_slots"))
+        })
+    };
+    wait_until(WAIT, "a webhook warning naming the standby slot", warned);
     let (code, text) = walbox_cmd(&["status"], &env);
     assert_eq!(code, 0, "{text}");
     assert!(

@@ -55,6 +55,7 @@ use tokio::sync::watch;
 pub mod checkpoint;
 mod error;
 mod exactly_once;
+mod kafka_txn;
 mod lineage;
 mod publish;
 mod stream;
@@ -149,7 +150,7 @@ struct Session {
     last_status: Lsn,
     last_status_at: Instant,
     /// Exactly-once mode's Kafka transaction; `None` in at-least-once mode.
-    eos: Option<exactly_once::KafkaTxn>,
+    eos: Option<kafka_txn::KafkaTxn>,
     /// The reshard marker at `postgres.drain_to` arrived: nothing after it is read.
     drained: bool,
 }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::error::{DeliveryFailure, RelayError};
-use super::exactly_once::commit_returned;
+use super::kafka_txn::commit_returned;
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
 use crate::config::OnChange;
 use crate::fault::crash_point;
