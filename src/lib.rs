@@ -17,7 +17,7 @@
 //!                      reshard, demo
 //! app.rs, app/         wiring: HTTP, producer, reconnect loop, shutdown order; run_slots
 //! failure.rs           fatal failures, exit statuses, the Classify trait every error implements
-//! lsn.rs, timestamp.rs log sequence numbers; epochs and RFC 3339
+//! lsn.rs, timestamp.rs log sequence numbers (from crates/pgoutput); epochs and RFC 3339
 //! backoff.rs           the one capped exponential backoff (relay, inbox, webhook)
 //! dead_letter.rs       the one dead-letter policy and its headers (relay, republish, inbox)
 //! fault.rs             fault points for the crash tests (`failpoints` feature)
@@ -27,7 +27,7 @@
 //!                      connection, wire framing on postgres-protocol, authentication
 //! source/              WAL → LogicalMessage: opening a slot session (session.rs), start-up
 //!                      checks (catalog.rs), the replication connection and CopyBoth stream,
-//!                      the pgoutput decoder, slot health readings
+//!                      the pgoutput decoder (crates/pgoutput), slot health readings
 //! outbox/              LogicalMessage → OutboxEvent: relation cache, mapping, envelopes, the
 //!                      relay's dead letters (dead_letter.rs)
 //! relay/               the session (mod.rs), the select loop (stream.rs), handing events to

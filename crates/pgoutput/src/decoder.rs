@@ -1,6 +1,6 @@
 //! The decoder: [`decode`], the bounds-checked cursor it reads with, and [`DecodeError`].
 //!
-//! Invariants (see the module docs of `pgoutput`): never panics on any input (every read is
+//! Invariants (see the crate docs): never panics on any input (every read is
 //! bounds-checked, lengths and counts are checked, and no count preallocates more than the
 //! remaining bytes could hold); a message must fill its buffer exactly; only protocol version 1
 //! tags are accepted.
@@ -11,15 +11,7 @@ use super::message::{
     Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, OldTuple, Origin, Relation,
     Truncate, TupleData, TupleValue, TypeMessage, Update,
 };
-use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
-
-impl Classify for DecodeError {
-    /// The server sent what walbox cannot read: a bug on one side, never retried.
-    fn failure(&self) -> Option<Failure> {
-        Some(Failure::Internal)
-    }
-}
 
 /// Why a pgoutput message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

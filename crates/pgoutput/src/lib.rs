@@ -1,4 +1,5 @@
-//! Decoder for `pgoutput` logical replication messages.
+//! Decoder for PostgreSQL's `pgoutput` logical replication messages, and the WAL positions
+//! ([`Lsn`]) they carry.
 //!
 //! [`decode`] turns the payload of one replication `XLogData` message (equivalently, one row of
 //! `pg_logical_slot_peek_binary_changes`) into a [`LogicalMessage`]. The wire format is described
@@ -25,16 +26,22 @@
 //!   mismatch.
 //! - `Int16` column counts are read as unsigned, as PostgreSQL itself reads them.
 //!
+//! - **Self-contained**: this crate depends on nothing of walbox (only `bytes`, `serde` for
+//!   [`Lsn`]'s text form, and `thiserror`); walbox re-exports it as `walbox::source::pgoutput`
+//!   and `walbox::lsn`, and classifies [`DecodeError`] there.
+//!
 //! # Files
 //! `message.rs` holds the message types, `decoder.rs` [`decode`], [`Decoder`], its cursor and
-//! [`DecodeError`], `tests.rs` the hand-encoded and captured samples and the property tests.
-//! This file only re-exports them for the rest of walbox; inside the folder the decoder imports
-//! the types and only the tests import this file.
+//! [`DecodeError`], `lsn.rs` [`Lsn`], `tests.rs` the hand-encoded and captured samples and the
+//! property tests. This file only re-exports them; inside the crate the decoder imports the
+//! types and only the tests import this file.
 
 mod decoder;
+pub mod lsn;
 mod message;
 
 pub use decoder::{decode, DecodeError, Decoder};
+pub use lsn::{Lsn, ParseLsnError};
 pub use message::{
     Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, OldTuple, Origin, Relation,
     Truncate, TupleData, TupleValue, TypeMessage, Update,
