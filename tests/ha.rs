@@ -14,7 +14,7 @@ use crate::support::{
 };
 use walbox::sandbox::proxy::{Mode, Proxy};
 
-/// The takeover bound after SIGKILL of the active process (README, "High availability").
+/// The takeover bound after SIGKILL of the active process (docs/guarantees.md, "Guarantees").
 const TAKEOVER_BOUND: Duration = Duration::from_secs(10);
 
 /// A walbox process and its HTTP port.
@@ -184,7 +184,7 @@ fn a_partitioned_active_walbox_loses_its_role_to_the_standby_within_the_bound() 
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     assert!(reader.poll_until(WAIT, |r| distinct_ids(r).len() >= 100));
 
-    // README: within wal_sender_timeout + 10 s.
+    // docs/guarantees.md: within wal_sender_timeout + 10 s.
     let wal_sender_timeout: u64 = db
         .sql("SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'")
         .trim()

@@ -25,6 +25,7 @@ mod http;
 mod inbox;
 mod kafka_security;
 mod layout;
+mod manual;
 mod progress;
 mod recovery;
 mod relay;

@@ -81,7 +81,7 @@ pub enum LayoutStartError {
     #[error(transparent)]
     Evidence(#[from] RelayError),
     /// The server has too few free slots or walsenders for every shard.
-    #[error("postgres.shards = {shards} needs {needs}: raise {raise} (ALTER SYSTEM SET …; then restart PostgreSQL); no slot was created and no shard streams (README, \"Shards\")")]
+    #[error("postgres.shards = {shards} needs {needs}: raise {raise} (ALTER SYSTEM SET …; then restart PostgreSQL); no slot was created and no shard streams (docs/sharding.md)")]
     Capacity {
         /// `postgres.shards`.
         shards: usize,

@@ -436,7 +436,7 @@ fn kafka(s: &mut Settings) -> Table {
                 None => s.refuse(
                     key,
                     "not a PLAIN or SCRAM login with a username: set walbox's SASL properties \
-                     by hand (README, Kafka security)",
+                     by hand (docs/configuration.md, \"Kafka security\")",
                 ),
             },
             r if r.starts_with("ssl.") => s.refuse(
@@ -447,7 +447,7 @@ fn kafka(s: &mut Settings) -> Table {
             _ if is_secret(&rest) => s.refuse(key, "a secret walbox does not copy"),
             _ => s.refuse(
                 key,
-                "no walbox equivalent (walbox's producer settings: README)",
+                "no walbox equivalent (walbox's producer settings: docs/configuration.md)",
             ),
         }
     }
@@ -519,7 +519,7 @@ fn leftovers(s: &mut Settings) {
             ),
             "message.prefix.include.list" => s.refuse(
                 key,
-                "logical messages: map them with [outbox.messages] by hand (README)",
+                "logical messages: map them with [outbox.messages] by hand (docs/configuration.md)",
             ),
             k if k.starts_with("topic.creation.") => s.note(
                 key,

@@ -83,7 +83,7 @@ pub struct Assessment {
 const ACTION_OK: &str = "nothing to do";
 const ACTION_WARNING: &str = "walbox is behind: check walbox_inflight_events, the broker and walbox's logs; WAL is retained until it catches up";
 const ACTION_CRITICAL: &str = "act now: restore the broker or walbox, or raise max_slot_wal_keep_size (or free disk); the slot will be invalidated or the disk fill";
-const ACTION_LOST: &str = "events after the last confirmed LSN may be lost: follow the runbook \"Slot lost\" in the README before recreating the slot";
+const ACTION_LOST: &str = "events after the last confirmed LSN may be lost: follow the runbook \"Slot lost\" in docs/operations.md before recreating the slot";
 
 /// The level of a reading (`None` = the slot does not exist).
 pub fn assess(health: Option<&SlotHealth>, cfg: &SlotConfig) -> Assessment {

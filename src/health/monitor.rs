@@ -370,7 +370,7 @@ impl Monitor {
             self.fatal.raise(FatalError {
                 failure: Failure::SlotLost,
                 message: format!(
-                    "replication slot {slot_name:?} is lost ({}); last confirmed position {confirmed}: events committed after it may never be relayed. See the README runbook \"Slot lost\"; recreate the slot only with `walbox recreate-slot`",
+                    "replication slot {slot_name:?} is lost ({}); last confirmed position {confirmed}: events committed after it may never be relayed. See the runbook \"Slot lost\" in docs/operations.md; recreate the slot only with `walbox recreate-slot`",
                     assessment.reason
                 ),
             });

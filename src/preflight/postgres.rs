@@ -573,7 +573,7 @@ async fn failover_check(
                 "postgres.failover_slot needs PostgreSQL 17 or newer; this server is {}",
                 server.version
             ),
-            "set postgres.failover_slot = false (before 17 a failover loses the slot: see the README, \"Failover of the primary\")",
+            "set postgres.failover_slot = false (before 17 a failover loses the slot: see docs/operations.md, \"Failover of the primary\")",
         ));
     }
     if role == Role::Standby {

@@ -171,7 +171,7 @@ pub enum LayoutError {
     #[error("postgres: {0}")]
     Query(#[from] tokio_postgres::Error),
     /// The outbox is relayed through another number of shards.
-    #[error("postgres.shards = {configured}, but the outbox is relayed through {found} shard(s) (slots {slots}): set postgres.shards = {found}, or change the number of shards with `walbox reshard --to {configured}` (README, \"Shards\")")]
+    #[error("postgres.shards = {configured}, but the outbox is relayed through {found} shard(s) (slots {slots}): set postgres.shards = {found}, or change the number of shards with `walbox reshard --to {configured}` (docs/sharding.md)")]
     Mismatch {
         /// `postgres.shards`.
         configured: u32,
@@ -181,7 +181,7 @@ pub enum LayoutError {
         slots: String,
     },
     /// Slots of two layouts exist: a reshard did not finish.
-    #[error("slots of {layouts} exist (slots {slots}): a `walbox reshard` did not finish; run it again with the same --to, with walbox stopped (README, \"Shards\")")]
+    #[error("slots of {layouts} exist (slots {slots}): a `walbox reshard` did not finish; run it again with the same --to, with walbox stopped (docs/sharding.md)")]
     Unfinished {
         /// The layouts, e.g. "1 and 4 shards".
         layouts: String,

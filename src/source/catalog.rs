@@ -105,7 +105,7 @@ pub enum CatalogError {
     #[error(transparent)]
     Standby(#[from] StandbyError),
     /// `postgres.failover_slot` on a server older than 17.
-    #[error("postgres.failover_slot needs PostgreSQL 17 or newer (failover slots); this server is {0}: set postgres.failover_slot = false (before 17 a logical slot does not survive a failover of the primary: see the README, \"Failover of the primary\")")]
+    #[error("postgres.failover_slot needs PostgreSQL 17 or newer (failover slots); this server is {0}: set postgres.failover_slot = false (before 17 a logical slot does not survive a failover of the primary: see docs/operations.md, \"Failover of the primary\")")]
     FailoverNeeds17(String),
     /// `postgres.failover_slot` while `postgres.url` names a standby.
     #[error("postgres.failover_slot applies to a slot on the primary, but postgres.url names a standby: point postgres.url at the primary (listing the primary and its standby, walbox passes the standby over while it is in recovery: target_session_attrs=read-write, the default with failover_slot); the standby's synchronized copy of the slot cannot be decoded before a promotion")]

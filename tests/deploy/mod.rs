@@ -475,7 +475,7 @@ fn dashboard_queries_name_only_metrics_walbox_exports() {
             used.insert(name);
         }
     }
-    // What an operator needs to see (the README's metrics table; docs/inbox.md).
+    // What an operator needs to see (docs/operations.md's metrics table; docs/inbox.md).
     for needed in [
         "walbox_events_published_total",
         "walbox_commit_to_ack_seconds_bucket",
