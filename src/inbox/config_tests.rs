@@ -1,0 +1,210 @@
+use super::*;
+use std::io::Write;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+const MINIMAL: &str = r#"
+[postgres]
+url = "postgres://billing:secret@db:5432/billing"
+[kafka]
+brokers = "k1:9092"
+group_id = "billing"
+topics = ["outbox.event.payment"]
+[effect]
+sql = "SELECT billing.apply_payment($payload)"
+"#;
+
+fn load_text(text: &str, vars: &[(&str, &str)]) -> Result<InboxConfig, ConfigError> {
+    let f = file(text);
+    load_from(Some(f.path()), &mut env(vars).into_iter())
+}
+
+#[test]
+fn defaults() {
+    let c = load_text(MINIMAL, &[]).unwrap();
+    assert_eq!((c.schema.as_str(), c.table.as_str()), ("public", "inbox"));
+    assert_eq!(c.consumer, "billing");
+    assert_eq!(c.kafka.message_id_header, "id");
+    assert!(!c.effect.store_record);
+    assert_eq!(c.effect.on_error, Policy::Fail);
+    assert_eq!(c.retention.guard, Guard::Refuse);
+    assert_eq!(c.retention.keep, None);
+    assert_eq!(c.effect.batch_max, DEFAULT_BATCH_MAX);
+    assert_eq!(c.effect.batch_linger, Duration::ZERO);
+}
+
+#[test]
+fn environment_wins() {
+    let c = load_text(
+        MINIMAL,
+        &[
+            ("WALBOX_INBOX_KAFKA_TOPICS", "a, b"),
+            ("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "2"),
+            ("WALBOX_INBOX_EFFECT_BATCH_MAX", "500"),
+            ("WALBOX_INBOX_EFFECT_BATCH_LINGER", "5ms"),
+            ("WALBOX_INBOX_RETENTION_KEEP", "14d"),
+            ("WALBOX_INBOX_POSTGRES_TABLE", "app.inbox_events"),
+            ("WALBOX_INBOX_KAFKA_PROPERTY_SESSION_TIMEOUT_MS", "6000"),
+            ("WALBOX_KAFKA_BROKERS", "not-mine:9092"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.kafka.topics, ["a", "b"]);
+    assert_eq!(c.kafka.brokers, "k1:9092");
+    assert_eq!(c.effect.max_parallel, 2);
+    assert_eq!(c.effect.batch_max, 500);
+    assert_eq!(c.effect.batch_linger, Duration::from_millis(5));
+    assert_eq!(c.retention.keep, Some(Duration::from_secs(14 * 86_400)));
+    assert_eq!(c.schema, "app");
+    assert_eq!(
+        c.kafka
+            .properties
+            .get("session.timeout.ms")
+            .map(String::as_str),
+        Some("6000")
+    );
+}
+
+#[test]
+fn no_effect_means_the_stored_inbox_form() {
+    let text = MINIMAL.replace("sql = \"SELECT billing.apply_payment($payload)\"", "");
+    assert!(load_text(&text, &[]).unwrap().effect.store_record);
+    let e = load_text(&text, &[("WALBOX_INBOX_EFFECT_STORE_RECORD", "false")]).unwrap_err();
+    assert!(e.to_string().contains("nothing would happen"), "{e}");
+}
+
+#[test]
+fn refusals_are_one_line() {
+    for (var, val) in [
+        ("WALBOX_INBOX_KAFKA_PROPERTY_ENABLE_AUTO_COMMIT", "true"),
+        ("WALBOX_INBOX_EFFECT_ON_ERROR", "dead_letter"),
+        ("WALBOX_INBOX_EFFECT_ON_ERROR", "ignore"),
+        ("WALBOX_INBOX_RETENTION_GUARD", "maybe"),
+        ("WALBOX_INBOX_RETENTION_CLEANUP", "true"),
+        ("WALBOX_INBOX_EFFECT_SQL", "SELECT f($1)"),
+        ("WALBOX_INBOX_EFFECT_SQL", "SELECT f($payloadd)"),
+        ("WALBOX_INBOX_KAFKA_TOPICS", ""),
+        ("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "0"),
+        ("WALBOX_INBOX_EFFECT_BATCH_MAX", "0"),
+        ("WALBOX_INBOX_EFFECT_BATCH_MAX", "10001"),
+        ("WALBOX_INBOX_EFFECT_BATCH_LINGER", "2s"),
+        ("WALBOX_INBOX_KAFKA_GROUP_INSTANCE_ID", " "),
+        ("WALBOX_INBOX_KAFKA_PROPERTY_GROUP_INSTANCE_ID", "pod-0"),
+    ] {
+        let e = load_text(MINIMAL, &[(var, val)]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            !msg.contains('\n') && !msg.contains("secret"),
+            "{var}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn static_membership_is_off_unless_an_instance_id_is_given() {
+    assert_eq!(
+        load_text(MINIMAL, &[]).unwrap().kafka.group_instance_id,
+        None
+    );
+    let c = load_text(
+        MINIMAL,
+        &[("WALBOX_INBOX_KAFKA_GROUP_INSTANCE_ID", "billing-0")],
+    );
+    assert_eq!(
+        c.unwrap().kafka.group_instance_id.as_deref(),
+        Some("billing-0")
+    );
+    let e = load_text(
+        MINIMAL,
+        &[("WALBOX_INBOX_KAFKA_PROPERTY_GROUP_INSTANCE_ID", "x")],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("kafka.group_instance_id"), "{e}");
+}
+
+#[test]
+fn the_shipped_example_is_valid() {
+    let c = load_text(include_str!("../../examples/inbox.toml"), &[]).unwrap();
+    assert_eq!(
+        c.effect.on_error,
+        Policy::DeadLetter("billing.inbox.dlq".into())
+    );
+    assert!(c.retention.cleanup);
+}
+
+#[test]
+fn unknown_keys_are_rejected() {
+    let e = load_text(&format!("{MINIMAL}\n[retention]\nkeeep = \"1d\"\n"), &[]).unwrap_err();
+    assert!(e.to_string().contains("keeep"), "{e}");
+}
+
+#[test]
+fn unknown_inbox_variables_are_errors_and_walbox_run_variables_are_not_mine() {
+    let e = load_text(MINIMAL, &[("WALBOX_INBOX_EFFECT_SQLL", "SELECT 1")]).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("WALBOX_INBOX_EFFECT_SQLL")
+            && msg.contains("did you mean WALBOX_INBOX_EFFECT_SQL?")
+            && !msg.contains("SELECT 1"),
+        "{msg}"
+    );
+    load_text(
+        MINIMAL,
+        &[
+            ("WALBOX_INBOX_CONFIG", "/etc/inbox.toml"),
+            ("WALBOX_POSTGRES_SLOTT", "walbox run's problem"),
+            ("WALBOX_LOG", "info"),
+        ],
+    )
+    .unwrap();
+}
+
+#[test]
+fn consumer_properties_and_log_levels_are_checked_at_load_time() {
+    let e = load_text(
+        MINIMAL,
+        &[("WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD", "hunter2")],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("sasl.pasword")
+            && e.contains("WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD")
+            && !e.contains("hunter2"),
+        "{e}"
+    );
+    let e = load_text(MINIMAL, &[("WALBOX_INBOX_LOG_LEVEL", "warning")]).unwrap_err();
+    assert!(e.to_string().contains("log.level"), "{e}");
+    assert!(load_text(
+        MINIMAL,
+        &[(
+            "WALBOX_INBOX_LOG_LEVEL",
+            "info,librdkafka=warn,rdkafka=warn"
+        )]
+    )
+    .is_ok());
+    let e = load_text(MINIMAL, &[("WALBOX_LOG", "warning")]).unwrap_err();
+    assert!(e.to_string().contains("WALBOX_LOG"), "{e}");
+}
+
+#[test]
+fn secrets_stay_out_of_debug_output() {
+    let c = load_text(
+        &format!("{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n"),
+        &[],
+    )
+    .unwrap();
+    let dbg = format!("{c:?}");
+    assert!(!dbg.contains("hunter2") && !dbg.contains("secret"), "{dbg}");
+}
