@@ -200,3 +200,82 @@ fn size_producer_queue(
         .insert(QUEUE_PROPERTY.to_owned(), sized_queue.to_string());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{OnSlotBusy, DEFAULT_PROGRESS_TOPIC};
+    use std::time::Duration;
+
+    /// `walbox run`'s configuration from `MINIMAL` and `vars`, as `load_from` reads it.
+    fn load_env(extra: &str, vars: &[(&str, &str)]) -> Result<Config, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("walbox.toml");
+        std::fs::write(
+            &path,
+            format!("[postgres]\nurl = \"postgres://walbox:secret@db/app\"\n[kafka]\nbrokers = \"k1:9092\"\n{extra}"),
+        )
+        .unwrap();
+        let mut env = vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+        load_from(Some(&path), &mut env).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_section_refuses_its_bad_values_naming_the_key() {
+        let cases: &[(&str, &[(&str, &str)], &str)] = &[
+            ("", &[("WALBOX_POSTGRES_SLOT", "Bad-Slot")], "postgres.slot \"Bad-Slot\" may contain only lower-case letters, digits and underscores"),
+            ("", &[("WALBOX_POSTGRES_PUBLICATION", "")], "postgres.publication \"\" must be 1 to 63 characters"),
+            ("", &[("WALBOX_POSTGRES_STATUS_INTERVAL", "2s")], "postgres.status_interval must be between 1ms and 1s"),
+            ("", &[("WALBOX_POSTGRES_ON_SLOT_BUSY", "maybe")], "postgres.on_slot_busy \"maybe\" must be \"wait\" or \"fail\""),
+            ("", &[("WALBOX_POSTGRES_RECEIVE_TIMEOUT", "500ms")], "postgres.receive_timeout must be at least 1s (or \"off\")"),
+            ("", &[("WALBOX_POSTGRES_SHARDS", "65")], "postgres.shards must be between 1 and 64"),
+            ("", &[("WALBOX_POSTGRES_SHARDS", "3"), ("WALBOX_POSTGRES_SLOT", &"s".repeat(60))], "is too long for 3 shards: with the suffix \"_2of3\" it must stay within 63 characters"),
+            ("", &[("WALBOX_KAFKA_PROPERTY_TRANSACTIONAL_ID", "x")], "kafka.properties.transactional.id: walbox derives it from the slot"),
+            ("", &[("WALBOX_KAFKA_PROPERTY_BOOTSTRAP_SERVERS", "x")], "kafka.properties.bootstrap.servers: set kafka.brokers instead"),
+            ("", &[("WALBOX_KAFKA_PROGRESS_TOPIC", "bad topic")], "kafka.progress_topic \"bad topic\" is not a valid topic name"),
+            ("", &[("WALBOX_KAFKA_EXACTLY_ONCE", "true"), ("WALBOX_KAFKA_TRANSACTION_MAX_BYTES", "1")], "kafka.transaction_max_bytes must be between 1KiB and 1GiB"),
+            ("", &[("WALBOX_KAFKA_EXACTLY_ONCE", "true"), ("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS", "0")], "kafka.transaction_max_events must be between 1 and 10000000"),
+            ("", &[("WALBOX_KAFKA_EXACTLY_ONCE", "true"), ("WALBOX_KAFKA_TRANSACTION_INTERVAL", "61s")], "kafka.transaction_interval must be between 1ms and 60s"),
+            ("", &[("WALBOX_RELAY_MAX_IN_FLIGHT", "0")], "relay.max_in_flight must be between 1 and 1000000"),
+            ("", &[("WALBOX_RELAY_BACKOFF_INITIAL", "1m")], "relay.backoff_initial must be > 0 and <= relay.backoff_max"),
+            ("", &[("WALBOX_SLOT_CHECK_INTERVAL", "0s")], "slot.check_interval must be > 0"),
+            ("", &[("WALBOX_SLOT_WARNING_BYTES", "30GB")], "slot.warning_bytes must be <= slot.critical_bytes"),
+            ("", &[("WALBOX_SLOT_HEARTBEAT_INTERVAL", "0s")], "slot.heartbeat_interval must be > 0 or \"off\""),
+            ("", &[("WALBOX_ALERTS_WEBHOOK_URL", "ftp://x")], "alerts.webhook_url must start with http:// or https://"),
+            ("", &[("WALBOX_HTTP_LISTEN", "port 80")], "http.listen \"port 80\" is not an address like 0.0.0.0:9187 (or \"off\")"),
+            ("", &[("WALBOX_LOG_FORMAT", "xml")], "log.format \"xml\" must be \"text\" or \"json\""),
+            // Across sections.
+            ("[outbox.messages]\nprefix = \"p\"\n", &[("WALBOX_POSTGRES_SHARDS", "2")], "postgres.shards > 1 cannot relay [outbox.messages]"),
+            ("", &[("WALBOX_RELAY_MAX_IN_FLIGHT", "600"), ("WALBOX_KAFKA_PROPERTY_QUEUE_BUFFERING_MAX_MESSAGES", "500")], "relay.max_in_flight (600) exceeds the producer's queue (kafka.properties.queue.buffering.max.messages = 500)"),
+        ];
+        for (extra, vars, message) in cases {
+            let e = load_env(extra, vars).unwrap_err();
+            assert!(
+                e.starts_with("invalid configuration: ") && e.contains(message),
+                "{vars:?}: {e:?} lacks {message:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_section_fills_in_its_defaults() {
+        let c = load_env("", &[]).unwrap();
+        assert_eq!(c.postgres.receive_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(c.postgres.on_slot_busy, OnSlotBusy::Wait);
+        assert_eq!(c.relay.backoff_initial, Duration::from_millis(200));
+        assert_eq!(c.relay.shutdown_timeout, Duration::from_secs(30));
+        assert_eq!(c.slot.check_interval, Duration::from_secs(10));
+        assert_eq!(c.alerts.webhook_attempts, 5);
+        assert_eq!(c.kafka.progress_topic, DEFAULT_PROGRESS_TOPIC);
+        assert_eq!(c.kafka.exactly_once, None);
+        assert_eq!(c.kafka.create_topics, None);
+        assert!(
+            c.kafka.properties.is_empty(),
+            "no queue sized for one shard"
+        );
+        assert_eq!(
+            c.http_listen,
+            Some("0.0.0.0:9187".parse::<SocketAddr>().unwrap())
+        );
+    }
+}

@@ -208,3 +208,128 @@ fn secrets_stay_out_of_debug_output() {
     let dbg = format!("{c:?}");
     assert!(!dbg.contains("hunter2") && !dbg.contains("secret"), "{dbg}");
 }
+
+#[test]
+fn every_section_refuses_its_bad_values_naming_the_key() {
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("WALBOX_INBOX_POSTGRES_TABLE", "a.")],
+            "postgres.table \"\" must be 1 to 63 characters",
+        ),
+        (
+            &[("WALBOX_INBOX_POSTGRES_CONSUMER", "")],
+            "postgres.consumer must not be empty",
+        ),
+        (
+            &[("WALBOX_INBOX_KAFKA_TOPICS", "")],
+            "kafka.topics must list at least one topic (WALBOX_INBOX_KAFKA_TOPICS=a,b)",
+        ),
+        (
+            &[("WALBOX_INBOX_KAFKA_MESSAGE_ID_HEADER", "")],
+            "kafka.message_id_header must not be empty",
+        ),
+        (
+            &[("WALBOX_INBOX_KAFKA_COMMIT_INTERVAL", "0s")],
+            "kafka.commit_interval must be > 0",
+        ),
+        (
+            &[(
+                "WALBOX_INBOX_KAFKA_DEAD_LETTER_TOPIC",
+                "outbox.event.payment",
+            )],
+            "kafka.dead_letter_topic must not be one of kafka.topics",
+        ),
+        (
+            &[(
+                "WALBOX_INBOX_KAFKA_PROPERTY_ISOLATION_LEVEL",
+                "read_uncommitted",
+            )],
+            "kafka.properties.isolation.level = \"read_uncommitted\" is managed by walbox",
+        ),
+        (
+            &[("WALBOX_INBOX_KAFKA_PROPERTY_BOOTSTRAP_SERVERS", "x")],
+            "kafka.properties.bootstrap.servers = \"x\" is managed by walbox",
+        ),
+        (
+            &[("WALBOX_INBOX_EFFECT_ON_INVALID", "dead_letter")],
+            "a dead_letter policy needs kafka.dead_letter_topic",
+        ),
+        (
+            &[("WALBOX_INBOX_EFFECT_BACKOFF_MAX", "1ms")],
+            "effect.backoff_initial must be > 0 and <= effect.backoff_max",
+        ),
+        (
+            &[("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "257")],
+            "effect.max_parallel must be between 1 and 256",
+        ),
+        (
+            &[("WALBOX_INBOX_EFFECT_BATCH_MAX", "0")],
+            "effect.batch_max must be between 1 and 10000",
+        ),
+        (
+            &[("WALBOX_INBOX_EFFECT_RETRIES", "1001")],
+            "effect.retries must be at most 1000",
+        ),
+        (
+            &[("WALBOX_INBOX_RETENTION_KEEP", "0s")],
+            "retention.keep must be > 0 (omit it to keep rows forever)",
+        ),
+        (
+            &[("WALBOX_INBOX_RETENTION_CLEANUP", "true")],
+            "retention.cleanup = true needs retention.keep",
+        ),
+        (
+            &[
+                ("WALBOX_INBOX_RETENTION_KEEP", "1d"),
+                ("WALBOX_INBOX_RETENTION_CLEANUP_INTERVAL", "0s"),
+            ],
+            "retention.cleanup_interval must be > 0",
+        ),
+        (
+            &[("WALBOX_INBOX_RETENTION_CLEANUP_BATCH", "100001")],
+            "retention.cleanup_batch must be between 1 and 100000",
+        ),
+        (
+            &[("WALBOX_INBOX_HTTP_LISTEN", "x")],
+            "http.listen \"x\" is not an address like 0.0.0.0:9188 (or \"off\")",
+        ),
+    ];
+    for (vars, message) in cases {
+        let e = load_text(MINIMAL, vars).unwrap_err().to_string();
+        assert!(
+            e.starts_with("invalid configuration: ") && e.contains(message),
+            "{vars:?}: {e:?} lacks {message:?}"
+        );
+    }
+}
+
+#[test]
+fn the_shared_keys_name_the_inbox_variables() {
+    for (drop, message) in [
+        (
+            "url = \"postgres://billing:secret@db:5432/billing\"",
+            "postgres.url is required (set it in the file or WALBOX_INBOX_POSTGRES_URL)",
+        ),
+        (
+            "brokers = \"k1:9092\"",
+            "kafka.brokers is required (set it in the file or WALBOX_INBOX_KAFKA_BROKERS)",
+        ),
+        (
+            "group_id = \"billing\"",
+            "kafka.group_id is required (set it in the file or WALBOX_INBOX_KAFKA_GROUP_ID)",
+        ),
+    ] {
+        let e = load_text(&MINIMAL.replace(drop, ""), &[]).unwrap_err();
+        assert_eq!(e.to_string(), format!("invalid configuration: {message}"));
+    }
+    // The connection's secrets may come from files, named by the inbox's variables.
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, "from-a-file\n").unwrap();
+    let c = load_text(
+        MINIMAL,
+        &[("WALBOX_INBOX_POSTGRES_PASSWORD_FILE", pw.to_str().unwrap())],
+    )
+    .unwrap();
+    assert_eq!(c.conn.password.as_deref(), Some("from-a-file"));
+}
