@@ -104,14 +104,16 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
     accepted: &["WALBOX_CONFIG", LOG_ENV],
     others: &[INBOX_PREFIX],
     // The variables of the tests and benchmarks, and where the sandbox and the install scripts
-    // keep other PostgreSQL majors (which ones) and Debezium (which version). The one list of
-    // them: the README's is checked against it.
+    // keep other PostgreSQL majors (which ones), the Apache Kafka broker and Debezium (which
+    // versions). The one list of them: the README's is checked against it.
     foreign: &[
-        "WALBOX_DEBEZIUM_",
         "WALBOX_TEST_",
         "WALBOX_BENCH_",
         "WALBOX_PG_CACHE",
         "WALBOX_PG_MAJORS",
+        "WALBOX_KAFKA_CACHE",
+        "WALBOX_KAFKA_VERSION",
+        "WALBOX_DEBEZIUM_",
     ],
 };
 
