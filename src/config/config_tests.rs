@@ -1,21 +1,8 @@
+use super::fixture::{env, file};
 use super::*;
 use crate::dead_letter::Policy;
-use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
-
-fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-fn file(text: &str) -> tempfile::NamedTempFile {
-    let mut f = tempfile::NamedTempFile::new().unwrap();
-    f.write_all(text.as_bytes()).unwrap();
-    f
-}
 
 const MINIMAL: &str = r#"
 [postgres]

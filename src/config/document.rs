@@ -20,7 +20,7 @@ use super::env::{EnvLayout, INBOX_PREFIX, RUN_PREFIX};
 use super::error::ConfigError;
 use super::http::RawHttp;
 use super::kafka::{KafkaConfig, RawKafka, RawKafkaConnection};
-use super::layers::{deserialize, read_layers};
+use super::layers::read_document;
 use super::log::{LogConfig, RawLog, LOG_ENV};
 use super::outbox::{self, OutboxConfig, RawOutbox};
 use super::postgres::{PostgresConfig, RawPgConnection, RawPostgres};
@@ -127,9 +127,7 @@ pub fn load_from(
     path: Option<&Path>,
     env: &mut dyn Iterator<Item = (String, String)>,
 ) -> Result<Config, ConfigError> {
-    let (mut table, origin) = read_layers(path, env, &LAYOUT)?;
-    outbox::normalize(&mut table)?;
-    deserialize::<RawConfig>(table, origin)?.validate()
+    read_document::<RawConfig>(path, env, &LAYOUT, outbox::normalize)?.validate()
 }
 
 /// librdkafka's bound on records waiting in the producer.
@@ -206,20 +204,16 @@ fn size_producer_queue(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::fixture::{env, file};
     use crate::config::{OnSlotBusy, DEFAULT_PROGRESS_TOPIC};
     use std::time::Duration;
 
-    /// `walbox run`'s configuration from `MINIMAL` and `vars`, as `load_from` reads it.
+    /// `walbox run`'s configuration from a minimal file, `extra` and `vars`.
     fn load_env(extra: &str, vars: &[(&str, &str)]) -> Result<Config, String> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("walbox.toml");
-        std::fs::write(
-            &path,
-            format!("[postgres]\nurl = \"postgres://walbox:secret@db/app\"\n[kafka]\nbrokers = \"k1:9092\"\n{extra}"),
-        )
-        .unwrap();
-        let mut env = vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
-        load_from(Some(&path), &mut env).map_err(|e| e.to_string())
+        let f = file(&format!(
+            "[postgres]\nurl = \"postgres://walbox:secret@db/app\"\n[kafka]\nbrokers = \"k1:9092\"\n{extra}"
+        ));
+        load_from(Some(f.path()), &mut env(vars).into_iter()).map_err(|e| e.to_string())
     }
 
     #[test]

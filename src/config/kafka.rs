@@ -209,10 +209,7 @@ impl RawKafka {
     /// Checks values and fills in defaults; `env` names the variables in messages. The
     /// producer's queue is sized later, with `[relay]` (`document.rs`).
     pub(super) fn validate(self, env: &EnvLayout) -> Result<KafkaConfig, ConfigError> {
-        let KafkaConnection {
-            brokers,
-            properties,
-        } = RawKafkaConnection {
+        let connection = RawKafkaConnection {
             brokers: self.brokers,
             properties: self.properties,
         }
@@ -230,7 +227,7 @@ impl RawKafka {
                 self.transaction_max_events,
                 self.transaction_interval,
                 self.transaction_max_bytes,
-                &properties,
+                &connection.properties,
             )?),
             _ if self.transaction_max_events.is_some()
                 || self.transaction_interval.is_some()
@@ -243,8 +240,8 @@ impl RawKafka {
             _ => None,
         };
         Ok(KafkaConfig {
-            brokers,
-            properties,
+            brokers: connection.brokers,
+            properties: connection.properties,
             create_topics: self.create_topics.unwrap_or(false).then(|| {
                 (
                     self.topic_partitions.unwrap_or(-1),

@@ -120,7 +120,7 @@ fn apply_env(
 /// Reads an optional TOML file and writes the environment over it (the environment wins), then
 /// reads the secrets given as files (`config::secret`).
 /// Returns the table and " in <file>" (or "") for error messages.
-pub(crate) fn read_layers(
+fn read_layers(
     path: Option<&Path>,
     env: &mut dyn Iterator<Item = (String, String)>,
     layout: &EnvLayout,
@@ -168,7 +168,7 @@ fn syntax_error(text: &str, e: &toml::de::Error) -> String {
 }
 
 /// Deserializes a layered table, naming the file in errors.
-pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
+fn deserialize<T: serde::de::DeserializeOwned>(
     table: toml::Table,
     origin: String,
 ) -> Result<T, ConfigError> {
@@ -176,4 +176,17 @@ pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
         origin,
         message: one_line(&e.to_string()),
     })
+}
+
+/// The layers of `path` and `env` (with `layout`), rewritten by `prepare` (`walbox run`'s
+/// `[outbox]` shorthand), then deserialized into a command's `Raw…` document.
+pub(crate) fn read_document<T: serde::de::DeserializeOwned>(
+    path: Option<&Path>,
+    env: &mut dyn Iterator<Item = (String, String)>,
+    layout: &EnvLayout,
+    prepare: fn(&mut toml::Table) -> Result<(), ConfigError>,
+) -> Result<T, ConfigError> {
+    let (mut table, origin) = read_layers(path, env, layout)?;
+    prepare(&mut table)?;
+    deserialize(table, origin)
 }

@@ -64,23 +64,26 @@ pub use alerts::{AlertsConfig, RawAlerts};
 pub use document::{load, load_from, Config, RawConfig};
 pub(crate) use env::{process_env, EnvLayout, Kind, Setting, INBOX_PREFIX};
 pub use error::ConfigError;
-pub(crate) use kafka::{scalar_properties, KafkaConnection, RawKafkaConnection};
+pub(crate) use kafka::{scalar_properties, RawKafkaConnection};
 pub use kafka::{
     valid_topic, ExactlyOnce, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC, TRANSACTION_TIMEOUT_MS,
 };
-pub(crate) use layers::{deserialize, read_layers};
+pub(crate) use layers::read_document;
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
 pub use outbox::{
     ColumnNames, Compat, OnChange, OutboxConfig, Route, RouteSource, ValueFormat, MAX_OUTBOX_TABLES,
 };
-pub(crate) use postgres::{valid_identifier, PgConnection, RawPgConnection};
+pub(crate) use postgres::{valid_identifier, RawPgConnection};
 pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};
+pub(crate) use relay::backoff;
 pub use relay::{RawRelay, RelayConfig, DEFAULT_MAX_IN_FLIGHT};
 // `self::`: the `http` crate has the same name.
 pub use self::http::RawHttp;
 pub use slot::{RawSlot, SlotConfig};
 pub use units::{parse_duration, parse_size, ByteSize, HumanDuration};
 
+#[cfg(test)]
+pub(crate) mod fixture;
 #[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;

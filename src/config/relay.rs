@@ -62,19 +62,11 @@ impl RawRelay {
                 "relay.max_in_flight must be between 1 and 1000000".into(),
             ));
         }
-        let backoff_initial = self
-            .backoff_initial
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_millis(200));
-        let backoff_max = self
-            .backoff_max
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_secs(30));
-        if backoff_initial.is_zero() || backoff_max < backoff_initial {
-            return Err(ConfigError::Invalid(
-                "relay.backoff_initial must be > 0 and <= relay.backoff_max".into(),
-            ));
-        }
+        let (backoff_initial, backoff_max) = backoff(
+            "relay",
+            (self.backoff_initial, self.backoff_max),
+            (Duration::from_millis(200), Duration::from_secs(30)),
+        )?;
         Ok(RelayConfig {
             max_in_flight,
             shutdown_timeout: self
@@ -85,4 +77,21 @@ impl RawRelay {
             backoff_max,
         })
     }
+}
+
+/// A backoff's `<section>.backoff_initial` and `<section>.backoff_max` (`[relay]`'s reconnects,
+/// the inbox's `[effect]` retries), `defaults` where unset: `0 < initial <= max`.
+pub(crate) fn backoff(
+    section: &str,
+    (initial, max): (Option<HumanDuration>, Option<HumanDuration>),
+    defaults: (Duration, Duration),
+) -> Result<(Duration, Duration), ConfigError> {
+    let initial = initial.map_or(defaults.0, |d| d.0);
+    let max = max.map_or(defaults.1, |d| d.0);
+    if initial.is_zero() || max < initial {
+        return Err(ConfigError::Invalid(format!(
+            "{section}.backoff_initial must be > 0 and <= {section}.backoff_max"
+        )));
+    }
+    Ok((initial, max))
 }

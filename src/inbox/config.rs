@@ -33,9 +33,8 @@ use serde::Deserialize;
 
 use crate::config::conninfo::ConnInfo;
 use crate::config::{
-    deserialize, read_layers, valid_identifier, ConfigError, EnvLayout, HumanDuration,
-    KafkaConnection, Kind, LogConfig, PgConnection, RawHttp, RawKafkaConnection, RawLog,
-    RawPgConnection, Setting, INBOX_PREFIX,
+    backoff, read_document, valid_identifier, ConfigError, EnvLayout, HumanDuration, Kind,
+    LogConfig, RawHttp, RawKafkaConnection, RawLog, RawPgConnection, Setting, INBOX_PREFIX,
 };
 
 use super::effect::EffectSql;
@@ -121,6 +120,7 @@ impl fmt::Debug for RawKafka {
             .finish_non_exhaustive()
     }
 }
+
 /// `[effect]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -304,8 +304,7 @@ pub fn load_from(
     path: Option<&Path>,
     env: &mut dyn Iterator<Item = (String, String)>,
 ) -> Result<InboxConfig, ConfigError> {
-    let (table, origin) = read_layers(path, env, &LAYOUT)?;
-    deserialize::<RawInboxConfig>(table, origin)?.validate()
+    read_document::<RawInboxConfig>(path, env, &LAYOUT, |_| Ok(()))?.validate()
 }
 
 /// `effect.batch_max` by default: large enough that the transaction overhead (and, with
@@ -384,7 +383,7 @@ impl RawPostgres {
     ];
 
     fn validate(self) -> Result<InboxPostgres, ConfigError> {
-        let PgConnection { conn, .. } = RawPgConnection {
+        let connection = RawPgConnection {
             url: self.url,
             password: self.password,
         }
@@ -397,7 +396,7 @@ impl RawPostgres {
         valid_identifier("postgres.table schema", &schema)?;
         valid_identifier("postgres.table", &table)?;
         Ok(InboxPostgres {
-            conn,
+            conn: connection.conn,
             schema,
             table,
             consumer: self.consumer,
@@ -435,10 +434,7 @@ impl RawKafka {
     ];
 
     fn validate(self) -> Result<InboxKafka, ConfigError> {
-        let KafkaConnection {
-            brokers,
-            properties,
-        } = RawKafkaConnection {
+        let connection = RawKafkaConnection {
             brokers: self.brokers,
             properties: self.properties,
         }
@@ -485,14 +481,14 @@ impl RawKafka {
             return Err(invalid("kafka.commit_interval must be > 0"));
         }
         Ok(InboxKafka {
-            brokers,
+            brokers: connection.brokers,
             group_id,
             group_instance_id,
             topics,
             message_id_header,
             dead_letter_topic,
             commit_interval,
-            properties,
+            properties: connection.properties,
         })
     }
 }
@@ -529,19 +525,11 @@ impl RawEffect {
         }
         let on_error = policy("effect.on_error", self.on_error, dead_letter_topic)?;
         let on_invalid = policy("effect.on_invalid", self.on_invalid, dead_letter_topic)?;
-        let backoff_initial = self
-            .backoff_initial
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_millis(100));
-        let backoff_max = self
-            .backoff_max
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_secs(10));
-        if backoff_initial.is_zero() || backoff_max < backoff_initial {
-            return Err(invalid(
-                "effect.backoff_initial must be > 0 and <= effect.backoff_max",
-            ));
-        }
+        let (backoff_initial, backoff_max) = backoff(
+            "effect",
+            (self.backoff_initial, self.backoff_max),
+            (Duration::from_millis(100), Duration::from_secs(10)),
+        )?;
         let max_parallel = self.max_parallel.unwrap_or(4);
         if !(1..=256).contains(&max_parallel) {
             return Err(invalid("effect.max_parallel must be between 1 and 256"));

@@ -1,18 +1,5 @@
 use super::*;
-use std::io::Write;
-
-fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-fn file(text: &str) -> tempfile::NamedTempFile {
-    let mut f = tempfile::NamedTempFile::new().unwrap();
-    f.write_all(text.as_bytes()).unwrap();
-    f
-}
+use crate::config::fixture::{env, file};
 
 const MINIMAL: &str = r#"
 [postgres]
