@@ -218,7 +218,9 @@ mod tests {
 
     #[test]
     fn every_section_refuses_its_bad_values_naming_the_key() {
-        let cases: &[(&str, &[(&str, &str)], &str)] = &[
+        // (more of the file, variables, what the message says)
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case] = &[
             ("", &[("WALBOX_POSTGRES_SLOT", "Bad-Slot")], "postgres.slot \"Bad-Slot\" may contain only lower-case letters, digits and underscores"),
             ("", &[("WALBOX_POSTGRES_PUBLICATION", "")], "postgres.publication \"\" must be 1 to 63 characters"),
             ("", &[("WALBOX_POSTGRES_STATUS_INTERVAL", "2s")], "postgres.status_interval must be between 1ms and 1s"),
