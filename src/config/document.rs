@@ -205,7 +205,8 @@ fn size_producer_queue(
 mod tests {
     use super::*;
     use crate::config::fixture::{env, file};
-    use crate::config::{OnSlotBusy, DEFAULT_PROGRESS_TOPIC};
+    use crate::config::kafka::DEFAULT_PROGRESS_TOPIC;
+    use crate::config::postgres::OnSlotBusy;
     use std::time::Duration;
 
     /// `walbox run`'s configuration from a minimal file, `extra` and `vars`.
