@@ -40,7 +40,8 @@
 //!   `walbox inbox` (`inbox/config.rs`) reuses with `[http]` and `[log]`;
 //! - `layers.rs`: the file and the environment into one TOML table, and deserializing it;
 //! - `document.rs`: the whole document, `walbox run`'s variables (`LAYOUT`), [`RawConfig`] →
-//!   [`Config`] (the sections' validations and the rules across them), and [`load`].
+//!   [`Config`] (the sections' validations and the rules across them), and [`load`];
+//! - `fixture.rs` (tests only): the configuration files and environments the tests load.
 
 mod alerts;
 pub mod conninfo;
