@@ -1,21 +1,8 @@
+use super::fixture::{env, file};
 use super::*;
 use crate::dead_letter::Policy;
-use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
-
-fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-fn file(text: &str) -> tempfile::NamedTempFile {
-    let mut f = tempfile::NamedTempFile::new().unwrap();
-    f.write_all(text.as_bytes()).unwrap();
-    f
-}
 
 const MINIMAL: &str = r#"
 [postgres]
@@ -425,6 +412,12 @@ fn unknown_walbox_variables_are_errors_naming_them() {
         e.contains("unknown environment variable WALBOX_PG_URL"),
         "{e}"
     );
+    // walbox inbox's are WALBOX_INBOX_*, not every name that begins like it.
+    let e = load(&[("WALBOX_INBOXX_URL", "x")]).unwrap_err();
+    assert!(
+        e.contains("unknown environment variable WALBOX_INBOXX_URL"),
+        "{e}"
+    );
     // Not settings, or not walbox run's: accepted.
     load(&[
         ("WALBOX_CONFIG", "/etc/walbox.toml"),
@@ -435,6 +428,9 @@ fn unknown_walbox_variables_are_errors_naming_them() {
         ("WALBOX_BENCH_QUICK", "1"),
         ("WALBOX_PG_CACHE", "/var/cache/walbox/postgresql"),
         ("WALBOX_PG_MAJORS", "13 18"),
+        ("WALBOX_KAFKA_CACHE", "/var/cache/walbox/kafka"),
+        ("WALBOX_KAFKA_VERSION", "4.3.0"),
+        ("WALBOX_DEBEZIUM_CACHE", "/var/cache/walbox/debezium"),
         ("WALBOXER", "x"),
         ("OTHER_WALBOX_X", "x"),
         ("WALBOX_KAFKA_PROPERTY_COMPRESSION_TYPE", "lz4"),
@@ -715,4 +711,25 @@ fn outbox_compat_picks_the_routers_column_defaults() {
         e.contains("outbox.compat \"kafka-connect\" must be \"walbox\" or \"debezium\""),
         "{e}"
     );
+}
+
+#[test]
+fn the_configuration_doc_names_every_variable_walbox_run_leaves_alone() {
+    let doc = include_str!("../../docs/configuration.md");
+    let layout = &super::document::LAYOUT;
+    let names = layout
+        .accepted
+        .iter()
+        .map(|v| format!("`{v}`"))
+        .chain(layout.others.iter().map(|p| format!("`{p}_*`")))
+        .chain(layout.foreign.iter().map(|p| match p.strip_suffix('_') {
+            Some(namespace) => format!("`{namespace}_*`"),
+            None => format!("`{p}`"),
+        }));
+    for name in names {
+        assert!(
+            doc.contains(&name),
+            "docs/configuration.md does not name {name}, which walbox run accepts"
+        );
+    }
 }

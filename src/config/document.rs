@@ -1,35 +1,32 @@
 //! The whole configuration document: [`RawConfig`] (every section as written), its validation
-//! into [`Config`] (the only type the rest of walbox sees), and [`load`] / [`load_from`].
+//! into [`Config`] (the only type the rest of walbox sees), `walbox run`'s environment layout
+//! (`LAYOUT`), and [`load`] / [`load_from`].
 //!
 //! Invariants: loading is file, then environment (`layers.rs`), then the `[outbox]` shorthand
 //! normalised (`outbox.rs`), then deserialized with unknown keys rejected, then validated.
-//! Validation checks the sections in a fixed order (postgres, outbox, kafka, relay, slot,
-//! alerts, the progress topic, http, log) and returns the first error; it fills in every
-//! default, so a [`Config`] is complete and consistent.
+//! Each section validates itself, in its own file (`Raw….validate`); validation here runs them
+//! in a fixed order (postgres, outbox, kafka, relay, slot, alerts, http, log), then the rules
+//! across sections (the producer's queue against `relay.max_in_flight` × `postgres.shards`, no
+//! logical messages with shards), and returns the first error. Every default is filled in, so a
+//! [`Config`] is complete and consistent.
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::alerts::{AlertsConfig, RawAlerts};
-use super::conninfo::ConnInfo;
-use super::env::LAYOUT;
+use super::env::{EnvLayout, INBOX_PREFIX, RUN_PREFIX};
 use super::error::ConfigError;
 use super::http::RawHttp;
-use super::kafka::{
-    check_kafka_properties, valid_topic, ExactlyOnce, KafkaConfig, RawKafka,
-    DEFAULT_PROGRESS_TOPIC, TRANSACTION_TIMEOUT_MS,
-};
-use super::layers::{deserialize, read_layers};
-use super::log::{LogConfig, RawLog};
+use super::kafka::{KafkaConfig, RawKafka, RawKafkaConnection};
+use super::layers::read_document;
+use super::log::{LogConfig, RawLog, LOG_ENV};
 use super::outbox::{self, OutboxConfig, RawOutbox};
-use super::postgres::{valid_identifier, OnSlotBusy, PostgresConfig, RawPostgres};
-use super::relay::{RawRelay, RelayConfig, DEFAULT_MAX_IN_FLIGHT};
-use super::secret::Secret;
+use super::postgres::{PostgresConfig, RawPgConnection, RawPostgres};
+use super::relay::{RawRelay, RelayConfig};
+use super::retention::RawRetention;
 use super::slot::{RawSlot, SlotConfig};
-use super::units::parse_duration;
 
 /// The configuration as written: every field optional, unknown keys rejected.
 #[derive(Debug, Default, Deserialize)]
@@ -82,6 +79,44 @@ pub struct Config {
     pub log: LogConfig,
 }
 
+/// The environment layout of `walbox run`'s configuration: `WALBOX_<SECTION>_<KEY>`.
+pub(super) const LAYOUT: EnvLayout = EnvLayout {
+    prefix: RUN_PREFIX,
+    scalars: &[
+        RawPgConnection::SETTINGS,
+        RawPostgres::SETTINGS,
+        RawOutbox::SETTINGS,
+        RawRetention::SETTINGS,
+        RawKafkaConnection::SETTINGS,
+        RawKafka::SETTINGS,
+        RawRelay::SETTINGS,
+        RawSlot::SETTINGS,
+        RawAlerts::SETTINGS,
+        RawHttp::SETTINGS,
+        RawLog::SETTINGS,
+    ],
+    secrets: &[
+        RawPgConnection::SECRETS,
+        RawPostgres::SECRETS,
+        RawAlerts::SECRETS,
+    ],
+    // The config file (clap reads it) and the log filter override (main reads it).
+    accepted: &["WALBOX_CONFIG", LOG_ENV],
+    others: &[INBOX_PREFIX],
+    // The variables of the tests and benchmarks, and where the sandbox and the install scripts
+    // keep other PostgreSQL majors (which ones), the Apache Kafka broker and Debezium (which
+    // versions). The one list of them: docs/configuration.md's is checked against it.
+    foreign: &[
+        "WALBOX_TEST_",
+        "WALBOX_BENCH_",
+        "WALBOX_PG_CACHE",
+        "WALBOX_PG_MAJORS",
+        "WALBOX_KAFKA_CACHE",
+        "WALBOX_KAFKA_VERSION",
+        "WALBOX_DEBEZIUM_",
+    ],
+};
+
 /// Loads the configuration from an optional file and the process environment.
 pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
     load_from(path, &mut super::env::process_env()?.into_iter())
@@ -92,9 +127,7 @@ pub fn load_from(
     path: Option<&Path>,
     env: &mut dyn Iterator<Item = (String, String)>,
 ) -> Result<Config, ConfigError> {
-    let (mut table, origin) = read_layers(path, env, &LAYOUT)?;
-    outbox::normalize(&mut table)?;
-    deserialize::<RawConfig>(table, origin)?.validate()
+    read_document::<RawConfig>(path, env, &LAYOUT, outbox::normalize)?.validate()
 }
 
 /// librdkafka's bound on records waiting in the producer.
@@ -103,335 +136,145 @@ const QUEUE_PROPERTY: &str = "queue.buffering.max.messages";
 const LIBRDKAFKA_QUEUE_DEFAULT: usize = 100_000;
 
 impl RawConfig {
-    /// Checks values and fills in defaults.
+    /// Checks each section, then the rules across sections, and fills in defaults.
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let url = self.postgres.url.ok_or_else(|| {
-            ConfigError::Invalid(
-                "postgres.url is required (set it in the file or WALBOX_POSTGRES_URL)".into(),
-            )
-        })?;
-        let mut conn: ConnInfo = url
-            .parse()
-            .map_err(|e| ConfigError::Invalid(format!("postgres.url: {e}")))?;
-        let mut password_key = "postgres.url";
-        if let Some(password) = self.postgres.password {
-            conn.password = Some(password);
-            password_key = "postgres.password_file (or postgres.password)";
-        }
-        let failover_slot = self.postgres.failover_slot.unwrap_or(false);
-        super::postgres::failover_hosts(&mut conn, failover_slot)?;
-        let primary: Option<ConnInfo> = self
-            .postgres
-            .primary_url
-            .map(|u| u.parse())
-            .transpose()
-            .map_err(|e| ConfigError::Invalid(format!("postgres.primary_url: {e}")))?;
-        let slot = self.postgres.slot.unwrap_or_else(|| "walbox".into());
-        if !slot
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        {
-            return Err(ConfigError::Invalid(format!(
-                "postgres.slot {slot:?} may contain only lower-case letters, digits and underscores"
-            )));
-        }
-        valid_identifier("postgres.slot", &slot)?;
-        let publication = self.postgres.publication.unwrap_or_else(|| "walbox".into());
-        valid_identifier("postgres.publication", &publication)?;
-        let status_interval = self
-            .postgres
-            .status_interval
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_secs(1));
-        if status_interval.is_zero() || status_interval > Duration::from_secs(1) {
-            return Err(ConfigError::Invalid(
-                "postgres.status_interval must be between 1ms and 1s".into(),
-            ));
-        }
-
+        let postgres = self.postgres.validate(&LAYOUT)?;
         let outbox = self.outbox.validate()?;
-
-        let brokers = self.kafka.brokers.ok_or_else(|| {
-            ConfigError::Invalid(
-                "kafka.brokers is required (set it in the file or WALBOX_KAFKA_BROKERS)".into(),
-            )
-        })?;
-        for (k, v) in &self.kafka.properties {
-            let weakens = match k.as_str() {
-                "enable.idempotence" => v != "true",
-                "transactional.id" => {
-                    return Err(ConfigError::Invalid(
-                        "kafka.properties.transactional.id: walbox derives it from the slot; set kafka.exactly_once = true instead".into(),
-                    ))
-                }
-                "acks" | "request.required.acks" => v != "all" && v != "-1",
-                "bootstrap.servers" | "metadata.broker.list" => {
-                    return Err(ConfigError::Invalid(format!(
-                        "kafka.properties.{k}: set kafka.brokers instead"
-                    )))
-                }
-                _ => false,
-            };
-            if weakens {
-                return Err(ConfigError::Invalid(format!(
-                    "kafka.properties.{k} = {v:?} would allow lost or reordered events; walbox requires enable.idempotence=true and acks=all"
-                )));
-            }
-        }
-        check_kafka_properties(&self.kafka.properties, LAYOUT.prefix)?;
-
-        let max_in_flight = self.relay.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
-        if !(1..=1_000_000).contains(&max_in_flight) {
-            return Err(ConfigError::Invalid(
-                "relay.max_in_flight must be between 1 and 1000000".into(),
-            ));
-        }
-        // The relay must stop reading WAL before librdkafka's queue refuses records. Shards
-        // share one producer, whose queue must hold every shard's window: walbox sizes it when
-        // the user did not set it, and refuses a set queue that is too small.
-        let shards = self.postgres.shards.unwrap_or(1) as usize;
-        let windows = max_in_flight * shards;
-        let set_queue = self
-            .kafka
-            .properties
-            .get(QUEUE_PROPERTY)
-            .and_then(|v| v.trim().parse::<usize>().ok());
-        let sized_queue = match set_queue {
-            Some(queue) if shards > 1 && windows > queue => {
-                return Err(ConfigError::Invalid(format!(
-                    "relay.max_in_flight × postgres.shards ({max_in_flight} × {shards}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {queue}), which the shards share: lower relay.max_in_flight, raise the queue, or leave it unset for walbox to size"
-                )));
-            }
-            None if shards > 1 => Some(windows.max(LIBRDKAFKA_QUEUE_DEFAULT)),
-            queue if max_in_flight > queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT) => {
-                return Err(ConfigError::Invalid(format!(
-                    "relay.max_in_flight ({max_in_flight}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {}): lower relay.max_in_flight or raise the queue",
-                    queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT)
-                )));
-            }
-            _ => None,
-        };
-        let backoff_initial = self
-            .relay
-            .backoff_initial
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_millis(200));
-        let backoff_max = self
-            .relay
-            .backoff_max
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_secs(30));
-        if backoff_initial.is_zero() || backoff_max < backoff_initial {
-            return Err(ConfigError::Invalid(
-                "relay.backoff_initial must be > 0 and <= relay.backoff_max".into(),
-            ));
-        }
-
-        let slot_cfg = SlotConfig {
-            check_interval: self
-                .slot
-                .check_interval
-                .map(|d| d.0)
-                .unwrap_or(Duration::from_secs(10)),
-            warning_ratio: self.slot.warning_ratio.unwrap_or(0.5),
-            critical_ratio: self.slot.critical_ratio.unwrap_or(0.8),
-            warning_bytes: self.slot.warning_bytes.map(|b| b.0).unwrap_or(5 << 30),
-            critical_bytes: self.slot.critical_bytes.map(|b| b.0).unwrap_or(20 << 30),
-            catchup_threshold: self.slot.catchup_threshold.map(|b| b.0).unwrap_or(16 << 20),
-            heartbeat_interval: match self.slot.heartbeat_interval.as_deref() {
-                None | Some("off") => None,
-                Some(t) => Some(parse_duration(t).map_err(|e| {
-                    ConfigError::Invalid(format!("slot.heartbeat_interval: {e} (or \"off\")"))
-                })?),
-            },
-        };
-        if slot_cfg.check_interval.is_zero() {
-            return Err(ConfigError::Invalid(
-                "slot.check_interval must be > 0".into(),
-            ));
-        }
-        if !(0.0 < slot_cfg.warning_ratio
-            && slot_cfg.warning_ratio <= slot_cfg.critical_ratio
-            && slot_cfg.critical_ratio <= 1.0)
-        {
-            return Err(ConfigError::Invalid(
-                "slot ratios must satisfy 0 < warning_ratio <= critical_ratio <= 1".into(),
-            ));
-        }
-        if slot_cfg.warning_bytes > slot_cfg.critical_bytes {
-            return Err(ConfigError::Invalid(
-                "slot.warning_bytes must be <= slot.critical_bytes".into(),
-            ));
-        }
-        if slot_cfg.heartbeat_interval.is_some_and(|d| d.is_zero()) {
-            return Err(ConfigError::Invalid(
-                "slot.heartbeat_interval must be > 0 or \"off\"".into(),
-            ));
-        }
-        if let Some(url) = &self.alerts.webhook_url {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                // Not quoted: webhook URLs often embed a token.
-                return Err(ConfigError::Invalid(
-                    "alerts.webhook_url must start with http:// or https://".into(),
-                ));
-            }
-        }
-        let alerts = AlertsConfig {
-            webhook_url: self.alerts.webhook_url,
-            webhook_token: self.alerts.webhook_token.map(Secret::new),
-            webhook_attempts: self.alerts.webhook_attempts.unwrap_or(5).max(1),
-            webhook_timeout: self
-                .alerts
-                .webhook_timeout
-                .map(|d| d.0)
-                .unwrap_or(Duration::from_secs(5)),
-        };
-
-        let progress_topic = self
-            .kafka
-            .progress_topic
-            .unwrap_or_else(|| DEFAULT_PROGRESS_TOPIC.to_owned());
-        if !valid_topic(&progress_topic) {
-            return Err(ConfigError::Invalid(format!(
-                "kafka.progress_topic {progress_topic:?} is not a valid topic name"
-            )));
-        }
-
-        let exactly_once = match self.kafka.exactly_once {
-            Some(true) => {
-                let d = ExactlyOnce::default();
-                let max_events = self.kafka.transaction_max_events.unwrap_or(d.max_events);
-                let interval = self.kafka.transaction_interval.map_or(d.interval, |i| i.0);
-                let max_bytes = self
-                    .kafka
-                    .transaction_max_bytes
-                    .map_or(d.max_bytes as u64, |b| b.0);
-                if !(1 << 10..=1 << 30).contains(&max_bytes) {
-                    return Err(ConfigError::Invalid(
-                        "kafka.transaction_max_bytes must be between 1KiB and 1GiB".into(),
-                    ));
-                }
-                if !(1..=10_000_000).contains(&max_events) {
-                    return Err(ConfigError::Invalid(
-                        "kafka.transaction_max_events must be between 1 and 10000000".into(),
-                    ));
-                }
-                if interval.is_zero() || interval > Duration::from_secs(60) {
-                    return Err(ConfigError::Invalid(
-                        "kafka.transaction_interval must be between 1ms and 60s".into(),
-                    ));
-                }
-                let timeout_ms = self
-                    .kafka
-                    .properties
-                    .get("transaction.timeout.ms")
-                    .map_or(TRANSACTION_TIMEOUT_MS, String::as_str);
-                let timeout = timeout_ms
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|ms| *ms > 0)
-                    .map(Duration::from_millis)
-                    .ok_or_else(|| {
-                        ConfigError::Invalid(format!(
-                            "kafka.properties.transaction.timeout.ms = {timeout_ms:?} is not a number of milliseconds above 0"
-                        ))
-                    })?;
-                if interval >= timeout {
-                    return Err(ConfigError::Invalid(format!(
-                        "kafka.transaction_interval ({interval:?}) must be shorter than the kafka transaction timeout (kafka.properties.transaction.timeout.ms = {timeout_ms}), after which the coordinator aborts the transaction: lower the interval or raise the timeout"
-                    )));
-                }
-                Some(ExactlyOnce {
-                    max_events,
-                    interval,
-                    max_bytes: max_bytes as usize,
-                    timeout,
-                })
-            }
-            _ if self.kafka.transaction_max_events.is_some()
-                || self.kafka.transaction_interval.is_some()
-                || self.kafka.transaction_max_bytes.is_some() =>
-            {
-                return Err(ConfigError::Invalid(
-                    "kafka.transaction_max_events, kafka.transaction_interval and kafka.transaction_max_bytes apply only with kafka.exactly_once = true; set it, or remove them".into(),
-                ));
-            }
-            _ => None,
-        };
-
-        let shards = self.postgres.shards.unwrap_or(1);
-        super::postgres::validate_shards(shards, &slot, &publication, outbox.messages.is_some())?;
-
+        let mut kafka = self.kafka.validate(&LAYOUT)?;
+        let relay = self.relay.validate()?;
+        let slot = self.slot.validate()?;
+        let alerts = self.alerts.validate()?;
         let http_listen = self.http.validate("0.0.0.0:9187")?;
         let log = self.log.validate()?;
-
+        size_producer_queue(&mut kafka, &relay, &postgres)?;
+        if postgres.shards > 1 && outbox.messages.is_some() {
+            return Err(ConfigError::Invalid(
+                "postgres.shards > 1 cannot relay [outbox.messages]: logical messages reach every shard's slot, so each would publish them; use an outbox table, or postgres.shards = 1".into(),
+            ));
+        }
         Ok(Config {
-            postgres: PostgresConfig {
-                conn,
-                password_key,
-                primary,
-                slot,
-                publication,
-                create_slot: self.postgres.create_slot.unwrap_or(false),
-                create_publication: self.postgres.create_publication.unwrap_or(false),
-                status_interval,
-                on_slot_busy: OnSlotBusy::parse(self.postgres.on_slot_busy.as_deref())?,
-                receive_timeout: match self.postgres.receive_timeout.as_deref() {
-                    Some("off") | Some("0") => None,
-                    None => Some(Duration::from_secs(60)),
-                    Some(t) => {
-                        let d = parse_duration(t).map_err(|e| {
-                            ConfigError::Invalid(format!(
-                                "postgres.receive_timeout: {e} (or \"off\")"
-                            ))
-                        })?;
-                        if d < Duration::from_secs(1) {
-                            return Err(ConfigError::Invalid(
-                                "postgres.receive_timeout must be at least 1s (or \"off\")".into(),
-                            ));
-                        }
-                        Some(d)
-                    }
-                },
-                failover_slot,
-                shards,
-                shard: None,
-                drain_to: None,
-            },
+            postgres,
             outbox,
-            kafka: KafkaConfig {
-                brokers,
-                properties: {
-                    let mut properties = self.kafka.properties;
-                    if let Some(queue) = sized_queue {
-                        properties.insert(QUEUE_PROPERTY.to_owned(), queue.to_string());
-                    }
-                    properties
-                },
-                create_topics: self.kafka.create_topics.unwrap_or(false).then(|| {
-                    (
-                        self.kafka.topic_partitions.unwrap_or(-1),
-                        self.kafka.topic_replication_factor.unwrap_or(-1),
-                    )
-                }),
-                progress_topic,
-                exactly_once,
-            },
-            relay: RelayConfig {
-                max_in_flight,
-                shutdown_timeout: self
-                    .relay
-                    .shutdown_timeout
-                    .map(|d| d.0)
-                    .unwrap_or(Duration::from_secs(30)),
-                backoff_initial,
-                backoff_max,
-            },
-            slot: slot_cfg,
+            kafka,
+            relay,
+            slot,
             alerts,
             http_listen,
             log,
         })
+    }
+}
+
+/// The relay must stop reading WAL before librdkafka's queue refuses records: `max_in_flight`
+/// within the queue. Shards share one producer, whose queue must hold every shard's window:
+/// walbox sizes it when the user did not set it, and refuses a set queue that is too small.
+fn size_producer_queue(
+    kafka: &mut KafkaConfig,
+    relay: &RelayConfig,
+    postgres: &PostgresConfig,
+) -> Result<(), ConfigError> {
+    let max_in_flight = relay.max_in_flight;
+    let shards = postgres.shards as usize;
+    let windows = max_in_flight * shards;
+    let set_queue = kafka
+        .properties
+        .get(QUEUE_PROPERTY)
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let sized_queue = match set_queue {
+        Some(queue) if shards > 1 && windows > queue => {
+            return Err(ConfigError::Invalid(format!(
+                "relay.max_in_flight × postgres.shards ({max_in_flight} × {shards}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {queue}), which the shards share: lower relay.max_in_flight, raise the queue, or leave it unset for walbox to size"
+            )));
+        }
+        None if shards > 1 => windows.max(LIBRDKAFKA_QUEUE_DEFAULT),
+        queue if max_in_flight > queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT) => {
+            return Err(ConfigError::Invalid(format!(
+                "relay.max_in_flight ({max_in_flight}) exceeds the producer's queue (kafka.properties.{QUEUE_PROPERTY} = {}): lower relay.max_in_flight or raise the queue",
+                queue.unwrap_or(LIBRDKAFKA_QUEUE_DEFAULT)
+            )));
+        }
+        _ => return Ok(()),
+    };
+    kafka
+        .properties
+        .insert(QUEUE_PROPERTY.to_owned(), sized_queue.to_string());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::fixture::{env, file};
+    use crate::config::kafka::DEFAULT_PROGRESS_TOPIC;
+    use crate::config::postgres::OnSlotBusy;
+    use std::time::Duration;
+
+    /// `walbox run`'s configuration from a minimal file, `extra` and `vars`.
+    fn load_env(extra: &str, vars: &[(&str, &str)]) -> Result<Config, String> {
+        let f = file(&format!(
+            "[postgres]\nurl = \"postgres://walbox:secret@db/app\"\n[kafka]\nbrokers = \"k1:9092\"\n{extra}"
+        ));
+        load_from(Some(f.path()), &mut env(vars).into_iter()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_section_refuses_its_bad_values_naming_the_key() {
+        // (more of the file, variables, what the message says)
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case] = &[
+            ("", &[("WALBOX_POSTGRES_SLOT", "Bad-Slot")], "postgres.slot \"Bad-Slot\" may contain only lower-case letters, digits and underscores"),
+            ("", &[("WALBOX_POSTGRES_PUBLICATION", "")], "postgres.publication \"\" must be 1 to 63 characters"),
+            ("", &[("WALBOX_POSTGRES_STATUS_INTERVAL", "2s")], "postgres.status_interval must be between 1ms and 1s"),
+            ("", &[("WALBOX_POSTGRES_ON_SLOT_BUSY", "maybe")], "postgres.on_slot_busy \"maybe\" must be \"wait\" or \"fail\""),
+            ("", &[("WALBOX_POSTGRES_RECEIVE_TIMEOUT", "500ms")], "postgres.receive_timeout must be at least 1s (or \"off\")"),
+            ("", &[("WALBOX_POSTGRES_SHARDS", "65")], "postgres.shards must be between 1 and 64"),
+            ("", &[("WALBOX_POSTGRES_SHARDS", "3"), ("WALBOX_POSTGRES_SLOT", &"s".repeat(60))], "is too long for 3 shards: with the suffix \"_2of3\" it must stay within 63 characters"),
+            ("", &[("WALBOX_KAFKA_PROPERTY_TRANSACTIONAL_ID", "x")], "kafka.properties.transactional.id: walbox derives it from the slot"),
+            ("", &[("WALBOX_KAFKA_PROPERTY_BOOTSTRAP_SERVERS", "x")], "kafka.properties.bootstrap.servers: set kafka.brokers instead"),
+            ("", &[("WALBOX_KAFKA_PROGRESS_TOPIC", "bad topic")], "kafka.progress_topic \"bad topic\" is not a valid topic name"),
+            ("", &[("WALBOX_KAFKA_EXACTLY_ONCE", "true"), ("WALBOX_KAFKA_TRANSACTION_MAX_BYTES", "1")], "kafka.transaction_max_bytes must be between 1KiB and 1GiB"),
+            ("", &[("WALBOX_KAFKA_EXACTLY_ONCE", "true"), ("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS", "0")], "kafka.transaction_max_events must be between 1 and 10000000"),
+            ("", &[("WALBOX_KAFKA_EXACTLY_ONCE", "true"), ("WALBOX_KAFKA_TRANSACTION_INTERVAL", "61s")], "kafka.transaction_interval must be between 1ms and 60s"),
+            ("", &[("WALBOX_RELAY_MAX_IN_FLIGHT", "0")], "relay.max_in_flight must be between 1 and 1000000"),
+            ("", &[("WALBOX_RELAY_BACKOFF_INITIAL", "1m")], "relay.backoff_initial must be > 0 and <= relay.backoff_max"),
+            ("", &[("WALBOX_SLOT_CHECK_INTERVAL", "0s")], "slot.check_interval must be > 0"),
+            ("", &[("WALBOX_SLOT_WARNING_BYTES", "30GB")], "slot.warning_bytes must be <= slot.critical_bytes"),
+            ("", &[("WALBOX_SLOT_HEARTBEAT_INTERVAL", "0s")], "slot.heartbeat_interval must be > 0 or \"off\""),
+            ("", &[("WALBOX_ALERTS_WEBHOOK_URL", "ftp://x")], "alerts.webhook_url must start with http:// or https://"),
+            ("", &[("WALBOX_HTTP_LISTEN", "port 80")], "http.listen \"port 80\" is not an address like 0.0.0.0:9187 (or \"off\")"),
+            ("", &[("WALBOX_LOG_FORMAT", "xml")], "log.format \"xml\" must be \"text\" or \"json\""),
+            // Across sections.
+            ("[outbox.messages]\nprefix = \"p\"\n", &[("WALBOX_POSTGRES_SHARDS", "2")], "postgres.shards > 1 cannot relay [outbox.messages]"),
+            ("", &[("WALBOX_RELAY_MAX_IN_FLIGHT", "600"), ("WALBOX_KAFKA_PROPERTY_QUEUE_BUFFERING_MAX_MESSAGES", "500")], "relay.max_in_flight (600) exceeds the producer's queue (kafka.properties.queue.buffering.max.messages = 500)"),
+        ];
+        for (extra, vars, message) in cases {
+            let e = load_env(extra, vars).unwrap_err();
+            assert!(
+                e.starts_with("invalid configuration: ") && e.contains(message),
+                "{vars:?}: {e:?} lacks {message:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_section_fills_in_its_defaults() {
+        let c = load_env("", &[]).unwrap();
+        assert_eq!(c.postgres.receive_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(c.postgres.on_slot_busy, OnSlotBusy::Wait);
+        assert_eq!(c.relay.backoff_initial, Duration::from_millis(200));
+        assert_eq!(c.relay.shutdown_timeout, Duration::from_secs(30));
+        assert_eq!(c.slot.check_interval, Duration::from_secs(10));
+        assert_eq!(c.alerts.webhook_attempts, 5);
+        assert_eq!(c.kafka.progress_topic, DEFAULT_PROGRESS_TOPIC);
+        assert_eq!(c.kafka.exactly_once, None);
+        assert_eq!(c.kafka.create_topics, None);
+        assert!(
+            c.kafka.properties.is_empty(),
+            "no queue sized for one shard"
+        );
+        assert_eq!(
+            c.http_listen,
+            Some("0.0.0.0:9187".parse::<SocketAddr>().unwrap())
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
+use super::env::{Kind, Setting};
 use super::error::ConfigError;
 
 /// `[http]` as written.
@@ -18,6 +19,9 @@ pub struct RawHttp {
 }
 
 impl RawHttp {
+    /// The settings of `[http]`, the same for every command.
+    pub(crate) const SETTINGS: &'static [Setting] = &[(&["http"], "listen", Kind::Str)];
+
     /// The listen address (`default` when unset), `None` for `"off"`.
     pub(crate) fn validate(self, default: &str) -> Result<Option<SocketAddr>, ConfigError> {
         let listen = self.listen.unwrap_or_else(|| default.into());

@@ -7,6 +7,7 @@
 
 use serde::Deserialize;
 
+use super::env::{Kind, Setting};
 use super::error::{one_line, ConfigError};
 
 /// `[log]` as written.
@@ -59,6 +60,12 @@ pub fn check_log_filter(filter: &str) -> Result<(), String> {
 }
 
 impl RawLog {
+    /// The settings of `[log]`, the same for every command.
+    pub(crate) const SETTINGS: &'static [Setting] = &[
+        (&["log"], "format", Kind::Str),
+        (&["log"], "level", Kind::Str),
+    ];
+
     /// Format and level, with their defaults.
     pub(crate) fn validate(self) -> Result<LogConfig, ConfigError> {
         let format = match self.format.as_deref().unwrap_or("text") {

@@ -10,10 +10,11 @@
 //! properties are set as `WALBOX_KAFKA_PROPERTY_<NAME>` with `_` standing for `.`
 //! (`WALBOX_KAFKA_PROPERTY_SASL_PASSWORD` sets `sasl.password`). Any other `WALBOX_*` variable
 //! is an error naming it, like an unknown key in the file, except those that are not settings
-//! (`EnvLayout::accepted`: `WALBOX_CONFIG`, `WALBOX_LOG`) or belong to others
-//! (`EnvLayout::foreign`: `WALBOX_INBOX_*`, the tests' `WALBOX_TEST_*`, the benchmarks'
-//! `WALBOX_BENCH_*`, the version cache's `WALBOX_PG_CACHE` and `WALBOX_PG_MAJORS`). `log.level` and `WALBOX_LOG` must be valid filters whose bare directives
-//! are levels: `EnvFilter` would take a misspelt level for a target and silence every line.
+//! (`EnvLayout::accepted`: `WALBOX_CONFIG`, `WALBOX_LOG`), `walbox inbox`'s (`WALBOX_INBOX_*`),
+//! and those that belong to the tests, the benchmarks and the install scripts: the one list of
+//! them is `EnvLayout::foreign` in `document.rs`'s `LAYOUT`. `log.level` and `WALBOX_LOG` must
+//! be valid filters whose bare directives are levels: `EnvFilter` would take a misspelt level
+//! for a target and silence every line.
 //!
 //! Secrets (the Postgres password, `sasl.password`, `ssl.key.password`, …) never appear in
 //! `Debug` output or error messages. Every message that could carry a value is redacted where it
@@ -30,12 +31,17 @@
 //! - `error.rs`: [`ConfigError`] and the one-line rule for messages;
 //! - `units.rs`: durations (`"10s"`) and byte sizes (`"512MB"`);
 //! - `conninfo.rs`: connection strings (`postgres.url`);
-//! - one file per section, each with the section as written (`Raw…`) and validated
-//!   (`…Config`): `postgres.rs`, `outbox.rs`, `kafka.rs`, `relay.rs`, `slot.rs`, `alerts.rs`,
-//!   `http.rs`, `log.rs`;
-//! - `env.rs`: the `WALBOX_*` variables and how they are written over the file;
+//! - `env.rs`: the vocabulary of the `WALBOX_*` variables (`EnvLayout`, the variable names);
+//! - one file per section, each with the section as written (`Raw…`), its validation
+//!   (`Raw….validate`) and its variables (`Raw…::SETTINGS`), and validated (`…Config`):
+//!   `postgres.rs`, `outbox.rs`, `retention.rs`, `kafka.rs`, `relay.rs`, `slot.rs`,
+//!   `alerts.rs`, `http.rs`, `log.rs`. `postgres.rs` and `kafka.rs` also hold the connection
+//!   keys every command's section has (`RawPgConnection`, `RawKafkaConnection`), which
+//!   `walbox inbox` (`inbox/config.rs`) reuses with `[http]` and `[log]`;
 //! - `layers.rs`: the file and the environment into one TOML table, and deserializing it;
-//! - `document.rs`: the whole document, [`RawConfig`] → [`Config`], and [`load`].
+//! - `document.rs`: the whole document, `walbox run`'s variables (`LAYOUT`), [`RawConfig`] →
+//!   [`Config`] (the sections' validations and the rules across them), and [`load`];
+//! - `fixture.rs` (tests only): the configuration files and environments the tests load.
 
 mod alerts;
 pub mod conninfo;
@@ -57,24 +63,28 @@ mod units;
 
 pub use alerts::{AlertsConfig, RawAlerts};
 pub use document::{load, load_from, Config, RawConfig};
-pub(crate) use env::{process_env, EnvLayout, Kind};
+pub(crate) use env::{process_env, EnvLayout, Kind, Setting, INBOX_PREFIX};
 pub use error::ConfigError;
-pub(crate) use kafka::{check_kafka_properties, scalar_properties};
+pub(crate) use kafka::{scalar_properties, RawKafkaConnection};
 pub use kafka::{
     valid_topic, ExactlyOnce, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC, TRANSACTION_TIMEOUT_MS,
 };
-pub(crate) use layers::{deserialize, read_layers};
+pub(crate) use layers::read_document;
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
 pub use outbox::{
     ColumnNames, Compat, OnChange, OutboxConfig, Route, RouteSource, ValueFormat, MAX_OUTBOX_TABLES,
 };
+pub(crate) use postgres::{valid_identifier, RawPgConnection};
 pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};
+pub(crate) use relay::backoff;
 pub use relay::{RawRelay, RelayConfig, DEFAULT_MAX_IN_FLIGHT};
 // `self::`: the `http` crate has the same name.
 pub use self::http::RawHttp;
 pub use slot::{RawSlot, SlotConfig};
 pub use units::{parse_duration, parse_size, ByteSize, HumanDuration};
 
+#[cfg(test)]
+pub(crate) mod fixture;
 #[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;

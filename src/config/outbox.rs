@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::env::{Kind, Setting};
 use super::error::ConfigError;
 use super::retention::{RawRetention, RetentionConfig};
 use crate::dead_letter::Policy;
@@ -466,6 +467,31 @@ impl RawRoute {
 pub const MAX_OUTBOX_TABLES: usize = 1000;
 
 impl RawOutbox {
+    /// The settings of `[outbox]` (the shorthand's one table) and `[outbox.columns]`.
+    pub(super) const SETTINGS: &'static [Setting] = &[
+        (&["outbox"], "table", Kind::Str),
+        (&["outbox"], "topic_prefix", Kind::Str),
+        (&["outbox"], "topic", Kind::Str),
+        (&["outbox"], "fallback_topic", Kind::Str),
+        (&["outbox"], "format", Kind::Str),
+        (&["outbox"], "expand_json_payload", Kind::Bool),
+        (&["outbox"], "cloudevents", Kind::Bool),
+        (&["outbox"], "cloudevents_source", Kind::Str),
+        (&["outbox"], "tombstones", Kind::Bool),
+        (&["outbox"], "on_invalid", Kind::Str),
+        (&["outbox"], "dead_letter_topic", Kind::Str),
+        (&["outbox"], "on_change", Kind::Str),
+        (&["outbox"], "compat", Kind::Str),
+        (&["outbox", "columns"], "id", Kind::Str),
+        (&["outbox", "columns"], "aggregate_id", Kind::Str),
+        (&["outbox", "columns"], "aggregate_type", Kind::Str),
+        (&["outbox", "columns"], "event_type", Kind::Str),
+        (&["outbox", "columns"], "topic", Kind::Str),
+        (&["outbox", "columns"], "payload", Kind::Str),
+        (&["outbox", "columns"], "timestamp", Kind::Str),
+        (&["outbox", "columns"], "partition", Kind::Str),
+    ];
+
     /// Validates every route.
     pub fn validate(self) -> Result<OutboxConfig, ConfigError> {
         if self.tables.len() > MAX_OUTBOX_TABLES {

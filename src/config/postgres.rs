@@ -6,9 +6,12 @@
 //! Invariants: the connection strings are never shown: `RawPostgres`'s `Debug` redacts `url` and
 //! `primary_url`, and [`PostgresConfig`] holds them parsed as `ConnInfo`s, whose `Debug` redacts
 //! the password.
-//! Validation (`RawConfig::validate`, in `document.rs`) guarantees a slot name of lower-case
-//! letters, digits and underscores, slot and publication names of 1 to 63 characters, and a
-//! status interval between 1 ms and 1 s.
+//! Validation ([`RawPostgres::validate`]) guarantees a slot name of lower-case letters, digits
+//! and underscores, slot and publication names of 1 to 63 characters (63 with the longest shard
+//! suffix), 1 to [`MAX_SHARDS`] shards, and a status interval between 1 ms and 1 s.
+//!
+//! The connection keys (`url`, `password`) are every `[postgres]` section's, `walbox inbox`'s
+//! too: [`RawPgConnection`] validates them and declares their variables for both commands.
 
 use std::fmt;
 use std::time::Duration;
@@ -16,9 +19,60 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::conninfo::ConnInfo;
+use super::env::{EnvLayout, Kind, SecretKey, Setting};
 use super::error::ConfigError;
 use super::target::SessionAttrs;
-use super::units::HumanDuration;
+use super::units::{parse_duration, HumanDuration};
+
+/// The connection keys of a `[postgres]` section, `walbox run`'s and `walbox inbox`'s: each
+/// section declares the two fields (so that an unknown key's message lists the section's
+/// keys), and hands them here to be checked.
+pub(crate) struct RawPgConnection {
+    /// `url`: a connection URL or libpq key=value string.
+    pub url: Option<String>,
+    /// `password`: the password of `url`'s role (overrides one in `url`).
+    pub password: Option<String>,
+}
+
+/// A validated [`RawPgConnection`].
+pub(crate) struct PgConnection {
+    /// Parsed connection settings (password redacted in `Debug`).
+    pub conn: ConnInfo,
+    /// Where `conn`'s password was set, for messages about it.
+    pub password_key: &'static str,
+}
+
+impl RawPgConnection {
+    /// The variables of the connection keys (`<PREFIX>_POSTGRES_URL`, `…_PASSWORD`).
+    pub(crate) const SETTINGS: &'static [Setting] = &[
+        (&["postgres"], "url", Kind::Str),
+        (&["postgres"], "password", Kind::Str),
+    ];
+
+    /// Both are secrets: each may also be given as `<key>_file`.
+    pub(crate) const SECRETS: &'static [SecretKey] =
+        &[(&["postgres"], "url"), (&["postgres"], "password")];
+
+    /// `url` is required (the message names `env`'s variable for it) and must parse; a
+    /// `password` replaces the URL's.
+    pub(crate) fn validate(self, env: &EnvLayout) -> Result<PgConnection, ConfigError> {
+        let url = self.url.ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "postgres.url is required (set it in the file or {})",
+                env.var(&["postgres"], "url")
+            ))
+        })?;
+        let mut conn: ConnInfo = url
+            .parse()
+            .map_err(|e| ConfigError::Invalid(format!("postgres.url: {e}")))?;
+        let mut password_key = "postgres.url";
+        if let Some(password) = self.password {
+            conn.password = Some(password);
+            password_key = "postgres.password_file (or postgres.password)";
+        }
+        Ok(PgConnection { conn, password_key })
+    }
+}
 
 /// `[postgres]` as written.
 #[derive(Default, Deserialize)]
@@ -63,6 +117,104 @@ impl fmt::Debug for RawPostgres {
             .field("slot", &self.slot)
             .field("publication", &self.publication)
             .finish_non_exhaustive()
+    }
+}
+
+impl RawPostgres {
+    /// `walbox run`'s settings of `[postgres]` besides the connection's.
+    pub(super) const SETTINGS: &'static [Setting] = &[
+        (&["postgres"], "primary_url", Kind::Str),
+        (&["postgres"], "slot", Kind::Str),
+        (&["postgres"], "publication", Kind::Str),
+        (&["postgres"], "create_slot", Kind::Bool),
+        (&["postgres"], "create_publication", Kind::Bool),
+        (&["postgres"], "status_interval", Kind::Str),
+        (&["postgres"], "on_slot_busy", Kind::Str),
+        (&["postgres"], "receive_timeout", Kind::Str),
+        (&["postgres"], "failover_slot", Kind::Bool),
+        (&["postgres"], "shards", Kind::Int),
+    ];
+
+    /// Its secret besides the connection's.
+    pub(super) const SECRETS: &'static [SecretKey] = &[(&["postgres"], "primary_url")];
+
+    /// Checks values and fills in defaults; `env` names the variables in messages.
+    pub(super) fn validate(self, env: &EnvLayout) -> Result<PostgresConfig, ConfigError> {
+        let PgConnection {
+            mut conn,
+            password_key,
+        } = RawPgConnection {
+            url: self.url,
+            password: self.password,
+        }
+        .validate(env)?;
+        let failover_slot = self.failover_slot.unwrap_or(false);
+        failover_hosts(&mut conn, failover_slot)?;
+        let primary: Option<ConnInfo> = self
+            .primary_url
+            .map(|u| u.parse())
+            .transpose()
+            .map_err(|e| ConfigError::Invalid(format!("postgres.primary_url: {e}")))?;
+        let slot = self.slot.unwrap_or_else(|| "walbox".into());
+        if !slot
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(ConfigError::Invalid(format!(
+                "postgres.slot {slot:?} may contain only lower-case letters, digits and underscores"
+            )));
+        }
+        valid_identifier("postgres.slot", &slot)?;
+        let publication = self.publication.unwrap_or_else(|| "walbox".into());
+        valid_identifier("postgres.publication", &publication)?;
+        let status_interval = self
+            .status_interval
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(1));
+        if status_interval.is_zero() || status_interval > Duration::from_secs(1) {
+            return Err(ConfigError::Invalid(
+                "postgres.status_interval must be between 1ms and 1s".into(),
+            ));
+        }
+        let on_slot_busy = OnSlotBusy::parse(self.on_slot_busy.as_deref())?;
+        let receive_timeout = receive_timeout(self.receive_timeout.as_deref())?;
+        let shards = self.shards.unwrap_or(1);
+        validate_shards(shards, &slot, &publication)?;
+        Ok(PostgresConfig {
+            conn,
+            password_key,
+            primary,
+            slot,
+            publication,
+            create_slot: self.create_slot.unwrap_or(false),
+            create_publication: self.create_publication.unwrap_or(false),
+            status_interval,
+            on_slot_busy,
+            receive_timeout,
+            failover_slot,
+            shards,
+            shard: None,
+            drain_to: None,
+        })
+    }
+}
+
+/// `postgres.receive_timeout`: 60 s unless set, at least 1 s, `"off"` or `"0"` for never.
+fn receive_timeout(text: Option<&str>) -> Result<Option<Duration>, ConfigError> {
+    match text {
+        Some("off") | Some("0") => Ok(None),
+        None => Ok(Some(Duration::from_secs(60))),
+        Some(t) => {
+            let d = parse_duration(t).map_err(|e| {
+                ConfigError::Invalid(format!("postgres.receive_timeout: {e} (or \"off\")"))
+            })?;
+            if d < Duration::from_secs(1) {
+                return Err(ConfigError::Invalid(
+                    "postgres.receive_timeout must be at least 1s (or \"off\")".into(),
+                ));
+            }
+            Ok(Some(d))
+        }
     }
 }
 
@@ -171,15 +323,10 @@ impl PostgresConfig {
     }
 }
 
-/// Checks `postgres.shards`: 1 to [`MAX_SHARDS`], names that stay within PostgreSQL's 63
-/// characters with the longest suffix, and no table-less outbox (logical messages cannot be
-/// filtered by shard).
-pub(super) fn validate_shards(
-    shards: u32,
-    slot: &str,
-    publication: &str,
-    messages: bool,
-) -> Result<(), ConfigError> {
+/// Checks `postgres.shards`: 1 to [`MAX_SHARDS`], and names that stay within PostgreSQL's 63
+/// characters with the longest suffix. (That logical messages cannot be sharded is a rule
+/// across sections, in `document.rs`.)
+fn validate_shards(shards: u32, slot: &str, publication: &str) -> Result<(), ConfigError> {
     if !(1..=MAX_SHARDS).contains(&shards) {
         return Err(ConfigError::Invalid(format!(
             "postgres.shards must be between 1 and {MAX_SHARDS}"
@@ -201,11 +348,6 @@ pub(super) fn validate_shards(
                 )));
             }
         }
-        if messages {
-            return Err(ConfigError::Invalid(
-                "postgres.shards > 1 cannot relay [outbox.messages]: logical messages reach every shard's slot, so each would publish them; use an outbox table, or postgres.shards = 1".into(),
-            ));
-        }
     }
     Ok(())
 }
@@ -214,7 +356,7 @@ pub(super) fn validate_shards(
 /// primary only, and after a failover the old standby may answer first while still in recovery.
 /// So `target_session_attrs` `any` (libpq's default) becomes `read-write`: walbox passes a
 /// standby over and waits for the promotion; a value that picks a standby is refused.
-pub(super) fn failover_hosts(conn: &mut ConnInfo, failover_slot: bool) -> Result<(), ConfigError> {
+fn failover_hosts(conn: &mut ConnInfo, failover_slot: bool) -> Result<(), ConfigError> {
     if !failover_slot || conn.more_hosts.is_empty() {
         return Ok(());
     }
@@ -241,7 +383,7 @@ pub enum OnSlotBusy {
 }
 
 impl OnSlotBusy {
-    pub(super) fn parse(s: Option<&str>) -> Result<Self, ConfigError> {
+    fn parse(s: Option<&str>) -> Result<Self, ConfigError> {
         match s {
             None | Some("wait") => Ok(OnSlotBusy::Wait),
             Some("fail") => Ok(OnSlotBusy::Fail),
@@ -252,7 +394,8 @@ impl OnSlotBusy {
     }
 }
 
-pub(super) fn valid_identifier(what: &str, s: &str) -> Result<(), ConfigError> {
+/// A PostgreSQL identifier walbox names: 1 to 63 characters (`NAMEDATALEN - 1`).
+pub(crate) fn valid_identifier(what: &str, s: &str) -> Result<(), ConfigError> {
     if s.is_empty() || s.len() > 63 {
         return Err(ConfigError::Invalid(format!(
             "{what} {s:?} must be 1 to 63 characters"

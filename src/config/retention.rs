@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::env::{Kind, Setting};
 use super::error::ConfigError;
 use super::units::parse_duration;
 
@@ -68,6 +69,17 @@ fn duration(key: &str, text: Option<&str>, default: Duration) -> Result<Duration
 }
 
 impl RawRetention {
+    /// The settings of `[outbox.retention]`.
+    pub(super) const SETTINGS: &'static [Setting] = &[
+        (&["outbox", "retention"], "enabled", Kind::Bool),
+        (&["outbox", "retention"], "keep", Kind::Str),
+        (&["outbox", "retention"], "interval", Kind::Str),
+        (&["outbox", "retention"], "batch_size", Kind::Int),
+        (&["outbox", "retention"], "column", Kind::Str),
+        (&["outbox", "retention"], "partition_interval", Kind::Str),
+        (&["outbox", "retention"], "premake", Kind::Int),
+    ];
+
     /// Checks values and fills in defaults; `None` when retention is off (`enabled` not true).
     /// Keys set without `enabled` are refused rather than ignored: retention deletes rows, so
     /// it is switched on (or explicitly off) in so many words.

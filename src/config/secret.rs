@@ -19,6 +19,7 @@
 use std::fmt;
 use std::path::Path;
 
+use super::env::EnvLayout;
 use super::error::ConfigError;
 use super::kafka::refused_property;
 
@@ -85,14 +86,10 @@ fn dotted(path: &[&str], key: &str) -> String {
     out
 }
 
-/// Replaces every `k_file` of `secrets` (and `[kafka.property_files]`) in `root` by the file's
-/// content under `k` (and `[kafka.properties]`); see the [module docs](self).
-pub(crate) fn resolve_files(
-    root: &mut toml::Table,
-    secrets: &[(&[&str], &str)],
-    env_prefix: &str,
-) -> Result<(), ConfigError> {
-    for (path, key) in secrets {
+/// Replaces every `k_file` of `layout`'s secrets (and `[kafka.property_files]`) in `root` by the
+/// file's content under `k` (and `[kafka.properties]`); see the [module docs](self).
+pub(crate) fn resolve_files(root: &mut toml::Table, layout: &EnvLayout) -> Result<(), ConfigError> {
+    for (path, key) in layout.secret_keys() {
         let Some(table) = table_at(root, path) else {
             continue;
         };
@@ -146,10 +143,7 @@ pub(crate) fn resolve_files(
         let secret = read_secret_file(&what, Path::new(file))?;
         // Checked here, where it is known to come from a file: the error names the file's key.
         if let Some(why) = refused_property(&name, &secret, true) {
-            let var = format!(
-                "{env_prefix}_KAFKA_PROPERTY_FILE_{}",
-                name.to_ascii_uppercase().replace('.', "_")
-            );
+            let var = layout.property_file_var(&name);
             return Err(ConfigError::Invalid(format!(
                 "{what} (or {var}): the content of {file} {why}"
             )));
@@ -171,7 +165,14 @@ fn table_at<'a>(root: &'a mut toml::Table, path: &[&str]) -> Option<&'a mut toml
 mod tests {
     use super::*;
 
-    const SECRETS: &[(&[&str], &str)] = &[(&["postgres"], "password"), (&["alerts"], "token")];
+    const LAYOUT: EnvLayout = EnvLayout {
+        prefix: "WALBOX",
+        scalars: &[],
+        secrets: &[&[(&["postgres"], "password"), (&["alerts"], "token")]],
+        accepted: &[],
+        others: &[],
+        foreign: &[],
+    };
 
     fn file(dir: &tempfile::TempDir, name: &str, content: &[u8]) -> String {
         let p = dir.path().join(name);
@@ -189,7 +190,7 @@ mod tests {
         )
         .parse()
         .unwrap();
-        resolve_files(&mut t, SECRETS, "WALBOX").unwrap();
+        resolve_files(&mut t, &LAYOUT).unwrap();
         assert_eq!(t["postgres"]["password"].as_str(), Some("s3cr3t"));
         assert!(t["postgres"].get("password_file").is_none());
         assert_eq!(
@@ -224,9 +225,7 @@ mod tests {
         ];
         for (toml, needle) in cases {
             let mut t: toml::Table = toml.parse().unwrap();
-            let e = resolve_files(&mut t, SECRETS, "WALBOX")
-                .unwrap_err()
-                .to_string();
+            let e = resolve_files(&mut t, &LAYOUT).unwrap_err().to_string();
             assert!(e.contains(&needle), "{e:?} lacks {needle:?}");
             assert!(!e.contains("s3cr3t"), "{e}");
         }

@@ -12,6 +12,13 @@
 //! variable but `WALBOX_INBOX_CONFIG` is an error naming it; other `WALBOX_*` variables belong
 //! to `walbox run` and are ignored here.
 //!
+//! What the inbox shares with `walbox run` comes from [`crate::config`], with its checks and
+//! its variables: the connection keys of `[postgres]` (`url`, `password`) and `[kafka]`
+//! (`brokers`, the properties), and the `[http]` and `[log]` sections whole. Each section
+//! validates itself (`Raw….validate`); [`RawInboxConfig::validate`] runs them in order
+//! (postgres, kafka, effect, retention, http, log) and adds the rules across sections (the
+//! consumer defaults to the group, `dead_letter` policies need the dead-letter topic).
+//!
 //! Secrets (the PostgreSQL password, `sasl.password`, …) never appear in `Debug` output nor in
 //! error messages, which are redacted where they are made, as the relay's are (see
 //! [`crate::config`]); consumer properties are checked against librdkafka at load time.
@@ -26,8 +33,8 @@ use serde::Deserialize;
 
 use crate::config::conninfo::ConnInfo;
 use crate::config::{
-    check_kafka_properties, deserialize, read_layers, ConfigError, EnvLayout, HumanDuration, Kind,
-    LogConfig, RawHttp, RawLog,
+    backoff, read_document, valid_identifier, ConfigError, EnvLayout, HumanDuration, Kind,
+    LogConfig, RawHttp, RawKafkaConnection, RawLog, RawPgConnection, Setting, INBOX_PREFIX,
 };
 
 use super::effect::EffectSql;
@@ -57,7 +64,7 @@ pub struct RawInboxConfig {
     pub log: RawLog,
 }
 
-/// `[postgres]` as written.
+/// `[postgres]` as written: the connection keys of [`RawPgConnection`], and the inbox table.
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPostgres {
@@ -81,7 +88,7 @@ impl fmt::Debug for RawPostgres {
     }
 }
 
-/// `[kafka]` as written.
+/// `[kafka]` as written: the connection keys of [`RawKafkaConnection`], and the consumer's.
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawKafka {
@@ -266,47 +273,24 @@ pub struct RetentionConfig {
     pub cleanup_batch: i64,
 }
 
-/// `(section, key, kind)` of every scalar setting; `WALBOX_INBOX_<SECTION>_<KEY>` sets it, and
-/// `WALBOX_INBOX_KAFKA_PROPERTY_<NAME>` a consumer property.
-const SCALARS: &[(&[&str], &str, Kind)] = &[
-    (&["postgres"], "url", Kind::Str),
-    (&["postgres"], "password", Kind::Str),
-    (&["postgres"], "table", Kind::Str),
-    (&["postgres"], "consumer", Kind::Str),
-    (&["kafka"], "brokers", Kind::Str),
-    (&["kafka"], "group_id", Kind::Str),
-    (&["kafka"], "group_instance_id", Kind::Str),
-    (&["kafka"], "topics", Kind::List),
-    (&["kafka"], "message_id_header", Kind::Str),
-    (&["kafka"], "dead_letter_topic", Kind::Str),
-    (&["kafka"], "commit_interval", Kind::Str),
-    (&["effect"], "sql", Kind::Str),
-    (&["effect"], "store_record", Kind::Bool),
-    (&["effect"], "on_error", Kind::Str),
-    (&["effect"], "on_invalid", Kind::Str),
-    (&["effect"], "retries", Kind::Int),
-    (&["effect"], "backoff_initial", Kind::Str),
-    (&["effect"], "backoff_max", Kind::Str),
-    (&["effect"], "max_parallel", Kind::Int),
-    (&["effect"], "batch_max", Kind::Int),
-    (&["effect"], "batch_linger", Kind::Str),
-    (&["retention"], "keep", Kind::Str),
-    (&["retention"], "guard", Kind::Str),
-    (&["retention"], "cleanup", Kind::Bool),
-    (&["retention"], "cleanup_interval", Kind::Str),
-    (&["retention"], "cleanup_batch", Kind::Int),
-    (&["http"], "listen", Kind::Str),
-    (&["log"], "format", Kind::Str),
-    (&["log"], "level", Kind::Str),
-];
-
+/// The environment layout of `walbox inbox`: `WALBOX_INBOX_<SECTION>_<KEY>`.
 const LAYOUT: EnvLayout = EnvLayout {
-    prefix: "WALBOX_INBOX",
-    scalars: SCALARS,
-    secrets: &[(&["postgres"], "url"), (&["postgres"], "password")],
+    prefix: INBOX_PREFIX,
+    scalars: &[
+        RawPgConnection::SETTINGS,
+        RawPostgres::SETTINGS,
+        RawKafkaConnection::SETTINGS,
+        RawKafka::SETTINGS,
+        RawEffect::SETTINGS,
+        RawRetention::SETTINGS,
+        RawHttp::SETTINGS,
+        RawLog::SETTINGS,
+    ],
+    secrets: &[RawPgConnection::SECRETS],
     // The config file (clap reads it). Every other WALBOX_INBOX_* must be a setting; other
     // WALBOX_* variables are walbox run's (WALBOX_LOG is checked by the shared loader).
     accepted: &["WALBOX_INBOX_CONFIG"],
+    others: &[],
     foreign: &[],
 };
 
@@ -320,8 +304,7 @@ pub fn load_from(
     path: Option<&Path>,
     env: &mut dyn Iterator<Item = (String, String)>,
 ) -> Result<InboxConfig, ConfigError> {
-    let (table, origin) = read_layers(path, env, &LAYOUT)?;
-    deserialize::<RawInboxConfig>(table, origin)?.validate()
+    read_document::<RawInboxConfig>(path, env, &LAYOUT, |_| Ok(()))?.validate()
 }
 
 /// `effect.batch_max` by default: large enough that the transaction overhead (and, with
@@ -357,65 +340,119 @@ fn policy(
     }
 }
 
-fn identifier(what: &str, s: &str) -> Result<(), ConfigError> {
-    if s.is_empty() || s.len() > 63 {
-        return Err(invalid(format!("{what} {s:?} must be 1 to 63 characters")));
+impl RawInboxConfig {
+    /// Checks each section, then the rules across sections, and fills in defaults.
+    pub fn validate(self) -> Result<InboxConfig, ConfigError> {
+        let postgres = self.postgres.validate()?;
+        let kafka = self.kafka.validate()?;
+        let effect = self.effect.validate(kafka.dead_letter_topic.as_ref())?;
+        let retention = self.retention.validate()?;
+        let http_listen = self.http.validate("0.0.0.0:9188")?;
+        let log = self.log.validate()?;
+        let consumer = postgres.consumer.unwrap_or_else(|| kafka.group_id.clone());
+        if consumer.is_empty() {
+            return Err(invalid("postgres.consumer must not be empty"));
+        }
+        Ok(InboxConfig {
+            conn: postgres.conn,
+            schema: postgres.schema,
+            table: postgres.table,
+            consumer,
+            kafka,
+            effect,
+            retention,
+            http_listen,
+            log,
+        })
     }
-    Ok(())
 }
 
-impl RawInboxConfig {
-    /// Checks values and fills in defaults.
-    pub fn validate(self) -> Result<InboxConfig, ConfigError> {
-        let url = self.postgres.url.ok_or_else(|| {
-            invalid("postgres.url is required (set it in the file or WALBOX_INBOX_POSTGRES_URL)")
-        })?;
-        let mut conn: ConnInfo = url
-            .parse()
-            .map_err(|e| invalid(format!("postgres.url: {e}")))?;
-        if let Some(password) = self.postgres.password {
-            conn.password = Some(password);
+/// Validated `[postgres]`, before the consumer's default (the group) is known.
+struct InboxPostgres {
+    conn: ConnInfo,
+    schema: String,
+    table: String,
+    consumer: Option<String>,
+}
+
+impl RawPostgres {
+    /// The inbox's settings of `[postgres]` besides the connection's.
+    const SETTINGS: &'static [Setting] = &[
+        (&["postgres"], "table", Kind::Str),
+        (&["postgres"], "consumer", Kind::Str),
+    ];
+
+    fn validate(self) -> Result<InboxPostgres, ConfigError> {
+        let connection = RawPgConnection {
+            url: self.url,
+            password: self.password,
         }
-        let table = self.postgres.table.unwrap_or_else(|| "public.inbox".into());
+        .validate(&LAYOUT)?;
+        let table = self.table.unwrap_or_else(|| "public.inbox".into());
         let (schema, table) = match table.split_once('.') {
             Some((s, t)) => (s.to_owned(), t.to_owned()),
             None => ("public".to_owned(), table),
         };
-        identifier("postgres.table schema", &schema)?;
-        identifier("postgres.table", &table)?;
+        valid_identifier("postgres.table schema", &schema)?;
+        valid_identifier("postgres.table", &table)?;
+        Ok(InboxPostgres {
+            conn: connection.conn,
+            schema,
+            table,
+            consumer: self.consumer,
+        })
+    }
+}
 
-        let k = self.kafka;
-        let brokers = k.brokers.ok_or_else(|| {
-            invalid("kafka.brokers is required (set it in the file or WALBOX_INBOX_KAFKA_BROKERS)")
+/// The consumer properties walbox manages: offsets are stored and committed by walbox after the
+/// PostgreSQL transaction, only committed records are read, and the brokers and the group are
+/// their own keys.
+fn consumer_property(key: &str, value: &str) -> Result<(), ConfigError> {
+    let refused = match key {
+        "enable.auto.commit" | "enable.auto.offset.store" => value != "false",
+        "bootstrap.servers" | "metadata.broker.list" | "group.id" | "group.instance.id" => true,
+        "isolation.level" => value != "read_committed",
+        _ => false,
+    };
+    if refused {
+        return Err(invalid(format!(
+            "kafka.properties.{key} = {value:?} is managed by walbox (offsets are committed only after the PostgreSQL transaction; set kafka.brokers, kafka.group_id and kafka.group_instance_id instead of their properties)"
+        )));
+    }
+    Ok(())
+}
+
+impl RawKafka {
+    /// The inbox's settings of `[kafka]` besides the connection's.
+    const SETTINGS: &'static [Setting] = &[
+        (&["kafka"], "group_id", Kind::Str),
+        (&["kafka"], "group_instance_id", Kind::Str),
+        (&["kafka"], "topics", Kind::List),
+        (&["kafka"], "message_id_header", Kind::Str),
+        (&["kafka"], "dead_letter_topic", Kind::Str),
+        (&["kafka"], "commit_interval", Kind::Str),
+    ];
+
+    fn validate(self) -> Result<InboxKafka, ConfigError> {
+        let connection = RawKafkaConnection {
+            brokers: self.brokers,
+            properties: self.properties,
+        }
+        .validate(&LAYOUT, consumer_property)?;
+        let group_id = self.group_id.ok_or_else(|| {
+            invalid(format!(
+                "kafka.group_id is required (set it in the file or {})",
+                LAYOUT.var(&["kafka"], "group_id")
+            ))
         })?;
-        let group_id = k.group_id.ok_or_else(|| {
-            invalid(
-                "kafka.group_id is required (set it in the file or WALBOX_INBOX_KAFKA_GROUP_ID)",
-            )
-        })?;
-        let topics = k.topics.unwrap_or_default();
+        let topics = self.topics.unwrap_or_default();
         if topics.is_empty() || topics.iter().any(|t| t.trim().is_empty()) {
-            return Err(invalid(
-                "kafka.topics must list at least one topic (WALBOX_INBOX_KAFKA_TOPICS=a,b)",
-            ));
+            return Err(invalid(format!(
+                "kafka.topics must list at least one topic ({}=a,b)",
+                LAYOUT.var(&["kafka"], "topics")
+            )));
         }
-        for (key, v) in &k.properties {
-            let refused = match key.as_str() {
-                "enable.auto.commit" | "enable.auto.offset.store" => v != "false",
-                "bootstrap.servers" | "metadata.broker.list" | "group.id" | "group.instance.id" => {
-                    true
-                }
-                "isolation.level" => v != "read_committed",
-                _ => false,
-            };
-            if refused {
-                return Err(invalid(format!(
-                    "kafka.properties.{key} = {v:?} is managed by walbox (offsets are committed only after the PostgreSQL transaction; set kafka.brokers, kafka.group_id and kafka.group_instance_id instead of their properties)"
-                )));
-            }
-        }
-        check_kafka_properties(&k.properties, LAYOUT.prefix)?;
-        let group_instance_id = k.group_instance_id;
+        let group_instance_id = self.group_instance_id;
         if group_instance_id
             .as_ref()
             .is_some_and(|id| id.trim().is_empty())
@@ -424,42 +461,11 @@ impl RawInboxConfig {
                 "kafka.group_instance_id must not be empty (leave it out for dynamic membership)",
             ));
         }
-        let consumer = self.postgres.consumer.unwrap_or_else(|| group_id.clone());
-        if consumer.is_empty() {
-            return Err(invalid("postgres.consumer must not be empty"));
-        }
-        let message_id_header = k.message_id_header.unwrap_or_else(|| "id".into());
+        let message_id_header = self.message_id_header.unwrap_or_else(|| "id".into());
         if message_id_header.is_empty() {
             return Err(invalid("kafka.message_id_header must not be empty"));
         }
-        let commit_interval = k
-            .commit_interval
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_secs(1));
-        if commit_interval.is_zero() {
-            return Err(invalid("kafka.commit_interval must be > 0"));
-        }
-
-        let e = self.effect;
-        let sql = match e.sql {
-            Some(text) => {
-                Some(EffectSql::parse(&text).map_err(|m| invalid(format!("effect.sql: {m}")))?)
-            }
-            None => None,
-        };
-        let store_record = e.store_record.unwrap_or(sql.is_none());
-        if sql.is_none() && !store_record {
-            return Err(invalid(
-                "effect.sql is not set and effect.store_record = false: nothing would happen to the records",
-            ));
-        }
-        let dead_letter_topic = k.dead_letter_topic.filter(|t| !t.is_empty());
-        let on_error = policy("effect.on_error", e.on_error, dead_letter_topic.as_ref())?;
-        let on_invalid = policy(
-            "effect.on_invalid",
-            e.on_invalid,
-            dead_letter_topic.as_ref(),
-        )?;
+        let dead_letter_topic = self.dead_letter_topic.filter(|t| !t.is_empty());
         if let Some(dlq) = &dead_letter_topic {
             if topics.contains(dlq) {
                 return Err(invalid(
@@ -467,49 +473,117 @@ impl RawInboxConfig {
                 ));
             }
         }
-        let backoff_initial = e
-            .backoff_initial
+        let commit_interval = self
+            .commit_interval
             .map(|d| d.0)
-            .unwrap_or(Duration::from_millis(100));
-        let backoff_max = e
-            .backoff_max
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_secs(10));
-        if backoff_initial.is_zero() || backoff_max < backoff_initial {
+            .unwrap_or(Duration::from_secs(1));
+        if commit_interval.is_zero() {
+            return Err(invalid("kafka.commit_interval must be > 0"));
+        }
+        Ok(InboxKafka {
+            brokers: connection.brokers,
+            group_id,
+            group_instance_id,
+            topics,
+            message_id_header,
+            dead_letter_topic,
+            commit_interval,
+            properties: connection.properties,
+        })
+    }
+}
+
+impl RawEffect {
+    /// The settings of `[effect]`.
+    const SETTINGS: &'static [Setting] = &[
+        (&["effect"], "sql", Kind::Str),
+        (&["effect"], "store_record", Kind::Bool),
+        (&["effect"], "on_error", Kind::Str),
+        (&["effect"], "on_invalid", Kind::Str),
+        (&["effect"], "retries", Kind::Int),
+        (&["effect"], "backoff_initial", Kind::Str),
+        (&["effect"], "backoff_max", Kind::Str),
+        (&["effect"], "max_parallel", Kind::Int),
+        (&["effect"], "batch_max", Kind::Int),
+        (&["effect"], "batch_linger", Kind::Str),
+    ];
+
+    /// Checks values and fills in defaults; a `dead_letter` policy produces to
+    /// `dead_letter_topic` (`kafka.dead_letter_topic`), which it needs.
+    fn validate(self, dead_letter_topic: Option<&String>) -> Result<EffectConfig, ConfigError> {
+        let sql = match self.sql {
+            Some(text) => {
+                Some(EffectSql::parse(&text).map_err(|m| invalid(format!("effect.sql: {m}")))?)
+            }
+            None => None,
+        };
+        let store_record = self.store_record.unwrap_or(sql.is_none());
+        if sql.is_none() && !store_record {
             return Err(invalid(
-                "effect.backoff_initial must be > 0 and <= effect.backoff_max",
+                "effect.sql is not set and effect.store_record = false: nothing would happen to the records",
             ));
         }
-        let max_parallel = e.max_parallel.unwrap_or(4);
+        let on_error = policy("effect.on_error", self.on_error, dead_letter_topic)?;
+        let on_invalid = policy("effect.on_invalid", self.on_invalid, dead_letter_topic)?;
+        let (backoff_initial, backoff_max) = backoff(
+            "effect",
+            (self.backoff_initial, self.backoff_max),
+            (Duration::from_millis(100), Duration::from_secs(10)),
+        )?;
+        let max_parallel = self.max_parallel.unwrap_or(4);
         if !(1..=256).contains(&max_parallel) {
             return Err(invalid("effect.max_parallel must be between 1 and 256"));
         }
-        let batch_max = e.batch_max.unwrap_or(DEFAULT_BATCH_MAX);
+        let batch_max = self.batch_max.unwrap_or(DEFAULT_BATCH_MAX);
         if !(1..=MAX_BATCH).contains(&batch_max) {
             return Err(invalid(format!(
                 "effect.batch_max must be between 1 and {MAX_BATCH}"
             )));
         }
-        let batch_linger = e.batch_linger.map(|d| d.0).unwrap_or(Duration::ZERO);
+        let batch_linger = self.batch_linger.map(|d| d.0).unwrap_or(Duration::ZERO);
         if batch_linger > MAX_LINGER {
             return Err(invalid(format!(
                 "effect.batch_linger must be at most {}ms (it delays every record of a quiet partition)",
                 MAX_LINGER.as_millis()
             )));
         }
-        let retries = e.retries.unwrap_or(5);
+        let retries = self.retries.unwrap_or(5);
         if retries > 1000 {
             return Err(invalid("effect.retries must be at most 1000"));
         }
+        Ok(EffectConfig {
+            sql,
+            store_record,
+            on_error,
+            on_invalid,
+            retries,
+            backoff_initial,
+            backoff_max,
+            max_parallel,
+            batch_max,
+            batch_linger,
+        })
+    }
+}
 
-        let r = self.retention;
-        let keep = r.keep.map(|d| d.0);
+impl RawRetention {
+    /// The settings of `[retention]`.
+    const SETTINGS: &'static [Setting] = &[
+        (&["retention"], "keep", Kind::Str),
+        (&["retention"], "guard", Kind::Str),
+        (&["retention"], "cleanup", Kind::Bool),
+        (&["retention"], "cleanup_interval", Kind::Str),
+        (&["retention"], "cleanup_batch", Kind::Int),
+    ];
+
+    fn validate(self) -> Result<RetentionConfig, ConfigError> {
+        let keep = self.keep.map(|d| d.0);
         if keep.is_some_and(|d| d.is_zero()) {
             return Err(invalid(
                 "retention.keep must be > 0 (omit it to keep rows forever)",
             ));
         }
-        let guard = match r.guard.as_deref().unwrap_or("refuse") {
+        let guard = match self.guard.as_deref().unwrap_or("refuse") {
             "refuse" => Guard::Refuse,
             "warn" => Guard::Warn,
             "off" => Guard::Off,
@@ -519,277 +593,33 @@ impl RawInboxConfig {
                 )))
             }
         };
-        let cleanup = r.cleanup.unwrap_or(false);
+        let cleanup = self.cleanup.unwrap_or(false);
         if cleanup && keep.is_none() {
             return Err(invalid("retention.cleanup = true needs retention.keep"));
         }
-        let cleanup_interval = r
+        let cleanup_interval = self
             .cleanup_interval
             .map(|d| d.0)
             .unwrap_or(Duration::from_secs(600));
         if cleanup_interval.is_zero() {
             return Err(invalid("retention.cleanup_interval must be > 0"));
         }
-        let cleanup_batch = r.cleanup_batch.unwrap_or(1000);
+        let cleanup_batch = self.cleanup_batch.unwrap_or(1000);
         if !(1..=100_000).contains(&cleanup_batch) {
             return Err(invalid(
                 "retention.cleanup_batch must be between 1 and 100000",
             ));
         }
-
-        let http_listen = self.http.validate("0.0.0.0:9188")?;
-        let log = self.log.validate()?;
-
-        Ok(InboxConfig {
-            conn,
-            schema,
-            table,
-            consumer,
-            kafka: InboxKafka {
-                brokers,
-                group_id,
-                group_instance_id,
-                topics,
-                message_id_header,
-                dead_letter_topic,
-                commit_interval,
-                properties: k.properties,
-            },
-            effect: EffectConfig {
-                sql,
-                store_record,
-                on_error,
-                on_invalid,
-                retries,
-                backoff_initial,
-                backoff_max,
-                max_parallel,
-                batch_max,
-                batch_linger,
-            },
-            retention: RetentionConfig {
-                keep,
-                guard,
-                cleanup,
-                cleanup_interval,
-                cleanup_batch,
-            },
-            http_listen,
-            log,
+        Ok(RetentionConfig {
+            keep,
+            guard,
+            cleanup,
+            cleanup_interval,
+            cleanup_batch,
         })
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
-    fn file(text: &str) -> tempfile::NamedTempFile {
-        let mut f = tempfile::NamedTempFile::new().unwrap();
-        f.write_all(text.as_bytes()).unwrap();
-        f
-    }
-
-    const MINIMAL: &str = r#"
-[postgres]
-url = "postgres://billing:secret@db:5432/billing"
-[kafka]
-brokers = "k1:9092"
-group_id = "billing"
-topics = ["outbox.event.payment"]
-[effect]
-sql = "SELECT billing.apply_payment($payload)"
-"#;
-
-    fn load_text(text: &str, vars: &[(&str, &str)]) -> Result<InboxConfig, ConfigError> {
-        let f = file(text);
-        load_from(Some(f.path()), &mut env(vars).into_iter())
-    }
-
-    #[test]
-    fn defaults() {
-        let c = load_text(MINIMAL, &[]).unwrap();
-        assert_eq!((c.schema.as_str(), c.table.as_str()), ("public", "inbox"));
-        assert_eq!(c.consumer, "billing");
-        assert_eq!(c.kafka.message_id_header, "id");
-        assert!(!c.effect.store_record);
-        assert_eq!(c.effect.on_error, Policy::Fail);
-        assert_eq!(c.retention.guard, Guard::Refuse);
-        assert_eq!(c.retention.keep, None);
-        assert_eq!(c.effect.batch_max, DEFAULT_BATCH_MAX);
-        assert_eq!(c.effect.batch_linger, Duration::ZERO);
-    }
-
-    #[test]
-    fn environment_wins() {
-        let c = load_text(
-            MINIMAL,
-            &[
-                ("WALBOX_INBOX_KAFKA_TOPICS", "a, b"),
-                ("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "2"),
-                ("WALBOX_INBOX_EFFECT_BATCH_MAX", "500"),
-                ("WALBOX_INBOX_EFFECT_BATCH_LINGER", "5ms"),
-                ("WALBOX_INBOX_RETENTION_KEEP", "14d"),
-                ("WALBOX_INBOX_POSTGRES_TABLE", "app.inbox_events"),
-                ("WALBOX_INBOX_KAFKA_PROPERTY_SESSION_TIMEOUT_MS", "6000"),
-                ("WALBOX_KAFKA_BROKERS", "not-mine:9092"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(c.kafka.topics, ["a", "b"]);
-        assert_eq!(c.kafka.brokers, "k1:9092");
-        assert_eq!(c.effect.max_parallel, 2);
-        assert_eq!(c.effect.batch_max, 500);
-        assert_eq!(c.effect.batch_linger, Duration::from_millis(5));
-        assert_eq!(c.retention.keep, Some(Duration::from_secs(14 * 86_400)));
-        assert_eq!(c.schema, "app");
-        assert_eq!(
-            c.kafka
-                .properties
-                .get("session.timeout.ms")
-                .map(String::as_str),
-            Some("6000")
-        );
-    }
-
-    #[test]
-    fn no_effect_means_the_stored_inbox_form() {
-        let text = MINIMAL.replace("sql = \"SELECT billing.apply_payment($payload)\"", "");
-        assert!(load_text(&text, &[]).unwrap().effect.store_record);
-        let e = load_text(&text, &[("WALBOX_INBOX_EFFECT_STORE_RECORD", "false")]).unwrap_err();
-        assert!(e.to_string().contains("nothing would happen"), "{e}");
-    }
-
-    #[test]
-    fn refusals_are_one_line() {
-        for (var, val) in [
-            ("WALBOX_INBOX_KAFKA_PROPERTY_ENABLE_AUTO_COMMIT", "true"),
-            ("WALBOX_INBOX_EFFECT_ON_ERROR", "dead_letter"),
-            ("WALBOX_INBOX_EFFECT_ON_ERROR", "ignore"),
-            ("WALBOX_INBOX_RETENTION_GUARD", "maybe"),
-            ("WALBOX_INBOX_RETENTION_CLEANUP", "true"),
-            ("WALBOX_INBOX_EFFECT_SQL", "SELECT f($1)"),
-            ("WALBOX_INBOX_EFFECT_SQL", "SELECT f($payloadd)"),
-            ("WALBOX_INBOX_KAFKA_TOPICS", ""),
-            ("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "0"),
-            ("WALBOX_INBOX_EFFECT_BATCH_MAX", "0"),
-            ("WALBOX_INBOX_EFFECT_BATCH_MAX", "10001"),
-            ("WALBOX_INBOX_EFFECT_BATCH_LINGER", "2s"),
-            ("WALBOX_INBOX_KAFKA_GROUP_INSTANCE_ID", " "),
-            ("WALBOX_INBOX_KAFKA_PROPERTY_GROUP_INSTANCE_ID", "pod-0"),
-        ] {
-            let e = load_text(MINIMAL, &[(var, val)]).unwrap_err();
-            let msg = e.to_string();
-            assert!(
-                !msg.contains('\n') && !msg.contains("secret"),
-                "{var}: {msg}"
-            );
-        }
-    }
-
-    #[test]
-    fn static_membership_is_off_unless_an_instance_id_is_given() {
-        assert_eq!(
-            load_text(MINIMAL, &[]).unwrap().kafka.group_instance_id,
-            None
-        );
-        let c = load_text(
-            MINIMAL,
-            &[("WALBOX_INBOX_KAFKA_GROUP_INSTANCE_ID", "billing-0")],
-        );
-        assert_eq!(
-            c.unwrap().kafka.group_instance_id.as_deref(),
-            Some("billing-0")
-        );
-        let e = load_text(
-            MINIMAL,
-            &[("WALBOX_INBOX_KAFKA_PROPERTY_GROUP_INSTANCE_ID", "x")],
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("kafka.group_instance_id"), "{e}");
-    }
-
-    #[test]
-    fn the_shipped_example_is_valid() {
-        let c = load_text(include_str!("../../examples/inbox.toml"), &[]).unwrap();
-        assert_eq!(
-            c.effect.on_error,
-            Policy::DeadLetter("billing.inbox.dlq".into())
-        );
-        assert!(c.retention.cleanup);
-    }
-
-    #[test]
-    fn unknown_keys_are_rejected() {
-        let e = load_text(&format!("{MINIMAL}\n[retention]\nkeeep = \"1d\"\n"), &[]).unwrap_err();
-        assert!(e.to_string().contains("keeep"), "{e}");
-    }
-
-    #[test]
-    fn unknown_inbox_variables_are_errors_and_walbox_run_variables_are_not_mine() {
-        let e = load_text(MINIMAL, &[("WALBOX_INBOX_EFFECT_SQLL", "SELECT 1")]).unwrap_err();
-        let msg = e.to_string();
-        assert!(
-            msg.contains("WALBOX_INBOX_EFFECT_SQLL")
-                && msg.contains("did you mean WALBOX_INBOX_EFFECT_SQL?")
-                && !msg.contains("SELECT 1"),
-            "{msg}"
-        );
-        load_text(
-            MINIMAL,
-            &[
-                ("WALBOX_INBOX_CONFIG", "/etc/inbox.toml"),
-                ("WALBOX_POSTGRES_SLOTT", "walbox run's problem"),
-                ("WALBOX_LOG", "info"),
-            ],
-        )
-        .unwrap();
-    }
-
-    #[test]
-    fn consumer_properties_and_log_levels_are_checked_at_load_time() {
-        let e = load_text(
-            MINIMAL,
-            &[("WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD", "hunter2")],
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("sasl.pasword")
-                && e.contains("WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASWORD")
-                && !e.contains("hunter2"),
-            "{e}"
-        );
-        let e = load_text(MINIMAL, &[("WALBOX_INBOX_LOG_LEVEL", "warning")]).unwrap_err();
-        assert!(e.to_string().contains("log.level"), "{e}");
-        assert!(load_text(
-            MINIMAL,
-            &[(
-                "WALBOX_INBOX_LOG_LEVEL",
-                "info,librdkafka=warn,rdkafka=warn"
-            )]
-        )
-        .is_ok());
-        let e = load_text(MINIMAL, &[("WALBOX_LOG", "warning")]).unwrap_err();
-        assert!(e.to_string().contains("WALBOX_LOG"), "{e}");
-    }
-
-    #[test]
-    fn secrets_stay_out_of_debug_output() {
-        let c = load_text(
-            &format!("{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n"),
-            &[],
-        )
-        .unwrap();
-        let dbg = format!("{c:?}");
-        assert!(!dbg.contains("hunter2") && !dbg.contains("secret"), "{dbg}");
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;
