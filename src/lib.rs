@@ -16,7 +16,9 @@
 //! cmd/                 the one-shot commands, one file each: check, republish, audit,
 //!                      reshard, demo
 //! app.rs, app/         wiring: HTTP, producer, reconnect loop, shutdown order; run_slots
-//! failure.rs           fatal failures, exit statuses, the Classify trait every error implements
+//! failure/            fatal failures, exit statuses, the Classify trait every error implements;
+//!                      the one classifier of Kafka error codes (kafka.rs) and of SQLSTATEs
+//!                      (sqlstate.rs)
 //! lsn.rs, timestamp.rs log sequence numbers; epochs and RFC 3339
 //! backoff.rs           the one capped exponential backoff (relay, inbox, webhook)
 //! dead_letter.rs       the one dead-letter policy and its headers (relay, republish, inbox)

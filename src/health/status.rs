@@ -29,20 +29,13 @@ use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
 use crate::source::standby::{self, Role};
 
-fn fatal(failure: Failure, message: impl ToString) -> FatalError {
-    FatalError {
-        failure,
-        message: message.to_string(),
-    }
-}
-
 async fn read(config: &Config) -> Result<(tokio_postgres::Client, Option<SlotHealth>), FatalError> {
     let client = connect_control(&config.postgres.conn)
         .await
         .map_err(|e| FatalError::of(&e))?;
     let health = slot::read(&client, &config.postgres.slot)
         .await
-        .map_err(|e| fatal(Failure::Schema, format!("cannot read the slot: {e}")))?;
+        .map_err(|e| FatalError::new(Failure::Schema, format!("cannot read the slot: {e}")))?;
     Ok((client, health))
 }
 
@@ -156,7 +149,7 @@ pub async fn status(config: &Config, json: bool) -> Result<(), FatalError> {
 async fn report(config: &Config) -> Result<(String, serde_json::Value), FatalError> {
     let (client, health) = read(config).await?;
     let Some(h) = health else {
-        return Err(fatal(
+        return Err(FatalError::new(
             Failure::Schema,
             format!("replication slot {:?} does not exist", config.postgres.slot),
         ));
@@ -177,7 +170,7 @@ async fn report(config: &Config) -> Result<(String, serde_json::Value), FatalErr
         None,
     );
     let catchup = catchup(config, &client, &h).await;
-    let mut v = serde_json::to_value(&h).map_err(|e| fatal(Failure::Internal, e))?;
+    let mut v = serde_json::to_value(&h).map_err(|e| FatalError::new(Failure::Internal, e))?;
     if let Some(obj) = v.as_object_mut() {
         obj.insert("retained_wal_bytes".into(), h.retained_bytes().into());
         obj.insert("confirmed_lag_bytes".into(), h.confirmed_lag_bytes().into());
@@ -343,7 +336,7 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
     let name = &config.postgres.slot;
     if let Some(h) = &health {
         if h.active {
-            return Err(fatal(
+            return Err(FatalError::new(
                 Failure::SlotInUse,
                 format!(
                     "replication slot {name:?} is active (pid {}); stop every walbox streaming from it first (SELECT application_name, client_addr FROM pg_stat_replication finds the process)",
@@ -370,7 +363,7 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
         recreate.await
     };
     let new = recreated.map_err(|e| {
-        fatal(
+        FatalError::new(
             Failure::Schema,
             format!("cannot recreate slot {name:?}: {e}"),
         )
@@ -393,7 +386,7 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
             None => println!("  progress record reset to the new slot's start"),
             // Exactly-once mode trusts the record at start: it must not outlive the old slot.
             Some(e) if config.kafka.exactly_once.is_some() => {
-                return Err(fatal(
+                return Err(FatalError::new(
                     Failure::Kafka,
                     format!("slot recreated, but its progress record was not reset ({e}); run recreate-slot again once Kafka answers, before walbox run"),
                 ));

@@ -333,7 +333,7 @@ impl Relay {
         } else {
             e.to_string()
         };
-        Ok(FatalError { failure, message })
+        Ok(FatalError::new(failure, message))
     }
 
     /// The error for a producer that cannot continue: fenced by a newer walbox in exactly-once
