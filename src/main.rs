@@ -139,7 +139,7 @@ fn main() -> ExitCode {
             Err(e) => fail(FatalError::of(&e)),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish_once(block_on(walbox::health::status::status(&config, json)))
+                finish_once(block_on(walbox::cmd::status::status(&config, json)))
             }
         },
         Command::Check { config, json } => match load(config) {
@@ -164,7 +164,7 @@ fn main() -> ExitCode {
             Err(e) => fail(FatalError::of(&e)),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish_once(block_on(walbox::health::status::recreate_slot(&config)))
+                finish_once(block_on(walbox::cmd::recreate_slot::recreate_slot(&config)))
             }
         },
         Command::Reshard { config, to } => match load(config) {
