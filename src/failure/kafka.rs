@@ -1,6 +1,6 @@
 //! Kafka error codes, classified once: the producer of the relay, its transactions, `walbox
-//! republish` and both Kafka clients of `walbox inbox` ask [`kafka`] (or [`kafka_error`]), and
-//! no other code lists librdkafka's error codes to decide what an error means.
+//! republish` and both Kafka clients of `walbox inbox` ask [`kafka`] (or [`kafka_error`]);
+//! elsewhere a code only picks the words of a message.
 //!
 //! | codes | class | exit |
 //! |---|---|---|

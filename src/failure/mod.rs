@@ -31,7 +31,11 @@
 //! means is decided once per source: [`kafka`] for librdkafka's error codes, [`sqlstate`] for
 //! PostgreSQL's, each with its table (`kafka.rs`, `sqlstate.rs`) and a test that reads it back.
 //! Both answer with a [`Class`]: transient, a record rejected, a record's effect failed, or
-//! fatal with its [`Failure`]. No other code lists error codes to decide what they mean.
+//! fatal with its [`Failure`]. Elsewhere a code only picks the words of a message or a fix,
+//! and two rules sit on top of the table, each about its own context: the same class-22 error
+//! at the same transaction, session after session, is a row PostgreSQL cannot decode (exit 8,
+//! `relay/error.rs`), and a `walbox republish`/`audit` window argument the server cannot read is
+//! the command line's (exit 3, `cmd/republish.rs`).
 
 use std::fmt;
 
