@@ -137,12 +137,8 @@ async fn run_shards(config: Config, stop: watch::Receiver<bool>) -> Result<(), F
     // Every shard's slot exists, at one position, before any shard streams.
     let layout_sink = match &producer {
         Some(p) => p.owner.clone(),
-        None => KafkaSink::new(&config.kafka, Arc::new(AckQueue::default())).map_err(|e| {
-            FatalError {
-                failure: Failure::Kafka,
-                message: e.to_string(),
-            }
-        })?,
+        None => KafkaSink::new(&config.kafka, Arc::new(AckQueue::default()))
+            .map_err(|e| FatalError::of_or(&e, Failure::Kafka))?,
     };
     let mut layout_topics = topics.sharing();
     let prepared = layout::prepare(&config, &layout_sink, &mut layout_topics, stop.clone()).await;
@@ -221,10 +217,10 @@ pub async fn run_slots(
     let mut outcome = Ok(());
     for (slot, task) in tasks {
         let result = task.await.unwrap_or_else(|e| {
-            Err(FatalError {
-                failure: Failure::Internal,
-                message: format!("slot {slot} panicked: {e}"),
-            })
+            Err(FatalError::new(
+                Failure::Internal,
+                format!("slot {slot} panicked: {e}"),
+            ))
         });
         ended(&slot, &result);
         if let Err(e) = result {
@@ -251,10 +247,8 @@ impl SharedProducer {
             return Ok(None);
         }
         // The config sized the producer's queue for every shard's window.
-        let lanes = KafkaSink::shared(&config.kafka, shards).map_err(|e| FatalError {
-            failure: Failure::Kafka,
-            message: e.to_string(),
-        })?;
+        let lanes = KafkaSink::shared(&config.kafka, shards)
+            .map_err(|e| FatalError::of_or(&e, Failure::Kafka))?;
         let Some((owner, _)) = lanes.first().cloned() else {
             return Ok(None);
         };
@@ -271,10 +265,8 @@ impl SharedProducer {
 
 /// The topic cache for `config`, with its admin client when `kafka.create_topics` is on.
 fn new_topics(config: &Config) -> Result<Topics, FatalError> {
-    Topics::new(&config.kafka).map_err(|e| FatalError {
-        failure: Failure::Kafka,
-        message: format!("kafka admin client: {e}"),
-    })
+    Topics::new(&config.kafka)
+        .map_err(|e| FatalError::of_or(&e, Failure::Kafka).prefixed("kafka admin client"))
 }
 
 /// Clients a relay borrows from its caller instead of making its own: the shards of one
@@ -317,9 +309,11 @@ async fn serve_http(
     };
     let (local, server) = metrics::bind_shards(addr, metrics, health)
         .await
-        .map_err(|e| FatalError {
-            failure: Failure::Config,
-            message: format!("cannot listen on http.listen {addr}: {e}"),
+        .map_err(|e| {
+            FatalError::new(
+                Failure::Config,
+                format!("cannot listen on http.listen {addr}: {e}"),
+            )
         })?;
     tracing::info!(addr = %local, "serving /metrics, /healthz, /readyz");
     tokio::spawn(async move {
@@ -346,10 +340,8 @@ pub async fn run_slot(
         Some(own) => own,
         None => {
             let acks = Arc::new(AckQueue::default());
-            let sink = KafkaSink::new(&config.kafka, acks.clone()).map_err(|e| FatalError {
-                failure: Failure::Kafka,
-                message: e.to_string(),
-            })?;
+            let sink = KafkaSink::new(&config.kafka, acks.clone())
+                .map_err(|e| FatalError::of_or(&e, Failure::Kafka))?;
             (sink, acks)
         }
     };
@@ -368,10 +360,8 @@ pub async fn run_slot(
             _ = stop_tx.closed() => {}
         }
     });
-    let webhook = Webhook::start(&config.alerts).map_err(|e| FatalError {
-        failure: Failure::Config,
-        message: format!("alerts.webhook_url: {e}"),
-    })?;
+    let webhook = Webhook::start(&config.alerts)
+        .map_err(|e| FatalError::of_or(&e, Failure::Config).prefixed("alerts.webhook_url"))?;
     let webhook_task = webhook.as_ref().map(Webhook::finished);
 
     let topics = match borrowed.topics {

@@ -39,7 +39,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::config::conninfo::ConnInfo;
-use crate::failure::{Classify, FatalError};
+use crate::failure::{Classify, Failure, FatalError};
 use crate::metrics::{Health, Metrics};
 use crate::pg::control::{connect_control, ConnectError};
 
@@ -78,6 +78,19 @@ pub enum LeaderError {
     /// The lock connection did not answer in time.
     #[error("leader lock connection did not answer within {0:?}")]
     Timeout(Duration),
+}
+
+impl Classify for LeaderError {
+    /// What the relay's own connection would say: refused credentials or a missing database
+    /// stop walbox; a server down or restarting, or a lock connection that stopped answering,
+    /// is retried.
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            LeaderError::Connect(e) => e.failure(),
+            LeaderError::Query(e) => e.failure(),
+            LeaderError::Timeout(_) => None,
+        }
+    }
 }
 
 /// The process that holds the lock, as the server reports it.
@@ -249,9 +262,7 @@ pub async fn acquire(
                     waiting_for = Some(holder);
                 }
             }
-            Err(LeaderError::Connect(e)) if e.failure().is_some() => {
-                return Err(FatalError::of(&e));
-            }
+            Err(e) if e.failure().is_some() => return Err(FatalError::of(&e)),
             Err(e) => {
                 metrics.ha_active.set(0);
                 health.set_active(false);

@@ -13,10 +13,12 @@
 //! `tests/layout.rs`).
 //! ```text
 //! main.rs, cli.rs      command line; main is thin
-//! cmd/                 the one-shot commands, one file each: check, republish, audit,
-//!                      reshard, demo
+//! cmd/                 the one-shot commands, one file each: check, status, recreate-slot,
+//!                      republish, audit, reshard, demo
 //! app.rs, app/         wiring: HTTP, producer, reconnect loop, shutdown order; run_slots
-//! failure.rs           fatal failures, exit statuses, the Classify trait every error implements
+//! failure/            fatal failures, exit statuses, the Classify trait every error implements;
+//!                      the one classifier of Kafka error codes (kafka.rs) and of SQLSTATEs
+//!                      (sqlstate.rs)
 //! lsn.rs, timestamp.rs log sequence numbers (from crates/pgoutput); epochs and RFC 3339
 //! backoff.rs           the one capped exponential backoff (relay, inbox, webhook)
 //! dead_letter.rs       the one dead-letter policy and its headers (relay, republish, inbox)
@@ -34,7 +36,8 @@
 //!                      the producer (publish.rs), RelayError (error.rs), the checkpoint
 //!                      (flush LSN = end of the longest fully acknowledged prefix)
 //! sink/                Kafka producer, topics, progress records (the evidence a slot existed)
-//! health/              slot monitor, alert levels, webhook, `walbox status`/`recreate-slot`
+//! health/              slot monitor, alert levels, webhook, catch-up estimate, what the
+//!                      progress topic says about a lost slot (evidence.rs)
 //! debezium/            `walbox from-debezium`: a Debezium connector's configuration → walbox.toml
 //! preflight/           `walbox check`: everything `run` needs, one line per check with its fix
 //! metrics.rs           Prometheus metrics, /metrics, /healthz, /readyz

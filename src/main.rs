@@ -50,9 +50,10 @@ async fn shutdown_signal() {
     }
 }
 
-fn fail(failure: Failure, message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("walbox: error: {message}");
-    ExitCode::from(failure.exit_code())
+/// Prints `e` on the `walbox: error:` line; its failure's status.
+fn fail(e: FatalError) -> ExitCode {
+    eprintln!("walbox: error: {e}");
+    ExitCode::from(e.failure.exit_code())
 }
 
 /// The exit status of a finished service (`run`, `inbox`); its fatal error is also logged for
@@ -62,7 +63,7 @@ fn finish(what: &str, result: Result<(), FatalError>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, exit_status = e.failure.exit_code(), "{what} stopped");
-            fail(e.failure, e)
+            fail(e)
         }
     }
 }
@@ -72,7 +73,7 @@ fn finish(what: &str, result: Result<(), FatalError>) -> ExitCode {
 fn finish_once(result: Result<(), FatalError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(e.failure, e),
+        Err(e) => fail(e),
     }
 }
 
@@ -100,18 +101,15 @@ fn spawn_on<T: Send + 'static>(
     let runtime = runtime(workers).map_err(runtime_failed)?;
     let task = runtime.spawn(task);
     runtime.block_on(task).unwrap_or_else(|e| {
-        Err(FatalError {
-            failure: Failure::Internal,
-            message: format!("{what} task failed: {e}"),
-        })
+        Err(FatalError::new(
+            Failure::Internal,
+            format!("{what} task failed: {e}"),
+        ))
     })
 }
 
 fn runtime_failed(e: std::io::Error) -> FatalError {
-    FatalError {
-        failure: Failure::Internal,
-        message: format!("cannot start runtime: {e}"),
-    }
+    FatalError::new(Failure::Internal, format!("cannot start runtime: {e}"))
 }
 
 /// Worker threads for `walbox run`: 2 (measured best for one relay: fewer cross-thread
@@ -128,7 +126,7 @@ fn main() -> ExitCode {
     let load = |path: Option<std::path::PathBuf>| config::load(path.as_deref());
     match cli.command {
         Command::Run { config } => match load(config) {
-            Err(e) => fail(Failure::Config, e),
+            Err(e) => fail(FatalError::of(&e)),
             Ok(config) => {
                 init_logging(config.log.format, &config.log.level);
                 // Shards relay side by side: a worker per shard, up to the machine's cores.
@@ -138,10 +136,10 @@ fn main() -> ExitCode {
             }
         },
         Command::Status { config, json } => match load(config) {
-            Err(e) => fail(Failure::Config, e),
+            Err(e) => fail(FatalError::of(&e)),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish_once(block_on(walbox::health::status::status(&config, json)))
+                finish_once(block_on(walbox::cmd::status::status(&config, json)))
             }
         },
         Command::Check { config, json } => match load(config) {
@@ -150,7 +148,7 @@ fn main() -> ExitCode {
                     let report = walbox::cmd::check::unloadable_config_json(&e.to_string());
                     println!("{report:#}");
                 }
-                fail(Failure::Config, e)
+                fail(FatalError::of(&e))
             }
             Ok(config) => {
                 init_logging(config.log.format, "warn");
@@ -159,18 +157,18 @@ fn main() -> ExitCode {
             }
         },
         Command::RecreateSlot { config, confirm_data_loss } => match load(config) {
-            _ if !confirm_data_loss => fail(
+            _ if !confirm_data_loss => fail(FatalError::new(
                 Failure::Config,
                 "recreate-slot skips every event committed while the slot was lost; pass --confirm-data-loss to proceed",
-            ),
-            Err(e) => fail(Failure::Config, e),
+            )),
+            Err(e) => fail(FatalError::of(&e)),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
-                finish_once(block_on(walbox::health::status::recreate_slot(&config)))
+                finish_once(block_on(walbox::cmd::recreate_slot::recreate_slot(&config)))
             }
         },
         Command::Reshard { config, to } => match load(config) {
-            Err(e) => fail(Failure::Config, e),
+            Err(e) => fail(FatalError::of(&e)),
             Ok(config) => {
                 init_logging(config.log.format, &config.log.level);
                 let reshard = async move {
@@ -186,7 +184,7 @@ fn main() -> ExitCode {
             time_column,
             ack_timeout,
         } => match load(config) {
-            Err(e) => fail(Failure::Config, e),
+            Err(e) => fail(FatalError::of(&e)),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
                 let window = walbox::cmd::republish::Window {
@@ -207,7 +205,7 @@ fn main() -> ExitCode {
             wait,
             json,
         } => match load(config) {
-            Err(e) => fail(Failure::Config, e),
+            Err(e) => fail(FatalError::of(&e)),
             Ok(config) => {
                 init_logging(config.log.format, "warn");
                 let window = walbox::cmd::republish::Window {
@@ -224,7 +222,7 @@ fn main() -> ExitCode {
             allow_partial,
         } => finish_once(walbox::debezium::from_debezium(&config, allow_partial)),
         Command::Inbox { config } => match walbox::inbox::load(config.as_deref()) {
-            Err(e) => fail(Failure::Config, e),
+            Err(e) => fail(FatalError::of(&e)),
             Ok(config) => {
                 init_logging(config.log.format, &config.log.level);
                 finish("walbox inbox", block_on(walbox::inbox::run(config, shutdown_signal())))
@@ -240,8 +238,8 @@ fn main() -> ExitCode {
             init_logging(LogFormat::Text, "warn");
             match runtime(2).map(|rt| rt.block_on(walbox::cmd::demo::run(aggregates, events))) {
                 Ok(Ok(())) => ExitCode::SUCCESS,
-                Ok(Err(e)) => fail(Failure::Internal, format!("{e:#}")),
-                Err(e) => fail(Failure::Internal, format!("cannot start runtime: {e}")),
+                Ok(Err(e)) => fail(FatalError::new(Failure::Internal, format!("{e:#}"))),
+                Err(e) => fail(runtime_failed(e)),
             }
         }
     }

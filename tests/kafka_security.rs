@@ -8,7 +8,8 @@
 //! broker of the real-Kafka lane (`WALBOX_TEST_KAFKA=apache`, `scripts/real-kafka.sh`), whose
 //! SCRAM user is written at format time: SCRAM-SHA-512 over TLS relays events, and a wrong
 //! SCRAM-SHA-256 password stops walbox with exit 4 without showing it. Without that broker these
-//! two tests say so and return.
+//! two tests say so and return. On the mock cluster, credentials the brokers refuse stop both
+//! halves, `walbox run` and `walbox inbox`, with exit 4.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -121,6 +122,56 @@ fn brokers_refusing_the_credentials_stop_walbox_with_exit_4_without_the_password
         env.push((k.to_owned(), v.to_owned()));
     }
     assert_refused_without_the_password(&env);
+}
+
+/// The consumer half meets the same refusal with the same verdict: exit 4, as the README's
+/// exit statuses say for credentials the brokers refused, never the Kafka client's 9.
+#[test]
+fn brokers_refusing_the_credentials_stop_walbox_inbox_with_exit_4_without_the_password() {
+    use crate::support::{self, TestDb, Walbox, WAIT};
+    let db = TestDb::new("sasl_refused_inbox");
+    let broker = support::broker();
+    if broker.mock_cluster().is_none() {
+        eprintln!("external broker: its own security settings decide; skipped");
+        return;
+    }
+    db.sql(include_str!("../migrations/inbox.sql"));
+    let env: Vec<(String, String)> = [
+        ("WALBOX_INBOX_POSTGRES_URL", db.url()),
+        ("WALBOX_INBOX_KAFKA_BROKERS", broker.bootstrap_servers()),
+        ("WALBOX_INBOX_KAFKA_GROUP_ID", db.name.clone()),
+        ("WALBOX_INBOX_KAFKA_TOPICS", db.name.clone()),
+        ("WALBOX_INBOX_HTTP_LISTEN", "off".to_owned()),
+        (
+            "WALBOX_INBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL",
+            "SASL_PLAINTEXT".to_owned(),
+        ),
+        (
+            "WALBOX_INBOX_KAFKA_PROPERTY_SASL_MECHANISMS",
+            "PLAIN".to_owned(),
+        ),
+        (
+            "WALBOX_INBOX_KAFKA_PROPERTY_SASL_USERNAME",
+            "walbox".to_owned(),
+        ),
+        (
+            "WALBOX_INBOX_KAFKA_PROPERTY_SASL_PASSWORD",
+            KAFKA_PASSWORD.to_owned(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut inbox = Walbox::spawn_subcommand("inbox", &env);
+    let status = inbox.wait_exit(WAIT);
+    let log = inbox.log();
+    assert_eq!(status.code(), Some(4), "{log}");
+    assert!(
+        inbox.last_line().contains("kafka consumer cannot continue"),
+        "{}",
+        inbox.last_line()
+    );
+    assert!(!log.contains(KAFKA_PASSWORD), "{log}");
 }
 
 /// A walbox relaying to the Apache Kafka broker's SASL listener `servers` with the SCRAM

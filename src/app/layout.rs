@@ -121,9 +121,7 @@ impl Classify for LayoutStartError {
     fn failure(&self) -> Option<Failure> {
         match self {
             LayoutStartError::Connect(e) => e.failure(),
-            LayoutStartError::Query(e) => e
-                .as_db_error()
-                .and_then(|d| Failure::from_sqlstate(d.code().code(), d.message())),
+            LayoutStartError::Query(e) => e.failure(),
             LayoutStartError::Open { error, .. } => error.failure(),
             LayoutStartError::Replication(e) => e.failure(),
             LayoutStartError::Evidence(e) => e.failure(),

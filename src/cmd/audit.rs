@@ -74,13 +74,6 @@ const POLL: Duration = Duration::from_millis(200);
 /// (its records were deleted by retention, or compacted).
 const STALL: Duration = Duration::from_secs(30);
 
-fn fatal(failure: Failure, message: impl ToString) -> FatalError {
-    FatalError {
-        failure,
-        message: message.to_string(),
-    }
-}
-
 /// One row found missing, dead-lettered or duplicated.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Finding {
@@ -138,7 +131,7 @@ pub async fn audit(
     let (expected, records_read) =
         tokio::task::spawn_blocking(move || count_records(&kafka, expected))
             .await
-            .map_err(|e| fatal(Failure::Internal, format!("audit task: {e}")))??;
+            .map_err(|e| FatalError::new(Failure::Internal, format!("audit task: {e}")))??;
     let mut report = Report {
         rows: expected.rows.len() as u64 + unmapped,
         unmapped,
@@ -184,7 +177,7 @@ pub async fn audit(
     }
     print(&report, json);
     if let Some(first) = report.missing_ids.first() {
-        return Err(fatal(
+        return Err(FatalError::new(
             Failure::Audit,
             format!(
                 "{} of {} outbox rows are not in Kafka; `walbox republish --since-id {}` produces them again (from every table)",
@@ -312,7 +305,7 @@ async fn read_rows(
         .get(0);
     let needed: Lsn = needed
         .parse()
-        .map_err(|_| fatal(Failure::Internal, format!("WAL position {needed:?}")))?;
+        .map_err(|_| FatalError::new(Failure::Internal, format!("WAL position {needed:?}")))?;
     let mut mapper = OutboxMapper::new(&config.outbox);
     let mut expected = Expected::default();
     let mut unmapped = 0u64;
@@ -404,7 +397,8 @@ fn count_records(
     kafka: &crate::config::KafkaConfig,
     mut expected: Expected,
 ) -> Result<(Expected, u64), FatalError> {
-    let kafka_err = |e: rdkafka::error::KafkaError| fatal(Failure::Kafka, format!("kafka: {e}"));
+    let kafka_err =
+        |e: rdkafka::error::KafkaError| FatalError::new(Failure::Kafka, format!("kafka: {e}"));
     let mut cc = ClientConfig::new();
     for (k, v) in &kafka.properties {
         cc.set(k, v);

@@ -30,13 +30,13 @@ pub async fn check(config: &Config, json: bool) -> Result<(), FatalError> {
     if report.passed() {
         Ok(())
     } else {
-        Err(FatalError {
-            failure: Failure::Preflight,
-            message: format!(
+        Err(FatalError::new(
+            Failure::Preflight,
+            format!(
                 "{} of {} checks failed",
                 report.count(Status::Fail),
                 report.checks.len()
             ),
-        })
+        ))
     }
 }

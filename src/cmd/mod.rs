@@ -6,6 +6,8 @@
 //! republish.rs   walbox republish: rows still in the outbox → Kafka, with the relay's mapping
 //! audit.rs       walbox audit: outbox rows against what Kafka holds
 //! reshard.rs     walbox reshard: a new shard layout without reordering an aggregate
+//! status.rs      walbox status: the slot's health, alert level and catch-up estimate
+//! recreate_slot.rs  walbox recreate-slot: a lost slot replaced, with the window to republish
 //! demo.rs        walbox demo (sandbox feature)
 //! ```
 //!
@@ -19,5 +21,7 @@ pub mod audit;
 pub mod check;
 #[cfg(feature = "sandbox")]
 pub mod demo;
+pub mod recreate_slot;
 pub mod republish;
 pub mod reshard;
+pub mod status;

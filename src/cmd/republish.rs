@@ -33,11 +33,11 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::GenericClient;
 
 use crate::config::{Config, Route, RouteSource};
-use crate::failure::{Failure, FatalError};
+use crate::failure::{kafka_error, Class, Classify, Failure, FatalError};
 use crate::lsn::Lsn;
 use crate::outbox::{dead_letter, EventPosition, OutboxError, OutboxMapper, Rejected};
 use crate::pg::control::{connect_control, error_chain};
-use crate::sink::kafka::{classify, Ack, AckQueue, KafkaSink, Severity, SinkError};
+use crate::sink::kafka::{Ack, AckQueue, KafkaSink, SinkError};
 use crate::sink::topics::Topics;
 use crate::source::pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
 use crate::timestamp::pg_now_micros;
@@ -58,13 +58,6 @@ pub struct Window {
 /// up with exit status 9, unless `--ack-timeout` says otherwise.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(40);
 
-fn fatal(failure: Failure, message: impl ToString) -> FatalError {
-    FatalError {
-        failure,
-        message: message.to_string(),
-    }
-}
-
 fn lit(s: &str) -> String {
     postgres_protocol::escape::escape_literal(s)
 }
@@ -73,11 +66,8 @@ fn lit(s: &str) -> String {
 /// classified by its SQLSTATE; a cause that may pass (server restarting, network) is
 /// [`Failure::Unavailable`].
 pub(crate) fn refused(what: &str, e: &tokio_postgres::Error) -> FatalError {
-    let failure = e
-        .as_db_error()
-        .and_then(|db| Failure::from_sqlstate(db.code().code(), db.message()))
-        .unwrap_or(Failure::Unavailable);
-    fatal(failure, format!("{what}: {}", error_chain(e)))
+    let failure = e.failure().unwrap_or(Failure::Unavailable);
+    FatalError::new(failure, format!("{what}: {}", error_chain(e)))
 }
 
 /// The error of a window argument the server refused to read: exit status 3 naming `arg`, with
@@ -89,7 +79,7 @@ fn bad_argument(arg: &str, hint: &str, e: &tokio_postgres::Error) -> FatalError 
             if db.code().code().starts_with("22")
                 || matches!(db.code().code(), "42804" | "42883") =>
         {
-            fatal(Failure::Config, format!("{arg}: {}{hint}", db.message()))
+            FatalError::new(Failure::Config, format!("{arg}: {}{hint}", db.message()))
         }
         _ => refused(&format!("checking {arg}"), e),
     }
@@ -105,7 +95,7 @@ pub async fn republish(
     ack_timeout: Duration,
 ) -> Result<u64, FatalError> {
     if window.since_id.is_none() && window.since.is_none() {
-        return Err(fatal(
+        return Err(FatalError::new(
             Failure::Config,
             "republish needs a window: --since-id N and/or --since TIME",
         ));
@@ -126,9 +116,9 @@ pub async fn republish(
     }
     let acks = Arc::new(AckQueue::default());
     let sink = KafkaSink::new(&config.kafka, acks.clone())
-        .map_err(|e| fatal(Failure::Kafka, e.to_string()))?;
+        .map_err(|e| FatalError::new(Failure::Kafka, e.to_string()))?;
     let mut topics = Topics::new(&config.kafka)
-        .map_err(|e| fatal(Failure::Kafka, format!("kafka admin client: {e}")))?;
+        .map_err(|e| FatalError::new(Failure::Kafka, format!("kafka admin client: {e}")))?;
     let mut mapper = OutboxMapper::new(&config.outbox);
     let mut total = 0;
     for (route_index, route, relation, sql) in plans {
@@ -163,10 +153,10 @@ pub async fn republish(
                 Err(OutboxError::InvalidEvent(inv)) => {
                     match dead_letter(&route.on_invalid, inv.rejected(), &inv.reason) {
                         Some(letter) => letter,
-                        None => return Err(fatal(Failure::EventRejected, inv)),
+                        None => return Err(FatalError::new(Failure::EventRejected, inv)),
                     }
                 }
-                Err(e) => return Err(fatal(Failure::Internal, e)),
+                Err(e) => return Err(FatalError::new(Failure::Internal, e)),
             };
             if let Err(e) = topics.ensure(&sink, &event.topic).await {
                 let id = String::from_utf8_lossy(&event.id).into_owned();
@@ -177,7 +167,7 @@ pub async fn republish(
                 );
                 match letter {
                     Some(letter) => event = letter,
-                    None => return Err(fatal(Failure::EventRejected, e)),
+                    None => return Err(FatalError::new(Failure::EventRejected, e)),
                 }
             }
             batch.send(&event, route_index).await?;
@@ -234,7 +224,7 @@ pub(crate) async fn describe(
         .await
         .map_err(|e| refused(&format!("outbox table {schema}.{table}"), &e))?;
     let id: u32 = rows.first().map(|r| r.get(0)).ok_or_else(|| {
-        fatal(
+        FatalError::new(
             Failure::Schema,
             format!("outbox table {schema}.{table} has no columns"),
         )
@@ -265,7 +255,7 @@ fn time_column<'a>(route: &'a Route, window: &'a Window) -> Result<&'a str, Fata
         .as_deref()
         .or(route.columns.timestamp.as_deref())
         .ok_or_else(|| {
-            fatal(
+            FatalError::new(
                 Failure::Config,
                 "--since needs the column holding each row's insert time: pass --time-column <column> (or set outbox.columns.timestamp)",
             )
@@ -340,7 +330,7 @@ pub(crate) fn select(
     if let Some(since) = &window.since {
         let column = time_column(route, window)?;
         if !has(column) {
-            return Err(fatal(
+            return Err(FatalError::new(
                 Failure::Schema,
                 format!(
                     "outbox table {} has no column {column:?} (--time-column)",
@@ -357,7 +347,7 @@ pub(crate) fn select(
     }
     if let Some(since_id) = &window.since_id {
         let Some(i) = position(id) else {
-            return Err(fatal(
+            return Err(FatalError::new(
                 Failure::Schema,
                 format!("outbox table {} has no id column {id:?}", route.name),
             ));
@@ -415,7 +405,7 @@ impl Batch<'_> {
                 Ok(()) => break,
                 Err(SinkError::QueueFull) => self.wait().await?,
                 Err(e) => {
-                    return Err(fatal(
+                    return Err(FatalError::new(
                         Failure::EventRejected,
                         format!(
                             "cannot republish event {} to topic {:?}: {e}",
@@ -435,7 +425,7 @@ impl Batch<'_> {
             .await
             .is_err()
         {
-            return Err(fatal(
+            return Err(FatalError::new(
                 Failure::Kafka,
                 format!(
                     "no broker acknowledged a republished record for {:?} ({} acknowledged, {} \
@@ -451,12 +441,13 @@ impl Batch<'_> {
             match ack.result {
                 Ok(()) => self.acked += 1,
                 Err(e) => {
-                    let failure = match classify(&e) {
-                        Severity::RecordRejected => Failure::EventRejected,
-                        _ => Failure::Kafka,
+                    let failure = match kafka_error(&e) {
+                        Class::Rejected => Failure::EventRejected,
+                        Class::Fatal(f) => f,
+                        Class::Transient | Class::Effect => Failure::Kafka,
                     };
                     let id = ack.failed.map(|f| f.id).unwrap_or_default();
-                    return Err(fatal(
+                    return Err(FatalError::new(
                         failure,
                         format!("kafka failed to deliver republished event {id}: {e}"),
                     ));

@@ -121,9 +121,7 @@ impl Classify for ReshardError {
     fn failure(&self) -> Option<Failure> {
         match self {
             ReshardError::Connect(e) => e.failure(),
-            ReshardError::Query(e) => e
-                .as_db_error()
-                .and_then(|d| Failure::from_sqlstate(d.code().code(), d.message())),
+            ReshardError::Query(e) => e.failure(),
             ReshardError::Catalog(e) => e.failure(),
             ReshardError::Target | ReshardError::Standby | ReshardError::Unfinished { .. } => {
                 Some(Failure::Config)

@@ -37,6 +37,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::target::{pair_ports, SessionAttrs};
+use crate::failure::{Classify, Failure};
 
 /// Default Unix socket directory of Debian's PostgreSQL packages, used when no host is given and it
 /// exists.
@@ -171,6 +172,13 @@ pub enum ConnInfoError {
     /// No user name was given and `$USER` is not set.
     #[error("no user name in the connection string and $USER is not set")]
     MissingUser,
+}
+
+impl Classify for ConnInfoError {
+    /// Exit 3: the connection string is part of the configuration.
+    fn failure(&self) -> Option<Failure> {
+        Some(Failure::Config)
+    }
 }
 
 /// One parameter as written in the input.

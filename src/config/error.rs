@@ -8,6 +8,8 @@
 
 use std::path::PathBuf;
 
+use crate::failure::{Classify, Failure};
+
 /// Why a configuration could not be loaded; each message is one actionable line.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -50,6 +52,13 @@ pub enum ConfigError {
     /// A value is out of range or inconsistent.
     #[error("invalid configuration: {0}")]
     Invalid(String),
+}
+
+impl Classify for ConfigError {
+    /// Always exit 3: a configuration does not get better by retrying.
+    fn failure(&self) -> Option<Failure> {
+        Some(Failure::Config)
+    }
 }
 
 /// Joins a multi-line (toml/serde) error message into one line.

@@ -146,14 +146,14 @@ pub fn from_debezium(path: &Path, allow_partial: bool) -> Result<(), FatalError>
         eprintln!("walbox: cannot honour {}: {}", u.key, u.reason);
     }
     if !rendered.unhonoured.is_empty() && !allow_partial {
-        return Err(FatalError {
-            failure: Failure::Config,
-            message: format!(
+        return Err(FatalError::new(
+            Failure::Config,
+            format!(
                 "{} setting(s) of the connector cannot be honoured (listed above); change them, \
                  or pass --allow-partial to print the configuration without them",
                 rendered.unhonoured.len()
             ),
-        });
+        ));
     }
     print!("{}", rendered.toml);
     Ok(())

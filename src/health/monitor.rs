@@ -367,13 +367,13 @@ impl Monitor {
                 .and_then(|h| h.confirmed_flush_lsn)
                 .map(|l| l.to_string())
                 .unwrap_or_else(|| "unknown".into());
-            self.fatal.raise(FatalError {
-                failure: Failure::SlotLost,
-                message: format!(
+            self.fatal.raise(FatalError::new(
+                Failure::SlotLost,
+                format!(
                     "replication slot {slot_name:?} is lost ({}); last confirmed position {confirmed}: events committed after it may never be relayed. See the runbook \"Slot lost\" in docs/operations.md; recreate the slot only with `walbox recreate-slot`",
                     assessment.reason
                 ),
-            });
+            ));
         }
         Some(assessment.level)
     }

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use crate::backoff::Backoff;
 use crate::config::secret::Secret;
 use crate::config::AlertsConfig;
+use crate::failure::{Classify, Failure};
 
 /// Why one delivery attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,21 @@ pub enum WebhookError {
     /// The attempt timed out.
     #[error("webhook timed out")]
     Timeout,
+}
+
+impl Classify for WebhookError {
+    /// An unusable URL is the configuration's (exit 3); a receiver that fails or answers
+    /// non-2xx is retried, and never stops walbox.
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            WebhookError::Url(_) => Some(Failure::Config),
+            WebhookError::Io(_)
+            | WebhookError::Tls(_)
+            | WebhookError::Http(_)
+            | WebhookError::Status(_)
+            | WebhookError::Timeout => None,
+        }
+    }
 }
 
 /// A parsed webhook URL.

@@ -46,13 +46,13 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Headers, Message};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::failure::{Failure, FatalError};
+use crate::failure::{kafka_error, Class, FatalError};
 
 use super::config::InboxKafka;
 use super::effect::Record;
@@ -513,25 +513,6 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("partition.assignment.strategy", "cooperative-sticky"),
 ];
 
-/// Consumer errors that stop walbox.
-fn fatal_consumer_error(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    let code = match e {
-        KafkaError::MessageConsumption(c) | KafkaError::Global(c) => *c,
-        _ => return false,
-    };
-    matches!(
-        code,
-        C::GroupAuthorizationFailed
-            | C::TopicAuthorizationFailed
-            | C::ClusterAuthorizationFailed
-            | C::SaslAuthenticationFailed
-            | C::Authentication
-            | C::FencedInstanceId
-            | C::Fatal
-    )
-}
-
 /// The consumer's polling thread.
 pub struct ConsumerLoop {
     consumer: BaseConsumer<Ctx>,
@@ -601,18 +582,20 @@ impl ConsumerLoop {
                     drop(m);
                     self.shared.dispatch(&self.consumer, record);
                 }
-                Some(Err(e)) if fatal_consumer_error(&e) => {
-                    let _ = fatal.send(FatalError {
-                        failure: Failure::Kafka,
-                        message: if self.static_member {
+                // What stops the relay's producer stops the consumer: refused credentials (4),
+                // refused rights or librdkafka's fatal error (9).
+                Some(Err(e)) => match kafka_error(&e) {
+                    Class::Fatal(failure) => {
+                        let message = if self.static_member {
                             format!("kafka consumer cannot continue: {e} (with kafka.group_instance_id set, a second member with the same id fences this one: give each walbox inbox its own)")
                         } else {
                             format!("kafka consumer cannot continue: {e}")
-                        },
-                    });
-                    break;
-                }
-                Some(Err(e)) => tracing::warn!(error = %e, "kafka consumer error"),
+                        };
+                        let _ = fatal.send(FatalError::new(failure, message));
+                        break;
+                    }
+                    _ => tracing::warn!(error = %e, "kafka consumer error"),
+                },
                 None => {}
             }
             if last_commit.elapsed() >= self.commit_interval {

@@ -50,12 +50,12 @@ use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 
 use crate::backoff::Backoff;
-use crate::failure::{Failure, FatalError};
+use crate::failure::{Class, Failure, FatalError};
 
 use self::config::{Guard, InboxConfig};
 use self::consumer::ConsumerLoop;
 use self::metrics::InboxMetrics;
-use self::store::{ErrorClass, Pool, Statements};
+use self::store::{Pool, Statements};
 use self::worker::WorkerEnv;
 use crate::metrics::{self as endpoints, Health};
 
@@ -79,13 +79,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), FatalError> {
     run_with(config, shutdown, Handles::default()).await
-}
-
-fn fatal(failure: Failure, message: impl Into<String>) -> FatalError {
-    FatalError {
-        failure,
-        message: message.into(),
-    }
 }
 
 /// [`run`] with caller-provided metrics and health.
@@ -112,7 +105,7 @@ async fn run_inner(
         let (local, server) = endpoints::bind(addr, metrics.clone(), health.clone())
             .await
             .map_err(|e| {
-                fatal(
+                FatalError::new(
                     Failure::Config,
                     format!("cannot listen on http.listen {addr}: {e}"),
                 )
@@ -139,7 +132,7 @@ async fn run_inner(
         match statements.connect().await {
             Ok(c) => break c,
             Err(e) => match e.class() {
-                ErrorClass::Transient => {
+                Class::Transient => {
                     let delay = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?delay, "cannot reach PostgreSQL yet");
                     tokio::select! {
@@ -147,13 +140,11 @@ async fn run_inner(
                         _ = stop_rx.wait_for(|s| *s) => return Ok(()),
                     }
                 }
-                // Preparing checks names and privileges: whatever fails now is the schema's.
-                ErrorClass::Fatal(_) | ErrorClass::Effect | ErrorClass::Invalid => {
-                    let failure = match e.class() {
-                        ErrorClass::Fatal(f) => f,
-                        _ => Failure::Schema,
-                    };
-                    return Err(fatal(
+                // Preparing checks names and privileges: no record is involved, so what would
+                // be a record's error is the schema's.
+                class @ (Class::Fatal(_) | Class::Effect | Class::Rejected) => {
+                    let failure = class.fatal().unwrap_or(Failure::Schema);
+                    return Err(FatalError::new(
                         failure,
                         match e {
                             store::StoreError::Effect(_) => {
@@ -194,9 +185,9 @@ async fn run_inner(
                 .set("enable.idempotence", "true")
                 .set("acks", "all")
                 .set("client.id", "walbox-inbox-dlq");
-            let producer: FutureProducer = cc
-                .create()
-                .map_err(|e| fatal(Failure::Kafka, format!("dead-letter producer: {e}")))?;
+            let producer: FutureProducer = cc.create().map_err(|e| {
+                FatalError::of_or(&e, Failure::Kafka).prefixed("dead-letter producer")
+            })?;
             Some(producer)
         }
         false => None,
@@ -216,7 +207,7 @@ async fn run_inner(
         metrics.clone(),
         tokio::runtime::Handle::current(),
     )
-    .map_err(|e| fatal(Failure::Kafka, format!("kafka consumer: {e}")))?;
+    .map_err(|e| FatalError::of_or(&e, Failure::Kafka).prefixed("kafka consumer"))?;
     tracing::info!(
         group = %config.kafka.group_id,
         topics = ?config.kafka.topics,
@@ -243,7 +234,10 @@ async fn run_inner(
     };
     stop.store(true, Ordering::Release);
     if poller.await.is_err() {
-        return Err(fatal(Failure::Internal, "the consumer thread panicked"));
+        return Err(FatalError::new(
+            Failure::Internal,
+            "the consumer thread panicked",
+        ));
     }
     // A fatal error reported while stopping still wins over a clean shutdown.
     match (outcome, fatal_rx.try_recv()) {
@@ -262,7 +256,7 @@ async fn check_retention(config: &InboxConfig) -> Result<(), FatalError> {
     }
     let refuse = |message: String| -> Result<(), FatalError> {
         match r.guard {
-            Guard::Refuse => Err(fatal(Failure::Retention, message)),
+            Guard::Refuse => Err(FatalError::new(Failure::Retention, message)),
             _ => {
                 tracing::warn!("{message}");
                 Ok(())

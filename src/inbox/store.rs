@@ -22,13 +22,11 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
 use crate::config::conninfo::ConnInfo;
-use crate::failure::Classify;
-use crate::failure::Failure;
+use crate::failure::{self, Class, Classify, Failure};
 use crate::pg::control::{connect_control, ConnectError};
 use postgres_protocol::escape::escape_identifier as quote_ident;
 
@@ -54,29 +52,6 @@ pub enum StoreError {
     Invalid(#[from] InvalidRecord),
 }
 
-/// How the caller treats a [`StoreError`]: whose fault it is, the record's or the database's.
-///
-/// | SQLSTATE | class | whose | what happens |
-/// |---|---|---|---|
-/// | `08…` connection, `53…` resources, `57P…` shutdown/restart, `58…` system, `XX…` internal, `40001`, `40P01`, `55P03` | [`ErrorClass::Transient`] | the database's | retried with backoff, indefinitely, not counted against `effect.retries` |
-/// | `42…` missing object, syntax, `42501` privilege, `28…`, `3D000`, `0A000`, `55000` (what [`Failure::from_sqlstate`] calls fatal) | [`ErrorClass::Fatal`] | the database's | walbox stops (exit 5 or 4), the offset uncommitted; at start-up and at run time alike |
-/// | any other: `22…` data, `23…` constraint, `P0001` raised exception, user-defined codes | [`ErrorClass::Effect`] | the record's | counted retries, then `effect.on_error` |
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// The database cannot process records now (connection lost, server restarting, out of
-    /// resources, serialization failure, deadlock): retry without counting against the effect's
-    /// retries.
-    Transient,
-    /// The effect (or, in the stored form, the record's values) failed because of the record:
-    /// counted retries, then `effect.on_error`.
-    Effect,
-    /// The record can never be processed: `effect.on_invalid`.
-    Invalid,
-    /// walbox cannot go on (a missing object, a privilege, authentication): never the record's
-    /// fault, so never dead-lettered.
-    Fatal(Failure),
-}
-
 fn pg_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
@@ -84,56 +59,47 @@ fn pg_message(e: &tokio_postgres::Error) -> String {
     }
 }
 
-fn transient_sqlstate(code: &SqlState) -> bool {
-    let c = code.code();
-    c.starts_with("08")
-        || c.starts_with("53")
-        || c.starts_with("57P")
-        || c.starts_with("58")
-        || c.starts_with("XX")
-        || *code == SqlState::T_R_SERIALIZATION_FAILURE
-        || *code == SqlState::T_R_DEADLOCK_DETECTED
-        || *code == SqlState::LOCK_NOT_AVAILABLE
-}
-
-/// The class of a statement's error (see [`ErrorClass`]): transient, then what walbox's one
-/// fatal classification ([`Failure::from_sqlstate`]) calls a schema or authentication failure,
-/// else the record's. Its replication-only failures (slot in use, slot lost) mean nothing
-/// here: the database's, retried.
-fn sqlstate_class(e: &tokio_postgres::Error) -> ErrorClass {
-    match e.code() {
-        Some(code) => code_class(code, e.as_db_error().map_or("", |d| d.message())),
+/// The class of a statement's error: walbox's one classification ([`failure::sqlstate`]), in
+/// which the replication-only failures (slot in use, slot lost) mean nothing here: the
+/// database's trouble, retried.
+fn statement_class(e: &tokio_postgres::Error) -> Class {
+    match e.as_db_error() {
+        Some(db) => code_class(db.code().code(), db.message()),
         // No SQLSTATE: the connection failed.
-        None => ErrorClass::Transient,
+        None => Class::Transient,
     }
 }
 
-fn code_class(code: &SqlState, message: &str) -> ErrorClass {
-    if transient_sqlstate(code) {
-        return ErrorClass::Transient;
-    }
-    match Failure::from_sqlstate(code.code(), message) {
-        Some(f @ (Failure::Schema | Failure::Auth)) => ErrorClass::Fatal(f),
-        Some(_) => ErrorClass::Transient,
-        None => ErrorClass::Effect,
+fn code_class(code: &str, message: &str) -> Class {
+    match failure::sqlstate(code, message) {
+        Class::Fatal(Failure::SlotInUse | Failure::SlotLost) => Class::Transient,
+        class => class,
     }
 }
 
+/// How the caller treats a [`StoreError`]: whose fault it is, the record's or the database's.
+///
+/// | error | class | whose | what happens |
+/// |---|---|---|---|
+/// | a transient SQLSTATE (`08…` connection, `53…` resources, `57P…` shutdown/restart, `58…` system, `XX…` internal, `40001`, `40P01`, `55P03`), no SQLSTATE, or a slot failure | [`Class::Transient`] | the database's | retried with backoff, indefinitely, not counted against `effect.retries` |
+/// | `42…` missing object, syntax, `42501` privilege, `28…`, `3D000`, `0A000`, `55000`; a connection refused for good | [`Class::Fatal`] | the database's | walbox stops (exit 5 or 4), the offset uncommitted; at start-up and at run time alike |
+/// | any other SQLSTATE: `22…` data, `23…` constraint, `P0001` raised exception, user-defined codes | [`Class::Effect`] | the record's | counted retries, then `effect.on_error` |
+/// | [`StoreError::Invalid`] | [`Class::Rejected`] | the record's | `effect.on_invalid` |
 impl StoreError {
-    /// Classifies the error.
-    pub fn class(&self) -> ErrorClass {
+    /// Classifies the error (see the table above).
+    pub fn class(&self) -> Class {
         match self {
-            StoreError::Invalid(_) => ErrorClass::Invalid,
+            StoreError::Invalid(_) => Class::Rejected,
             // The relay's classification: an interrupted TLS handshake or a network outage is
             // transient, never an authentication failure.
             StoreError::Connect(e) => match e.failure() {
-                Some(f) => ErrorClass::Fatal(f),
-                None => ErrorClass::Transient,
+                Some(f) => Class::Fatal(f),
+                None => Class::Transient,
             },
             // Data errors (a stored payload that is not JSON, a failing effect) are the
             // record's; a renamed table or a revoked privilege is not, whichever statement
             // meets it.
-            StoreError::Inbox(e) | StoreError::Effect(e) => sqlstate_class(e),
+            StoreError::Inbox(e) | StoreError::Effect(e) => statement_class(e),
         }
     }
 
@@ -143,6 +109,18 @@ impl StoreError {
             StoreError::Inbox(e) | StoreError::Effect(e) => e.is_closed() || e.code().is_none(),
             StoreError::Connect(_) => true,
             StoreError::Invalid(_) => false,
+        }
+    }
+}
+
+impl Classify for StoreError {
+    /// The exit status when this error stops the inbox: the database's failure, or, for the
+    /// record's error under `fail`, [`Failure::InboxRecord`].
+    fn failure(&self) -> Option<Failure> {
+        match self.class() {
+            Class::Fatal(f) => Some(f),
+            Class::Rejected | Class::Effect => Some(Failure::InboxRecord),
+            Class::Transient => None,
         }
     }
 }
@@ -550,8 +528,8 @@ async fn rollback(client: &Client) -> Result<(), StoreError> {
 mod tests {
     use super::*;
 
-    fn class(code: &str) -> ErrorClass {
-        code_class(&SqlState::from_code(code), "")
+    fn class(code: &str) -> Class {
+        code_class(code, "")
     }
 
     #[test]
@@ -560,21 +538,21 @@ mod tests {
         for code in [
             "22P02", "22003", "23505", "23503", "P0001", "P0004", "U0001",
         ] {
-            assert_eq!(class(code), ErrorClass::Effect, "{code}");
+            assert_eq!(class(code), Class::Effect, "{code}");
         }
         // The database's, fatal: a renamed table or function, a revoked privilege.
         for code in ["42P01", "42883", "42703", "3D000", "3F000", "0A000"] {
-            assert_eq!(class(code), ErrorClass::Fatal(Failure::Schema), "{code}");
+            assert_eq!(class(code), Class::Fatal(Failure::Schema), "{code}");
         }
         for code in ["42501", "28P01"] {
-            assert_eq!(class(code), ErrorClass::Fatal(Failure::Auth), "{code}");
+            assert_eq!(class(code), Class::Fatal(Failure::Auth), "{code}");
         }
         // The database's, retried: connections, resources, restarts, I/O, conflicts.
         for code in [
             "08006", "53300", "53100", "57P01", "58030", "XX000", "40001", "40P01", "55P03",
-            "55006",
+            "55006", "58P01",
         ] {
-            assert_eq!(class(code), ErrorClass::Transient, "{code}");
+            assert_eq!(class(code), Class::Transient, "{code}");
         }
     }
 }

@@ -13,7 +13,7 @@
 //!   follows `effect.on_error`; the records after it go on in batches. When the transaction
 //!   fails without naming a record (a stored payload that is not JSON), the batch is applied
 //!   record by record, so the same holds.
-//! - Only the record's errors ([`ErrorClass::Effect`]: data, constraints, raised exceptions)
+//! - Only the record's errors ([`Class::Effect`]: data, constraints, raised exceptions)
 //!   are counted against `effect.retries` and reach `effect.on_error`; the database's (a missing
 //!   object or privilege: fatal; a lost connection, resources, conflicts: retried with backoff,
 //!   indefinitely) never dead-letter a record.
@@ -34,12 +34,12 @@ use tokio::sync::{mpsc, watch};
 
 use crate::backoff::Backoff;
 use crate::dead_letter::{self, ConsumedAt, Policy};
-use crate::failure::{Failure, FatalError};
+use crate::failure::{kafka_error, Class, Failure, FatalError};
 
 use super::config::EffectConfig;
 use super::effect::Record;
 use super::metrics::InboxMetrics;
-use super::store::{BatchError, ErrorClass, Outcome, Pool, Prepared, StoreError};
+use super::store::{BatchError, Outcome, Pool, Prepared, StoreError};
 use crate::fault::crash_point;
 
 /// The next offset to commit for one partition (`-1`: nothing processed yet).
@@ -256,7 +256,7 @@ async fn apply(
         };
         let head = describe(&chunk[0].record);
         match err.error.class() {
-            ErrorClass::Transient => {
+            Class::Transient => {
                 env.metrics.database_errors.inc();
                 let delay = backoff.next_delay();
                 tracing::warn!(record = %head, records = chunk.len(), error = %err.error, retry_in = ?delay, "postgres cannot process records now (not the records' fault, not counted against effect.retries); retrying");
@@ -264,17 +264,17 @@ async fn apply(
                     return false;
                 }
             }
-            ErrorClass::Fatal(failure) => {
-                let _ = env.fatal.send(FatalError {
+            Class::Fatal(failure) => {
+                let _ = env.fatal.send(FatalError::new(
                     failure,
-                    message: format!(
+                    format!(
                         "processing {head}: {}; the database's error, not the record's: nothing was dead-lettered and the offset is not committed; fix it (a renamed or dropped table or function, a privilege, the credentials), then restart",
                         err.error
                     ),
-                });
+                ));
                 return false;
             }
-            ErrorClass::Effect | ErrorClass::Invalid => {
+            Class::Effect | Class::Rejected => {
                 let at = match err.at {
                     Some(k) => start + k,
                     None if chunk.len() == 1 => start,
@@ -346,13 +346,13 @@ async fn give_up(
     let (topic, producer) = match (policy, &env.dead_letter) {
         (Policy::DeadLetter(topic), Some(producer)) => (topic, producer),
         _ => {
-            let _ = env.fatal.send(FatalError {
-                failure: Failure::InboxRecord,
-                message: format!(
+            let _ = env.fatal.send(FatalError::new(
+                Failure::InboxRecord,
+                format!(
                     "record {} cannot be processed: {reason}; its offset is not committed (fix the cause and restart, or set a dead_letter policy)",
                     describe(record)
                 ),
-            });
+            ));
             return false;
         }
     };
@@ -383,6 +383,18 @@ async fn give_up(
                 return true;
             }
             Err((e, _)) => {
+                // Brokers that refuse walbox's credentials or rights never take it: stop, as
+                // the consumer does.
+                if let Class::Fatal(failure) = kafka_error(&e) {
+                    let _ = env.fatal.send(FatalError::new(
+                        failure,
+                        format!(
+                            "cannot produce record {} to the dead-letter topic {topic:?}: {e}; its offset is not committed",
+                            describe(record)
+                        ),
+                    ));
+                    return false;
+                }
                 let delay = backoff.next_delay();
                 tracing::warn!(record = %describe(record), error = %e, retry_in = ?delay, "cannot produce to the dead-letter topic; retrying");
                 if !pause(delay, cancel).await {

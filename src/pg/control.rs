@@ -35,7 +35,7 @@ impl Classify for ConnectError {
             e if e.certificate_rejected() => Some(Failure::Auth),
             e => e
                 .sqlstate()
-                .and_then(|c| Failure::from_sqlstate(c, &e.to_string())),
+                .and_then(|c| crate::failure::sqlstate(c, &e.to_string()).fatal()),
         }
     }
 }

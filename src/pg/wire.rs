@@ -142,7 +142,7 @@ pub enum WireError {
 impl Classify for WireError {
     fn failure(&self) -> Option<Failure> {
         match self {
-            WireError::Server(e) => Failure::from_sqlstate(&e.code, &self.to_string()),
+            WireError::Server(e) => crate::failure::sqlstate(&e.code, &self.to_string()).fatal(),
             WireError::Protocol(_) => Some(Failure::Internal),
             WireError::Io(_) | WireError::ConnectionClosed => None,
         }

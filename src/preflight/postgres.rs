@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 
 use crate::config::conninfo::ConnInfo;
 use crate::config::{Config, OnSlotBusy, PostgresConfig};
+use crate::failure::{self, Class, Failure};
 use crate::pg::control::{connect_control, ConnectError};
 use crate::preflight::tables::{
     creation_rights, mapping_check, publication_check, qualified, retention_check, retention_name,
@@ -544,7 +545,8 @@ async fn replication_check(config: &Config) -> Check {
                     "add to pg_hba.conf: host replication {} <walbox's address> scram-sha-256; then SELECT pg_reload_conf();",
                     conn.user
                 ),
-                Some(c) if c.starts_with("28") || c == "42501" => {
+                // Refused credentials or a privilege: what the relay exits 4 for.
+                Some(c) if failure::sqlstate(c, "") == Class::Fatal(Failure::Auth) => {
                     format!("ALTER ROLE {} REPLICATION;", quote_ident(&conn.user))
                 }
                 _ => "check the server's log for this error".to_owned(),

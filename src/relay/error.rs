@@ -6,7 +6,7 @@
 
 use rdkafka::error::KafkaError;
 
-use crate::failure::{Classify, Failure};
+use crate::failure::{kafka_error, Classify, Failure};
 use crate::lsn::Lsn;
 use crate::outbox::{OutboxError, OutboxEvent};
 use crate::sink::kafka::SinkError;
@@ -162,7 +162,8 @@ impl Classify for RelayError {
             RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
             RelayError::Protocol(_) => Some(Failure::Internal),
-            RelayError::Producer(e) => Some(producer_failure(e)),
+            // Exit 4 for credentials the brokers refused; whatever else stopped the producer, 9.
+            RelayError::Producer(e) => Some(kafka_error(e).fatal().unwrap_or(Failure::Kafka)),
             RelayError::Transaction(e) => e.failure(),
             RelayError::SlotGone { .. } | RelayError::SlotLost { .. } => Some(Failure::SlotLost),
             RelayError::Undecodable { .. } => Some(Failure::EventRejected),
@@ -334,15 +335,6 @@ pub(super) fn send_failure(event: &OutboxEvent, source: SinkError) -> RelayError
         topic: event.topic.to_string(),
         source,
     }))
-}
-
-/// Exit status 4 for credentials the brokers refused, 9 for the rest.
-fn producer_failure(e: &KafkaError) -> Failure {
-    use rdkafka::types::RDKafkaErrorCode as C;
-    match e.rdkafka_error_code() {
-        Some(C::Authentication | C::SaslAuthenticationFailed) => Failure::Auth,
-        _ => Failure::Kafka,
-    }
 }
 
 #[cfg(test)]

@@ -333,7 +333,7 @@ impl Relay {
         } else {
             e.to_string()
         };
-        Ok(FatalError { failure, message })
+        Ok(FatalError::new(failure, message))
     }
 
     /// The error for a producer that cannot continue: fenced by a newer walbox in exactly-once
@@ -380,7 +380,8 @@ impl Relay {
     /// command's time column, each read on a connection of its own (the session's failed).
     async fn slot_lost(&self, slot: String, confirmed: Lsn, cause: String) -> RelayError {
         let pg = &self.settings.postgres;
-        let record = health::status::last_progress(&pg.conn, &pg.slot, &self.settings.kafka).await;
+        let record =
+            health::evidence::last_progress(&pg.conn, &pg.slot, &self.settings.kafka).await;
         let time_column = match connect_control(&pg.conn).await {
             Ok(client) => catalog::time_column(&client, &self.settings.outbox)
                 .await

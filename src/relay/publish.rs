@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use super::error::{send_failure, RelayError};
 use super::{Relay, Session};
+use crate::failure::{kafka_error, Class};
 use crate::fault::crash_point;
 use crate::outbox::{self, EventPosition, OutboxError, OutboxEvent, Rejected};
-use crate::sink::kafka::{classify, FailedRecord, Severity, SinkError};
+use crate::sink::kafka::{FailedRecord, SinkError};
 use crate::timestamp::pg_now_micros;
 
 impl Relay {
@@ -107,7 +108,7 @@ impl Relay {
                     // The queue holds records of earlier events: let deliveries drain it.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err(SinkError::Send(e)) if classify(&e) == Severity::RecordRejected => {
+                Err(SinkError::Send(e)) if kafka_error(&e) == Class::Rejected => {
                     let id = String::from_utf8_lossy(&event.id);
                     let reason =
                         format!("kafka refused the record for topic {:?}: {e}", event.topic);

@@ -10,12 +10,13 @@ use super::error::{DeliveryFailure, RelayError};
 use super::kafka_txn::commit_returned;
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
 use crate::config::OnChange;
+use crate::failure::{kafka_error, Class};
 use crate::fault::crash_point;
 use crate::health::monitor::HEARTBEAT_PREFIX;
 use crate::lsn::Lsn;
 use crate::outbox::EventPosition;
 use crate::shard::RESHARD_PREFIX;
-use crate::sink::kafka::{classify, Ack, Severity, PROGRESS_ROUTE};
+use crate::sink::kafka::{Ack, PROGRESS_ROUTE};
 use crate::source::pgoutput::LogicalMessage;
 use crate::source::replication::{ReplicationError, ReplicationMessage, StandbyStatus};
 use crate::timestamp::pg_now_micros;
@@ -205,7 +206,7 @@ impl Relay {
             Err(error) => {
                 self.metrics.delivery_errors.inc();
                 let failed = ack.failed.unwrap_or_default();
-                if classify(&error) == Severity::RecordRejected {
+                if kafka_error(&error) == Class::Rejected {
                     if let Some(outcome) =
                         self.on_rejected_delivery(s, ack.seq, ack.route, &failed, &error)
                     {

@@ -1,5 +1,6 @@
 //! What can go wrong in a retention pass.
 
+use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 
 /// A retention pass failed (retried at the next interval; never fatal to the relay).
@@ -22,6 +23,19 @@ pub enum RetentionError {
     /// A partition bound walbox cannot read.
     #[error("{0}")]
     Layout(String),
+}
+
+impl Classify for RetentionError {
+    /// What needs the operator (a privilege, a missing column, a partition bound walbox cannot
+    /// read) against what passes by itself (a lock timeout, the relay behind, the slot not
+    /// there yet). A retention error never stops the relay: this decides how it is logged.
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            RetentionError::Query(e) => e.failure(),
+            RetentionError::Behind { .. } | RetentionError::NoSlot(_) => None,
+            RetentionError::Layout(_) => Some(Failure::Schema),
+        }
+    }
 }
 
 fn describe(e: &tokio_postgres::Error) -> String {

@@ -41,6 +41,7 @@ use tokio_postgres::Client;
 
 use crate::config::retention::RetentionConfig;
 use crate::config::{PostgresConfig, Route, RouteSource};
+use crate::failure::Classify;
 use crate::metrics::Metrics;
 use crate::pg::control::connect_control;
 pub use error::RetentionError;
@@ -167,7 +168,12 @@ pub async fn run(
                         .retention_errors
                         .with_label_values(&[&target.label])
                         .inc();
-                    tracing::error!(table = %target.label, error = %e, "outbox retention failed; retrying at the next interval");
+                    // ERROR only when the operator must act; what passes by itself, WARN.
+                    if e.failure().is_some() {
+                        tracing::error!(table = %target.label, error = %e, "outbox retention failed; retrying at the next interval");
+                    } else {
+                        tracing::warn!(table = %target.label, error = %e, "outbox retention failed; retrying at the next interval");
+                    }
                 }
             }
         }

@@ -32,6 +32,7 @@ use postgres_protocol::escape::escape_identifier as quote_ident;
 use tokio_postgres::Client;
 
 use crate::config::ShardOf;
+use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 
 /// The prefix of the non-transactional logical message `walbox reshard` writes at the reshard
@@ -188,6 +189,17 @@ pub enum LayoutError {
         /// Every slot found.
         slots: String,
     },
+}
+
+impl Classify for LayoutError {
+    /// Another layout of slots is the configuration's (exit 3: set `postgres.shards`, or
+    /// finish the reshard); the query's error is its SQLSTATE's.
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            LayoutError::Query(e) => e.failure(),
+            LayoutError::Mismatch { .. } | LayoutError::Unfinished { .. } => Some(Failure::Config),
+        }
+    }
 }
 
 /// Checks that the slots of this database named after `pg`'s base slot belong to the layout

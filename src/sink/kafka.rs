@@ -40,7 +40,7 @@ use rdkafka::{ClientContext, Message};
 use tokio::sync::Notify;
 
 use crate::config::KafkaConfig;
-use crate::failure::{Classify, Failure};
+use crate::failure::{kafka_error, Class, Classify, Failure};
 use crate::outbox::OutboxEvent;
 
 /// The broker's verdict on one record.
@@ -71,53 +71,6 @@ pub struct FailedRecord {
     pub key: Option<bytes::Bytes>,
     /// The record value, as produced.
     pub payload: Option<bytes::Bytes>,
-}
-
-/// How an error on the Kafka side is to be treated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Severity {
-    /// Retrying (after reconnecting) can succeed.
-    Transient,
-    /// This record can never be delivered (too large, invalid topic, …).
-    RecordRejected,
-    /// The producer cannot continue (authorization, fatal idempotence error, bad config).
-    Fatal,
-}
-
-/// Classifies an error reported for a record or by the producer.
-pub fn classify(err: &KafkaError) -> Severity {
-    use RDKafkaErrorCode as C;
-    let code = match err {
-        KafkaError::MessageProduction(c) | KafkaError::Global(c) => *c,
-        KafkaError::ClientConfig(..) | KafkaError::ClientCreation(_) => return Severity::Fatal,
-        _ => return Severity::Transient,
-    };
-    match code {
-        C::MessageSizeTooLarge
-        | C::InvalidMessageSize
-        | C::InvalidRecord
-        | C::UnknownTopic
-        | C::UnknownTopicOrPartition
-        | C::InvalidTopic
-        | C::MessageBatchTooLarge => Severity::RecordRejected,
-        C::Fatal
-        | C::TopicAuthorizationFailed
-        | C::ClusterAuthorizationFailed
-        | C::SaslAuthenticationFailed
-        | C::Authentication
-        | C::InvalidArgument => Severity::Fatal,
-        _ => Severity::Transient,
-    }
-}
-
-impl Classify for KafkaError {
-    fn failure(&self) -> Option<Failure> {
-        match classify(self) {
-            Severity::Transient => None,
-            Severity::RecordRejected => Some(Failure::EventRejected),
-            Severity::Fatal => Some(Failure::Kafka),
-        }
-    }
 }
 
 impl Classify for SinkError {
@@ -258,7 +211,7 @@ impl ClientContext for SinkContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if classify(&error) == Severity::Fatal {
+        if let Class::Fatal(_) = kafka_error(&error) {
             tracing::error!(error = %error, reason, "kafka producer error");
             // Delivery reports would never come (records wait for the brokers forever): stop
             // every relay the producer serves.
@@ -681,20 +634,6 @@ mod tests {
             .err()
             .expect("too many lanes are refused");
         assert!(e.to_string().contains("at most 64 relays"), "{e}");
-    }
-
-    #[test]
-    fn classification() {
-        use RDKafkaErrorCode as C;
-        let p = KafkaError::MessageProduction;
-        assert_eq!(
-            classify(&p(C::MessageSizeTooLarge)),
-            Severity::RecordRejected
-        );
-        assert_eq!(classify(&p(C::TopicAuthorizationFailed)), Severity::Fatal);
-        assert_eq!(classify(&p(C::MessageTimedOut)), Severity::Transient);
-        assert_eq!(classify(&p(C::BrokerTransportFailure)), Severity::Transient);
-        assert_eq!(classify(&p(C::NotEnoughReplicas)), Severity::Transient);
     }
 
     #[test]

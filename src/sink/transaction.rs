@@ -22,7 +22,7 @@ use rdkafka::producer::Producer;
 
 use super::kafka::KafkaSink;
 use super::progress::ProgressKey;
-use crate::failure::{Classify, Failure};
+use crate::failure::{kafka, kafka_error, Class, Classify, Failure};
 
 /// The `transactional.id` of the producer relaying `key`'s slot.
 pub fn transactional_id(key: &ProgressKey) -> String {
@@ -78,34 +78,15 @@ impl Classify for TxnError {
             TxnError::Config(_) | TxnError::TimedOut { .. } => Some(Failure::Config),
             TxnError::Fenced { .. } => Some(Failure::Fenced),
             TxnError::Unsupported(_) => Some(Failure::Kafka),
-            TxnError::Fatal(e) if is_auth(e) => Some(Failure::Auth),
-            TxnError::Fatal(_) => Some(Failure::Kafka),
+            // The code's class (`failure::kafka`): 4 for refused credentials, else 9.
+            TxnError::Fatal(e) => Some(kafka_error(e).fatal().unwrap_or(Failure::Kafka)),
         }
     }
 }
 
-fn is_auth(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::TransactionalIdAuthorizationFailed
-                | C::ClusterAuthorizationFailed
-                | C::TopicAuthorizationFailed
-                | C::SaslAuthenticationFailed
-                | C::Authentication
-        )
-    )
-}
-
 /// Whether `code` says that a newer producer with the same transactional id exists.
 pub fn is_fencing(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::Fenced
-            | RDKafkaErrorCode::ProducerFenced
-            | RDKafkaErrorCode::InvalidProducerEpoch
-    )
+    kafka(code) == Class::Fatal(Failure::Fenced)
 }
 
 /// `e`, or [`TxnError::TimedOut`] when it says fenced while the session's transaction had
@@ -135,13 +116,14 @@ pub fn classify_txn(sink: &KafkaSink, id: &str, e: KafkaError) -> TxnError {
             error: e,
         };
     }
+    // Fatal either way (`failure::kafka`); these two say why in words of transactions.
     if matches!(
         e.rdkafka_error_code(),
         Some(RDKafkaErrorCode::UnsupportedFeature | RDKafkaErrorCode::UnsupportedVersion)
     ) {
         return TxnError::Unsupported(e);
     }
-    if fatal || is_auth(&e) {
+    if fatal || matches!(kafka_error(&e), Class::Fatal(_)) {
         return TxnError::Fatal(e);
     }
     if abortable {
@@ -200,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn fencing_stops_with_its_own_status_and_auth_with_auth() {
+    fn fencing_stops_with_its_own_status_refused_rights_with_kafka_s_and_credentials_with_auth() {
         let fenced = TxnError::Fenced {
             id: "walbox/x".into(),
             error: KafkaError::Global(RDKafkaErrorCode::Fenced),
@@ -210,7 +192,9 @@ mod tests {
         let denied = TxnError::Fatal(KafkaError::Global(
             RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
         ));
-        assert_eq!(denied.failure(), Some(Failure::Auth));
+        assert_eq!(denied.failure(), Some(Failure::Kafka));
+        let refused = TxnError::Fatal(KafkaError::Global(RDKafkaErrorCode::Authentication));
+        assert_eq!(refused.failure(), Some(Failure::Auth));
         let aborted = TxnError::Abortable(KafkaError::Global(
             RDKafkaErrorCode::InvalidTransactionalState,
         ));

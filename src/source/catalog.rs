@@ -155,15 +155,10 @@ pub enum CatalogError {
 impl Classify for CatalogError {
     fn failure(&self) -> Option<Failure> {
         match self {
-            CatalogError::Query(e) => e
-                .code()
-                .and_then(|c| Failure::from_sqlstate(c.code(), &e.to_string())),
+            CatalogError::Query(e) => e.failure(),
             CatalogError::SlotLost { .. } => Some(Failure::SlotLost),
             CatalogError::Standby(e) => e.failure(),
-            CatalogError::Layout(crate::shard::LayoutError::Query(e)) => e
-                .code()
-                .and_then(|c| Failure::from_sqlstate(c.code(), &e.to_string())),
-            CatalogError::Layout(_) => Some(Failure::Config),
+            CatalogError::Layout(e) => e.failure(),
             _ => Some(Failure::Schema),
         }
     }

@@ -78,9 +78,7 @@ pub enum StandbyError {
 impl Classify for StandbyError {
     fn failure(&self) -> Option<Failure> {
         match self {
-            StandbyError::Query(e) => e
-                .code()
-                .and_then(|c| Failure::from_sqlstate(c.code(), &e.to_string())),
+            StandbyError::Query(e) => e.failure(),
             _ => Some(Failure::Schema),
         }
     }

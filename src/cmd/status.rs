@@ -1,12 +1,8 @@
-//! `walbox status`: the slot's health, human-readable or as JSON; and `walbox recreate-slot`, the
-//! only way walbox ever replaces a slot.
+//! `walbox status`: the slot's health, human-readable or as JSON, with the alert level the
+//! running relay would give it (`health::alert`) and, on a backlog, the catch-up estimate
+//! (`health::progress`), sampled here or scraped from the running relay's `/metrics`.
 //!
-//! Recreating a slot is an explicit operator decision because it opens a data-loss window: the
-//! new slot streams only transactions that commit after its creation, so every event committed
-//! after the old slot's confirmed position and before the new slot exists is never relayed. The
-//! command prints both positions, and the `walbox republish` command that fills the window
-//! from the outbox table. When the slot is already gone, the old position comes from the
-//! progress record in Kafka (`sink::progress`).
+//! It only reads: no slot, publication or record is created or changed.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -15,34 +11,24 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
-use crate::config::conninfo::ConnInfo;
-use crate::config::{Config, KafkaConfig};
+use crate::config::Config;
 use crate::failure::{Failure, FatalError};
 use crate::health::alert::{self, Assessment};
 use crate::health::progress::{self, human_bytes as human, Estimate};
 use crate::pg::control::connect_control;
-use crate::sink::progress::{
-    read_last, republish_command, write_reset, ProgressKey, ProgressRecord,
-};
-use crate::source::catalog;
-use crate::source::replication::ReplicationConnection;
 use crate::source::slot::{self, SlotHealth};
-use crate::source::standby::{self, Role};
 
-fn fatal(failure: Failure, message: impl ToString) -> FatalError {
-    FatalError {
-        failure,
-        message: message.to_string(),
-    }
-}
-
-async fn read(config: &Config) -> Result<(tokio_postgres::Client, Option<SlotHealth>), FatalError> {
+/// The slot's reading (`None`: there is no slot), on a control connection of its own (shared
+/// with `walbox recreate-slot`).
+pub(super) async fn read(
+    config: &Config,
+) -> Result<(tokio_postgres::Client, Option<SlotHealth>), FatalError> {
     let client = connect_control(&config.postgres.conn)
         .await
         .map_err(|e| FatalError::of(&e))?;
     let health = slot::read(&client, &config.postgres.slot)
         .await
-        .map_err(|e| fatal(Failure::Schema, format!("cannot read the slot: {e}")))?;
+        .map_err(|e| FatalError::new(Failure::Schema, format!("cannot read the slot: {e}")))?;
     Ok((client, health))
 }
 
@@ -156,7 +142,7 @@ pub async fn status(config: &Config, json: bool) -> Result<(), FatalError> {
 async fn report(config: &Config) -> Result<(String, serde_json::Value), FatalError> {
     let (client, health) = read(config).await?;
     let Some(h) = health else {
-        return Err(fatal(
+        return Err(FatalError::new(
             Failure::Schema,
             format!("replication slot {:?} does not exist", config.postgres.slot),
         ));
@@ -177,7 +163,7 @@ async fn report(config: &Config) -> Result<(String, serde_json::Value), FatalErr
         None,
     );
     let catchup = catchup(config, &client, &h).await;
-    let mut v = serde_json::to_value(&h).map_err(|e| fatal(Failure::Internal, e))?;
+    let mut v = serde_json::to_value(&h).map_err(|e| FatalError::new(Failure::Internal, e))?;
     if let Some(obj) = v.as_object_mut() {
         obj.insert("retained_wal_bytes".into(), h.retained_bytes().into());
         obj.insert("confirmed_lag_bytes".into(), h.confirmed_lag_bytes().into());
@@ -335,138 +321,6 @@ async fn scrape(at: SocketAddr) -> Option<String> {
         .await
         .ok()
         .flatten()
-}
-
-/// `walbox recreate-slot --confirm-data-loss`: drops the slot and creates it again.
-pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
-    let (client, health) = read(config).await?;
-    let name = &config.postgres.slot;
-    if let Some(h) = &health {
-        if h.active {
-            return Err(fatal(
-                Failure::SlotInUse,
-                format!(
-                    "replication slot {name:?} is active (pid {}); stop every walbox streaming from it first (SELECT application_name, client_addr FROM pg_stat_replication finds the process)",
-                    h.active_pid.unwrap_or_default()
-                ),
-            ));
-        }
-    }
-    let pg = &config.postgres;
-    let record = last_progress(&pg.conn, &pg.slot, &config.kafka).await;
-    let old = health
-        .as_ref()
-        .and_then(|h| h.confirmed_flush_lsn)
-        .or(record.as_ref().map(|r| r.confirmed_lsn))
-        .map(|l| l.to_string())
-        .unwrap_or_else(|| "none".into());
-    let failover = health.as_ref().and_then(|h| h.failover);
-    let recreate = slot::recreate(&client, name, failover);
-    // On a standby the slot may be gone, and with it the reading that says so: ask the server.
-    let on_standby = matches!(standby::role(&client).await, Ok(Role::Standby));
-    let recreated = if on_standby {
-        standby::while_slot_is_created(config.postgres.primary.as_ref(), name, recreate).await
-    } else {
-        recreate.await
-    };
-    let new = recreated.map_err(|e| {
-        fatal(
-            Failure::Schema,
-            format!("cannot recreate slot {name:?}: {e}"),
-        )
-    })?;
-    println!("recreated replication slot {name:?}");
-    // The old slot's record would otherwise still say where Kafka is: in exactly-once mode,
-    // new transactions below it would be skipped as already relayed.
-    if let Some((key, timeline)) = identify(&config.postgres.conn, &config.postgres.slot).await {
-        let kafka = config.kafka.clone();
-        let reset = tokio::task::spawn_blocking(move || {
-            write_reset(&kafka, &key, timeline, new, Duration::from_secs(30))
-        })
-        .await;
-        let failed = match reset {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        match failed {
-            None => println!("  progress record reset to the new slot's start"),
-            // Exactly-once mode trusts the record at start: it must not outlive the old slot.
-            Some(e) if config.kafka.exactly_once.is_some() => {
-                return Err(fatal(
-                    Failure::Kafka,
-                    format!("slot recreated, but its progress record was not reset ({e}); run recreate-slot again once Kafka answers, before walbox run"),
-                ));
-            }
-            Some(e) => {
-                println!("  progress record not reset ({e}); the next walbox run writes one")
-            }
-        }
-    }
-    if failover == Some(true) {
-        println!("  failover: kept (synchronized to standbys, as the old slot was)");
-    }
-    println!("  old confirmed position: {old}");
-    println!("  new slot starts at:     {new}");
-    println!(
-        "events committed after {old} and before {new} were NOT relayed; republish them from the outbox table if its rows are still there:"
-    );
-    let time_column = catalog::time_column(&client, &config.outbox)
-        .await
-        .ok()
-        .flatten();
-    let command = |since: &str| republish_command(since, time_column.as_deref());
-    match &record {
-        Some(r) => println!(
-            "  {}   (10 minutes before the newest confirmed commit, {})",
-            command(&r.republish_since()),
-            r.confirmed_commit_time()
-        ),
-        None => println!(
-            "  {}   (no progress record found in kafka.progress_topic: the time walbox stopped confirming)",
-            command("<time>")
-        ),
-    }
-    Ok(())
-}
-
-/// The progress key of `slot` on the server `conn` names, and the server's timeline, when the
-/// server answers.
-async fn identify(conn: &ConnInfo, slot: &str) -> Option<(ProgressKey, u32)> {
-    let mut repl = ReplicationConnection::connect(conn).await.ok()?;
-    let identity = repl.identify_system().await.ok()?;
-    // Terminate, so the server logs no unexpected EOF.
-    if let Err(e) = repl.close().await {
-        tracing::debug!(error = %e, "closing the replication connection");
-    }
-    let key = ProgressKey {
-        system_identifier: identity.system_id,
-        database: identity.dbname.unwrap_or_default(),
-        slot: slot.to_owned(),
-    };
-    Some((key, identity.timeline))
-}
-
-/// The newest progress record of `slot` on the server `conn` names, when Kafka and the server
-/// answer (`walbox recreate-slot`, and the relay's message for a slot found lost).
-pub async fn last_progress(
-    conn: &ConnInfo,
-    slot: &str,
-    kafka: &KafkaConfig,
-) -> Option<ProgressRecord> {
-    let (key, _) = identify(conn, slot).await?;
-    let kafka = kafka.clone();
-    let read = tokio::task::spawn_blocking(move || {
-        read_last(&kafka, &key, std::time::Duration::from_secs(30))
-    });
-    match read.await {
-        Ok(Ok(record)) => record,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "cannot read the progress record");
-            None
-        }
-        Err(_) => None,
-    }
 }
 
 #[cfg(test)]

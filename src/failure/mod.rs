@@ -1,4 +1,4 @@
-//! Fatal failures and their exit statuses.
+//! Fatal failures and their exit statuses, and the one classifier of each external error source.
 //!
 //! walbox sorts every error into one of two classes (Materialize's transient/definite split):
 //! **transient** errors (connection reset, PostgreSQL restarting, broker unreachable) end the
@@ -26,93 +26,26 @@
 //! | 15 | [`Failure::Fenced`] | exactly-once mode: another walbox process took over the slot's Kafka transactions |
 //! | 16 | [`Failure::Capacity`] | the server has too few free replication slots or walsenders for every shard of `postgres.shards` |
 //! | 17 | [`Failure::Interrupted`] | `walbox reshard` was stopped (SIGTERM/SIGINT) before every old shard was drained: run it again |
+//!
+//! Each module's error type says which class it is in ([`Classify`]); what an external error
+//! means is decided once per source: [`kafka`] for librdkafka's error codes, [`sqlstate`] for
+//! PostgreSQL's, each with its table (`kafka.rs`, `sqlstate.rs`) and a test that reads it back.
+//! Both answer with a [`Class`]: transient, a record rejected, a record's effect failed, or
+//! fatal with its [`Failure`]. Elsewhere a code only picks the words of a message or a fix,
+//! and two rules sit on top of the table, each about its own context: the same class-22 error
+//! at the same transaction, session after session, is a row PostgreSQL cannot decode (exit 8,
+//! `relay/error.rs`), and a `walbox republish`/`audit` window argument the server cannot read is
+//! the command line's (exit 3, `cmd/republish.rs`).
 
 use std::fmt;
 
-/// A kind of fatal failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// Unexpected internal error.
-    Internal,
-    /// Invalid configuration.
-    Config,
-    /// Authentication or authorization failed.
-    Auth,
-    /// Database objects missing or misconfigured.
-    Schema,
-    /// The slot is active in another process.
-    SlotInUse,
-    /// The slot was invalidated.
-    SlotLost,
-    /// An event cannot be published.
-    EventRejected,
-    /// The Kafka producer cannot continue.
-    Kafka,
-    /// `walbox inbox`: a record cannot be processed and its policy is `fail`.
-    InboxRecord,
-    /// `walbox inbox`: the retention guard refused to start.
-    Retention,
-    /// A one-shot command cannot reach a server (the relay retries instead).
-    Unavailable,
-    /// `walbox check`: at least one check failed.
-    Preflight,
-    /// `walbox audit`: outbox rows are missing from Kafka.
-    Audit,
-    /// Exactly-once mode: a newer producer with the same transactional id fenced this one.
-    Fenced,
-    /// Too few free replication slots or walsenders for every shard of a layout to start.
-    Capacity,
-    /// A one-shot command that changes state in steps (`walbox reshard`) was stopped by a
-    /// signal before it finished; running it again finishes it.
-    Interrupted,
-}
+mod class;
+mod kafka;
+mod sqlstate;
 
-impl Failure {
-    /// The process exit status for this failure.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Failure::Internal => 1,
-            Failure::Config => 3,
-            Failure::Auth => 4,
-            Failure::Schema => 5,
-            Failure::SlotInUse => 6,
-            Failure::SlotLost => 7,
-            Failure::EventRejected => 8,
-            Failure::Kafka => 9,
-            Failure::InboxRecord => 10,
-            Failure::Retention => 11,
-            Failure::Unavailable => 12,
-            Failure::Preflight => 13,
-            Failure::Audit => 14,
-            Failure::Fenced => 15,
-            Failure::Capacity => 16,
-            Failure::Interrupted => 17,
-        }
-    }
-
-    /// Classifies a PostgreSQL error by SQLSTATE (and, for slot loss, message); `None` means
-    /// transient.
-    pub fn from_sqlstate(code: &str, message: &str) -> Option<Failure> {
-        match code {
-            "55006" => Some(Failure::SlotInUse),
-            "58P01" => Some(Failure::SlotLost),
-            "55000" if message.contains("can no longer get changes") => Some(Failure::SlotLost),
-            "55000" => Some(Failure::Schema),
-            "42501" => Some(Failure::Auth),
-            "3D000" | "3F000" | "42704" | "42P01" | "42703" | "0A000" => Some(Failure::Schema),
-            c if c.starts_with("28") => Some(Failure::Auth),
-            c if c.starts_with("42") => Some(Failure::Schema),
-            _ => None,
-        }
-    }
-}
-
-/// How an error is to be treated, said by the module that defines it; every caller (the relay,
-/// the one-shot commands, the inbox) uses this one classification.
-pub trait Classify {
-    /// `None` when retrying (reconnecting) can succeed; else the fatal failure.
-    fn failure(&self) -> Option<Failure>;
-}
+pub use self::class::{Class, Classify, Failure};
+pub use self::kafka::{kafka, kafka_error};
+pub use self::sqlstate::{postgres_error, sqlstate};
 
 /// A fatal error: what happened, on one line, and how the process exits.
 #[derive(Debug)]
@@ -131,14 +64,36 @@ impl fmt::Display for FatalError {
 
 impl std::error::Error for FatalError {}
 
+/// Every fatal error is built here: from an error that classifies itself ([`FatalError::of`],
+/// [`FatalError::of_or`]), or, where no error type is involved (a signal, a refused flag, a
+/// check that failed), from its failure and message ([`FatalError::new`]).
 impl FatalError {
+    /// A fatal error of kind `failure`, saying `message`.
+    pub fn new(failure: Failure, message: impl fmt::Display) -> FatalError {
+        FatalError {
+            failure,
+            message: message.to_string(),
+        }
+    }
+
     /// The fatal error of a one-shot command (`status`, `recreate-slot`, `republish`), which
     /// does not retry: `e`'s own classification, a transient cause (server down, network)
     /// being [`Failure::Unavailable`].
     pub fn of<E: Classify + fmt::Display>(e: &E) -> FatalError {
+        FatalError::of_or(e, Failure::Unavailable)
+    }
+
+    /// `e`'s own classification, or `otherwise` when `e` says retrying could succeed but the
+    /// caller does not retry it (a client that could not be created, say).
+    pub fn of_or<E: Classify + fmt::Display>(e: &E, otherwise: Failure) -> FatalError {
+        FatalError::new(e.failure().unwrap_or(otherwise), e)
+    }
+
+    /// The same error, its message prefixed with what failed (`what: message`).
+    pub fn prefixed(self, what: &str) -> FatalError {
         FatalError {
-            failure: e.failure().unwrap_or(Failure::Unavailable),
-            message: e.to_string(),
+            message: format!("{what}: {}", self.message),
+            ..self
         }
     }
 }
@@ -172,26 +127,5 @@ mod tests {
         codes.dedup();
         assert_eq!(codes.len(), all.len());
         assert!(!codes.contains(&0) && !codes.contains(&2));
-    }
-
-    #[test]
-    fn sqlstates() {
-        assert_eq!(Failure::from_sqlstate("28P01", ""), Some(Failure::Auth));
-        assert_eq!(
-            Failure::from_sqlstate("55006", ""),
-            Some(Failure::SlotInUse)
-        );
-        assert_eq!(
-            Failure::from_sqlstate(
-                "55000",
-                "can no longer get changes from replication slot \"s\""
-            ),
-            Some(Failure::SlotLost)
-        );
-        assert_eq!(
-            Failure::from_sqlstate("57P01", "terminating connection"),
-            None
-        );
-        assert_eq!(Failure::from_sqlstate("08006", ""), None);
     }
 }

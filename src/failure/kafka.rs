@@ -1,0 +1,166 @@
+//! Kafka error codes, classified once: the producer of the relay, its transactions, `walbox
+//! republish` and both Kafka clients of `walbox inbox` ask [`kafka`] (or [`kafka_error`]);
+//! elsewhere a code only picks the words of a message.
+//!
+//! | codes | class | exit |
+//! |---|---|---|
+//! | `MSG_SIZE_TOO_LARGE`, `INVALID_MSG_SIZE`, `INVALID_RECORD`, `_UNKNOWN_TOPIC`, `UNKNOWN_TOPIC_OR_PART`, `TOPIC_EXCEPTION`, `RECORD_LIST_TOO_LARGE` | [`Class::Rejected`]: this record, never the others | the record's policy |
+//! | `SASL_AUTHENTICATION_FAILED`, `_AUTHENTICATION` | the brokers refused the credentials | 4 |
+//! | `_FENCED`, `PRODUCER_FENCED`, `INVALID_PRODUCER_EPOCH` | a newer producer with the same transactional id took over | 15 |
+//! | `_FATAL`, `TOPIC_AUTHORIZATION_FAILED`, `CLUSTER_AUTHORIZATION_FAILED`, `GROUP_AUTHORIZATION_FAILED`, `TRANSACTIONAL_ID_AUTHORIZATION_FAILED`, `FENCED_INSTANCE_ID`, `_INVALID_ARG`, `_UNSUPPORTED_FEATURE`, `UNSUPPORTED_VERSION` | the client cannot continue: rights, librdkafka's fatal error, a static member fenced, brokers without the feature | 9 |
+//! | every other code (timeouts, transport, leaders moving, too few replicas, …) | [`Class::Transient`] | — |
+//!
+//! Authentication (who walbox is) is exit 4, as for PostgreSQL; authorization (what the
+//! principal may do: ACLs) is exit 9, the Kafka client's failure.
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+use super::class::{Class, Classify, Failure};
+
+/// The class of a Kafka error code (see the table above).
+pub fn kafka(code: RDKafkaErrorCode) -> Class {
+    use RDKafkaErrorCode as C;
+    match code {
+        C::MessageSizeTooLarge
+        | C::InvalidMessageSize
+        | C::InvalidRecord
+        | C::UnknownTopic
+        | C::UnknownTopicOrPartition
+        | C::InvalidTopic
+        | C::MessageBatchTooLarge => Class::Rejected,
+        C::SaslAuthenticationFailed | C::Authentication => Class::Fatal(Failure::Auth),
+        C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch => Class::Fatal(Failure::Fenced),
+        C::Fatal
+        | C::TopicAuthorizationFailed
+        | C::ClusterAuthorizationFailed
+        | C::GroupAuthorizationFailed
+        | C::TransactionalIdAuthorizationFailed
+        | C::FencedInstanceId
+        | C::InvalidArgument
+        | C::UnsupportedFeature
+        | C::UnsupportedVersion => Class::Fatal(Failure::Kafka),
+        _ => Class::Transient,
+    }
+}
+
+/// The class of a client error: its code's ([`kafka`]), an error without a code being
+/// transient. What librdkafka itself calls fatal (a consumer's fatal error, a fatal
+/// transactional error), a configuration it refused and a client it could not create cannot
+/// continue either: exit 9 unless the code says more.
+pub fn kafka_error(e: &KafkaError) -> Class {
+    let fatal = match e {
+        KafkaError::ClientConfig(..) | KafkaError::ClientCreation(_) => true,
+        KafkaError::MessageConsumptionFatal(_) => true,
+        KafkaError::Transaction(t) => t.is_fatal(),
+        _ => false,
+    };
+    match e.rdkafka_error_code().map_or(Class::Transient, kafka) {
+        Class::Fatal(f) => Class::Fatal(f),
+        _ if fatal => Class::Fatal(Failure::Kafka),
+        class => class,
+    }
+}
+
+impl Classify for KafkaError {
+    /// As a producer's error: a record refused is an event that cannot be published.
+    fn failure(&self) -> Option<Failure> {
+        match kafka_error(self) {
+            Class::Rejected => Some(Failure::EventRejected),
+            class => class.fatal(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every code some path of walbox meets, with its class: the one table, read back.
+    #[test]
+    fn each_code_has_one_class() {
+        use RDKafkaErrorCode as C;
+        let table = [
+            (C::MessageSizeTooLarge, Class::Rejected),
+            (C::InvalidMessageSize, Class::Rejected),
+            (C::InvalidRecord, Class::Rejected),
+            (C::UnknownTopic, Class::Rejected),
+            (C::UnknownTopicOrPartition, Class::Rejected),
+            (C::InvalidTopic, Class::Rejected),
+            (C::MessageBatchTooLarge, Class::Rejected),
+            (C::SaslAuthenticationFailed, Class::Fatal(Failure::Auth)),
+            (C::Authentication, Class::Fatal(Failure::Auth)),
+            (C::Fenced, Class::Fatal(Failure::Fenced)),
+            (C::ProducerFenced, Class::Fatal(Failure::Fenced)),
+            (C::InvalidProducerEpoch, Class::Fatal(Failure::Fenced)),
+            (C::Fatal, Class::Fatal(Failure::Kafka)),
+            (C::TopicAuthorizationFailed, Class::Fatal(Failure::Kafka)),
+            (C::ClusterAuthorizationFailed, Class::Fatal(Failure::Kafka)),
+            (C::GroupAuthorizationFailed, Class::Fatal(Failure::Kafka)),
+            (
+                C::TransactionalIdAuthorizationFailed,
+                Class::Fatal(Failure::Kafka),
+            ),
+            (C::FencedInstanceId, Class::Fatal(Failure::Kafka)),
+            (C::InvalidArgument, Class::Fatal(Failure::Kafka)),
+            (C::UnsupportedFeature, Class::Fatal(Failure::Kafka)),
+            (C::UnsupportedVersion, Class::Fatal(Failure::Kafka)),
+            (C::MessageTimedOut, Class::Transient),
+            (C::BrokerTransportFailure, Class::Transient),
+            (C::AllBrokersDown, Class::Transient),
+            (C::NotEnoughReplicas, Class::Transient),
+            (C::NotEnoughReplicasAfterAppend, Class::Transient),
+            (C::NotLeaderForPartition, Class::Transient),
+            (C::RequestTimedOut, Class::Transient),
+            (C::CoordinatorLoadInProgress, Class::Transient),
+            (C::NotCoordinator, Class::Transient),
+            (C::QueueFull, Class::Transient),
+            (C::OperationTimedOut, Class::Transient),
+            (C::InvalidTransactionalState, Class::Transient),
+            (C::PartitionEOF, Class::Transient),
+        ];
+        for (code, class) in table {
+            assert_eq!(kafka(code), class, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn client_errors_take_their_code_s_class() {
+        use RDKafkaErrorCode as C;
+        assert_eq!(
+            kafka_error(&KafkaError::Global(C::Authentication)),
+            Class::Fatal(Failure::Auth)
+        );
+        assert_eq!(
+            kafka_error(&KafkaError::MessageConsumption(C::SaslAuthenticationFailed)),
+            Class::Fatal(Failure::Auth)
+        );
+        assert_eq!(
+            kafka_error(&KafkaError::MessageProduction(C::MessageSizeTooLarge)),
+            Class::Rejected
+        );
+        assert_eq!(
+            kafka_error(&KafkaError::ClientCreation("no".into())),
+            Class::Fatal(Failure::Kafka)
+        );
+        assert_eq!(kafka_error(&KafkaError::Canceled), Class::Transient);
+        // librdkafka's word wins over a code that alone would be retried.
+        assert_eq!(
+            kafka_error(&KafkaError::MessageConsumptionFatal(C::AllBrokersDown)),
+            Class::Fatal(Failure::Kafka)
+        );
+        assert_eq!(
+            kafka_error(&KafkaError::MessageConsumption(C::AllBrokersDown)),
+            Class::Transient
+        );
+        // As a producer's error, a refused record is an event that cannot be published.
+        assert_eq!(
+            KafkaError::MessageProduction(C::InvalidTopic).failure(),
+            Some(Failure::EventRejected)
+        );
+        assert_eq!(
+            KafkaError::Global(C::Authentication).failure(),
+            Some(Failure::Auth)
+        );
+        assert_eq!(KafkaError::Global(C::AllBrokersDown).failure(), None);
+    }
+}
