@@ -3,6 +3,7 @@
 //! every trace of it when it is dropped.
 
 pub mod broker;
+pub mod debezium;
 pub mod kafka;
 pub mod kafka_cluster;
 pub mod postgres;
