@@ -39,8 +39,12 @@
 mod broker;
 mod drain;
 mod floor;
+#[path = "../common/format.rs"]
+mod format;
+#[path = "../common/live.rs"]
 mod live;
 mod poller;
+#[path = "../common/procs.rs"]
 mod procs;
 mod report;
 mod shards;
@@ -58,6 +62,7 @@ use walbox::lsn::Lsn;
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 
 use broker::BenchBroker;
+use format::fmt_n;
 use procs::WalboxChild;
 use report::Report;
 
@@ -460,19 +465,6 @@ fn histogram_p99(before: &procs::WalboxMetrics, after: &procs::WalboxMetrics) ->
         .iter()
         .find(|(_, c)| *c as f64 >= 0.99 * total as f64)
         .map(|(le, _)| *le)
-}
-
-/// `1000000` → `1,000,000`.
-fn fmt_n(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
 }
 
 impl Bench {
