@@ -15,6 +15,15 @@ pub fn fmt_n(n: u64) -> String {
     out
 }
 
+/// `[1000, 5000]` → `1,000, 5,000`.
+pub fn fmt_list(values: &[u64]) -> String {
+    values
+        .iter()
+        .map(|v| fmt_n(*v))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `12345.6` → `12.3k`.
 pub fn k(v: f64) -> String {
     if v >= 10_000.0 {

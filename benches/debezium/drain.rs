@@ -3,7 +3,7 @@
 //! offsets of its topic's partitions sum to N, polled every [`POLL`]: the time the last event
 //! is in Kafka, the same for both relays, whatever a consumer would add.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use rdkafka::config::ClientConfig;
@@ -17,7 +17,7 @@ use crate::{Bench, PARTITIONS};
 const POLL: Duration = Duration::from_millis(10);
 /// How long one drain may take.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
-/// The routing value (`aggregatetype`) of the backlog's rows.
+/// The routing value (`aggregatetype`) of the backlog's rows (`bench_load`'s).
 const AGGREGATE: &str = "orders";
 
 /// One drain's measurements.
@@ -89,30 +89,8 @@ impl Bench {
                 ]
             })
             .collect();
-        self.admin.batch_execute("TRUNCATE outbox").await?;
-        for s in &slots {
-            self.admin
-                .execute(
-                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[s],
-                )
-                .await?;
-        }
-        let t = Instant::now();
-        self.admin
-            .batch_execute("SET synchronous_commit = off")
-            .await?;
-        self.admin
-            .batch_execute(&format!("CALL bench_load({n}, {per_tx}, '{AGGREGATE}')"))
-            .await?;
-        self.admin.batch_execute("RESET synchronous_commit").await?;
-        eprintln!(
-            "loaded {n} rows in {per_tx}-row transactions in {:.1} s",
-            t.elapsed().as_secs_f64()
-        );
-        self.admin
-            .batch_execute("VACUUM ANALYZE outbox; CHECKPOINT")
-            .await?;
+        let names: Vec<&str> = slots.iter().map(String::as_str).collect();
+        crate::backlog::load(&self.admin, "outbox", "bench_load", &names, n, per_tx).await?;
         let mut out = Vec::new();
         for i in 0..pairs {
             let order = if i % 2 == 0 {
@@ -165,6 +143,7 @@ impl Bench {
         let pid = relay.pid();
         let mut walsender = None;
         let mut first: Option<(Duration, f64)> = None;
+        let mut offsets_error = None;
         let (events, last, relay_cpu, walsender_cpu, peak_rss) = loop {
             relay.check_alive()?;
             if walsender.is_none() {
@@ -175,7 +154,14 @@ impl Bench {
             let relay_cpu = procs::cpu_seconds(pid);
             let ws_cpu = walsender.map_or(0.0, procs::cpu_seconds);
             let rss = procs::peak_rss(pid).unwrap_or(0);
-            let events = tokio::task::block_in_place(|| end_offsets(&consumer, &topic))?;
+            // A topic just created may not have its leaders yet: an error reads as no events.
+            let events = match tokio::task::block_in_place(|| end_offsets(&consumer, &topic)) {
+                Ok(n) => n,
+                Err(e) => {
+                    offsets_error = Some(e);
+                    0
+                }
+            };
             let now = started.elapsed();
             if events > 0 && first.is_none() {
                 first = Some((now, relay_cpu));
@@ -185,7 +171,8 @@ impl Bench {
             }
             if now > DRAIN_TIMEOUT {
                 bail!(
-                    "{} drained {events} of {n} events in {DRAIN_TIMEOUT:?}",
+                    "{} drained {events} of {n} events in {DRAIN_TIMEOUT:?} (last end-offset \
+                     error: {offsets_error:?})",
                     which.name()
                 );
             }

@@ -30,11 +30,15 @@
 //! `WALBOX_BENCH_OUTPUT`, `WALBOX_BENCH_WALBOX_LOG`, `WALBOX_DEBEZIUM_VERSION`,
 //! `WALBOX_KAFKA_VERSION`.
 
+#[path = "../common/backlog.rs"]
+mod backlog;
 mod drain;
 // Shared with the e2e bench, which uses the rest of it.
 #[allow(dead_code)]
 #[path = "../common/format.rs"]
 mod format;
+#[path = "../common/harness.rs"]
+mod harness;
 // Shared with the e2e bench, which uses the rest of it.
 #[allow(dead_code)]
 #[path = "../common/live.rs"]
@@ -54,7 +58,7 @@ use anyhow::Context;
 use tokio_postgres::{Client, NoTls};
 use walbox::sandbox::broker::Broker;
 use walbox::sandbox::kafka::{KafkaServer, KafkaServerOptions};
-use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+use walbox::sandbox::postgres::PgCluster;
 
 use relay::Which;
 use report::Report;
@@ -76,13 +80,13 @@ CREATE TABLE outbox (
     payload       jsonb
 ) WITH (autovacuum_enabled = false);
 CREATE PUBLICATION bench_outbox FOR TABLE outbox WITH (publish = 'insert');
-CREATE PROCEDURE bench_load(total bigint, per_tx bigint, agg text) LANGUAGE plpgsql AS $$
+CREATE PROCEDURE bench_load(total bigint, per_tx bigint) LANGUAGE plpgsql AS $$
 DECLARE done bigint := 0; k bigint;
 BEGIN
   WHILE done < total LOOP
     k := least(per_tx, total - done);
     INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
-    SELECT gen_random_uuid(), agg, 'order-' || n, 'OrderCreated',
+    SELECT gen_random_uuid(), 'orders', 'order-' || n, 'OrderCreated',
            format('{"order_id": %s, "customer_id": "cust-%s", "amount": 129.99, "status": "CREATED", "items": [{"sku": "SKU-000123", "qty": 2, "price": 49.99}, {"sku": "SKU-000456", "qty": 1, "price": 30.01}]}', n, n % 100000)::jsonb
     FROM generate_series(done + 1, done + k) n;
     done := done + k;
@@ -119,26 +123,12 @@ pub struct Settings {
 
 impl Settings {
     fn from_env() -> anyhow::Result<Self> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let num = |k: &str, default: u64| -> anyhow::Result<u64> {
-            var(k).map_or(Ok(default), |v| {
-                v.replace(['_', ','], "")
-                    .parse()
-                    .with_context(|| format!("{k}={v}: not a number"))
-            })
-        };
-        let rates = match var("WALBOX_BENCH_RATES") {
-            Some(v) => v
-                .split(',')
-                .map(|r| r.trim().parse().context("WALBOX_BENCH_RATES"))
-                .collect::<anyhow::Result<_>>()?,
-            None => vec![1_000, 5_000],
-        };
+        use harness::{num, var};
         Ok(Settings {
             rows: num("WALBOX_BENCH_ROWS", 100_000)?,
-            pairs: u32::try_from(num("WALBOX_BENCH_PAIRS", 2)?.max(1))?,
+            pairs: num("WALBOX_BENCH_PAIRS", 2u32)?.max(1),
             live: Duration::from_secs(num("WALBOX_BENCH_LIVE_SECS", 20)?),
-            rates,
+            rates: harness::list("WALBOX_BENCH_RATES", vec![1_000, 5_000])?,
             output: var("WALBOX_BENCH_OUTPUT").map_or_else(
                 || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/debezium-results.md"),
                 PathBuf::from,
@@ -148,32 +138,7 @@ impl Settings {
 }
 
 fn main() -> ExitCode {
-    // `cargo bench` passes --bench; `cargo test --all-targets` builds and runs bench targets
-    // without it, and a test run must not start a 10-minute benchmark.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!(
-            "debezium bench: run it with `cargo bench --bench debezium` (skipped under cargo test)"
-        );
-        return ExitCode::SUCCESS;
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("debezium bench: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("debezium bench failed: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    harness::main_with("debezium", run)
 }
 
 /// The bench's handle on the cluster, the broker and an admin connection.
@@ -190,20 +155,11 @@ async fn run() -> anyhow::Result<()> {
     let started = Instant::now();
     eprintln!("debezium bench: {settings:?}");
     walbox::sandbox::debezium::installed()?;
-    let cluster = tokio::task::spawn_blocking(|| {
-        PgCluster::start(PgClusterOptions {
-            settings: [("max_wal_size", "4GB"), ("max_slot_wal_keep_size", "-1")]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-            watchdog: true,
-            ..Default::default()
-        })
-    })
-    .await?
-    .context("starting PostgreSQL")?;
-    cluster.create_database(DATABASE)?;
-    cluster.psql(DATABASE, SCHEMA)?;
+    let cluster = harness::bench_cluster(
+        &[("max_wal_size", "4GB"), ("max_slot_wal_keep_size", "-1")],
+        &[SCHEMA],
+    )
+    .await?;
     let (admin, conn) = tokio_postgres::connect(&cluster.socket_url(DATABASE), NoTls).await?;
     tokio::spawn(conn);
     let kafka = tokio::task::spawn_blocking(|| {
@@ -241,17 +197,7 @@ async fn run() -> anyhow::Result<()> {
     }
 
     report.elapsed = started.elapsed();
-    let table = report.render();
-    println!("\n{table}");
-    if let Some(dir) = bench.settings.output.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&bench.settings.output, &table)
-        .with_context(|| format!("writing {}", bench.settings.output.display()))?;
-    eprintln!(
-        "debezium bench: table written to {}",
-        bench.settings.output.display()
-    );
+    harness::publish("debezium", &bench.settings.output, &report.render())?;
     Ok(())
 }
 

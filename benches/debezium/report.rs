@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::drain::Drain;
-use crate::format::{fmt_n, k, machine, median, mib, ms, ratio};
+use crate::format::{fmt_list, fmt_n, k, machine, median, mib, ms, ratio};
 use crate::live::Latency;
 use crate::relay::Which;
 use crate::Settings;
@@ -51,20 +51,20 @@ impl Report {
                     fmt_n(settings.rows),
                     settings.pairs,
                     settings.live.as_secs(),
-                    settings
-                        .rates
-                        .iter()
-                        .map(|r| fmt_n(*r))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    fmt_list(&settings.rates)
                 ),
                 format!(
                     "Debezium {} (PostgreSQL connector, Outbox Event Router) in Kafka Connect \
-                     standalone (Kafka {} jars, `-Xms128m -Xmx512m`), walbox {} (release \
+                     standalone (Kafka {} jars, `-Xms128m -Xmx512m`), walbox {} ({} \
                      build) with `compat = \"debezium\"`",
                     walbox::sandbox::debezium::version(),
                     walbox::sandbox::kafka::kafka_version(),
-                    env!("CARGO_PKG_VERSION")
+                    env!("CARGO_PKG_VERSION"),
+                    if cfg!(debug_assertions) {
+                        "debug"
+                    } else {
+                        "release"
+                    }
                 ),
                 format!(
                     "broker: Apache Kafka {}, one KRaft node on this machine, {} partitions per \

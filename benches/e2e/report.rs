@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::broker::BenchBroker;
 use crate::floor::Floor;
-use crate::format::{fmt_n, k, machine, median, mib, ms, per_100k, ratio};
+use crate::format::{fmt_list, fmt_n, k, machine, median, mib, ms, per_100k, ratio};
 use crate::live::Latency;
 use crate::shards::{CostModel, PartitionRun, ShardRun};
 use crate::standby::CostDrain;
@@ -50,12 +50,7 @@ impl Report {
                     fmt_n(settings.rows),
                     if settings.quick { " (quick mode)" } else { "" },
                     settings.live.as_secs(),
-                    settings
-                        .rates
-                        .iter()
-                        .map(|r| fmt_n(*r))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    fmt_list(&settings.rates)
                 ),
                 format!("machine: {machine}"),
                 "PostgreSQL: throwaway cluster, wal_level=logical, shared_buffers=1GB, \

@@ -17,11 +17,13 @@
 //!   holds the password (it is private to the temporary directory).
 
 use std::fs;
-use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use super::http_get;
 
 /// The Debezium release `scripts/install-debezium.sh` installs (built against the sandbox's
 /// Kafka); `WALBOX_DEBEZIUM_VERSION` picks another installed one.
@@ -151,22 +153,6 @@ fn free_port() -> Result<u16> {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(io_err("finding a free port"))
-}
-
-/// `GET path` on 127.0.0.1:`port`: (status, body), or `None` when nothing answers.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
 }
 
 impl Connect {
