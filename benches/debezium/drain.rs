@@ -139,7 +139,8 @@ impl Bench {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &bootstrap)
             .create()?;
-        let (mut relay, started) = Relay::spawn(which, &self.cluster, &bootstrap, slot, run)?;
+        let (mut relay, started) =
+            Relay::spawn(which, &self.cluster, &bootstrap, slot, run, &self.settings)?;
         let pid = relay.pid();
         let mut walsender = None;
         let mut first: Option<(Duration, f64)> = None;

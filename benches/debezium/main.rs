@@ -27,7 +27,10 @@
 //!
 //! Environment: `WALBOX_BENCH_ROWS` (N, default 100,000), `WALBOX_BENCH_PAIRS` (default 2),
 //! `WALBOX_BENCH_LIVE_SECS` (default 20), `WALBOX_BENCH_RATES` (default `1000,5000`),
-//! `WALBOX_BENCH_OUTPUT`, `WALBOX_BENCH_WALBOX_LOG`, `WALBOX_DEBEZIUM_VERSION`,
+//! `WALBOX_BENCH_OUTPUT`, `WALBOX_BENCH_WALBOX_LOG`, `WALBOX_BENCH_WALBOX_ENV` (more `WALBOX_*`
+//! settings for walbox, `K=V;K=V`), `WALBOX_BENCH_DEBEZIUM_PROPS` (more connector properties,
+//! `k=v;k=v`), `WALBOX_BENCH_WALBOX_SOCKET=1` (walbox over the Unix socket: a diagnosis),
+//! `WALBOX_DEBEZIUM_VERSION`,
 //! `WALBOX_KAFKA_VERSION`.
 
 #[path = "../common/backlog.rs"]
@@ -119,6 +122,29 @@ pub struct Settings {
     live: Duration,
     rates: Vec<u64>,
     output: PathBuf,
+    /// More `WALBOX_*` variables for walbox (`WALBOX_BENCH_WALBOX_ENV`, `K=V;K=V`).
+    walbox_env: Vec<(String, String)>,
+    /// More connector properties for Debezium (`WALBOX_BENCH_DEBEZIUM_PROPS`, `k=v;k=v`).
+    debezium_props: Vec<(String, String)>,
+    /// walbox over the Unix socket instead of TCP (`WALBOX_BENCH_WALBOX_SOCKET=1`; a diagnosis,
+    /// the two relays then use different transports).
+    walbox_socket: bool,
+}
+
+/// `K=V;K=V` in `k` as pairs.
+fn assignments(k: &str) -> anyhow::Result<Vec<(String, String)>> {
+    harness::var(k)
+        .map(|v| {
+            v.split(';')
+                .filter(|a| !a.trim().is_empty())
+                .map(|a| {
+                    a.split_once('=')
+                        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                        .with_context(|| format!("{k}: {a:?} is not NAME=VALUE"))
+                })
+                .collect()
+        })
+        .unwrap_or(Ok(Vec::new()))
 }
 
 impl Settings {
@@ -133,6 +159,9 @@ impl Settings {
                 || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/debezium-results.md"),
                 PathBuf::from,
             ),
+            walbox_env: assignments("WALBOX_BENCH_WALBOX_ENV")?,
+            debezium_props: assignments("WALBOX_BENCH_DEBEZIUM_PROPS")?,
+            walbox_socket: var("WALBOX_BENCH_WALBOX_SOCKET").is_some_and(|v| v != "0"),
         })
     }
 }
@@ -266,7 +295,14 @@ impl Bench {
             self.create_topic(&which.topic("live", &format!("r{rate}")))?;
         }
         let bootstrap = self.kafka.bootstrap_servers();
-        let (mut relay, _) = relay::Relay::spawn(which, &self.cluster, &bootstrap, &slot, "live")?;
+        let (mut relay, _) = relay::Relay::spawn(
+            which,
+            &self.cluster,
+            &bootstrap,
+            &slot,
+            "live",
+            &self.settings,
+        )?;
         let deadline = Instant::now() + Duration::from_secs(180);
         while !self.streaming(&slot).await? {
             relay.check_alive()?;

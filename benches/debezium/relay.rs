@@ -11,7 +11,7 @@ use walbox::sandbox::debezium::{Connect, ConnectorSpec, Database};
 use walbox::sandbox::postgres::{PgCluster, SUPERUSER};
 
 use crate::procs::WalboxChild;
-use crate::{DATABASE, PUBLICATION};
+use crate::{Settings, DATABASE, PUBLICATION};
 
 /// Which relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,26 +58,46 @@ impl Relay {
         bootstrap: &str,
         slot: &str,
         run: &str,
+        settings: &Settings,
     ) -> anyhow::Result<(Relay, Instant)> {
         let topic = which.topic(run, "${routedByValue}");
+
         match which {
             Which::Walbox => {
                 let started = Instant::now();
-                let child = WalboxChild::start(
-                    &cluster.url(DATABASE),
-                    slot,
-                    PUBLICATION,
-                    bootstrap,
-                    false,
-                    &[
-                        ("WALBOX_OUTBOX_COMPAT", "debezium".to_owned()),
-                        ("WALBOX_OUTBOX_TOPIC", which.topic(run, "${aggregate_type}")),
-                    ],
-                )?;
+                let mut env = vec![
+                    ("WALBOX_OUTBOX_COMPAT", "debezium".to_owned()),
+                    ("WALBOX_OUTBOX_TOPIC", which.topic(run, "${aggregate_type}")),
+                ];
+                env.extend(
+                    settings
+                        .walbox_env
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.clone())),
+                );
+                // A diagnosis only (`WALBOX_BENCH_WALBOX_SOCKET=1`): walbox over the Unix
+                // socket, Debezium still over TCP.
+                let url = if settings.walbox_socket {
+                    cluster.socket_url(DATABASE)
+                } else {
+                    cluster.url(DATABASE)
+                };
+                let child = WalboxChild::start(&url, slot, PUBLICATION, bootstrap, false, &env)?;
                 Ok((Relay::Walbox(child), started))
             }
             Which::Debezium => {
                 let name = format!("dbz_{run}");
+                // The bench made the slot and the publication; TCP without TLS, as walbox.
+                let mut extra = vec![
+                    ("publication.autocreate.mode", "disabled".to_owned()),
+                    ("database.sslmode", "disable".to_owned()),
+                ];
+                extra.extend(
+                    settings
+                        .debezium_props
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.clone())),
+                );
                 let connect = Connect::spawn(&ConnectorSpec {
                     name: &name,
                     db: Database {
@@ -91,11 +111,7 @@ impl Relay {
                     publication: PUBLICATION,
                     bootstrap,
                     router: &[("route.topic.replacement", topic)],
-                    // The bench made the slot and the publication; TCP without TLS, as walbox.
-                    extra: &[
-                        ("publication.autocreate.mode", "disabled".to_owned()),
-                        ("database.sslmode", "disable".to_owned()),
-                    ],
+                    extra: &extra,
                 })
                 .context("starting Kafka Connect")?;
                 let started = connect.started();
