@@ -40,6 +40,8 @@
 mod broker;
 #[path = "inbox/direct.rs"]
 mod direct;
+#[path = "common/harness.rs"]
+mod harness;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -60,7 +62,7 @@ use walbox::inbox::metrics::InboxMetrics;
 use walbox::inbox::Handles;
 use walbox::sandbox::broker::Broker;
 use walbox::sandbox::kafka::{KafkaServer, KafkaServerOptions};
-use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+use walbox::sandbox::postgres::PgCluster;
 
 use broker::BenchBroker;
 use direct::{direct_batch, insert_sql};
@@ -94,25 +96,11 @@ struct Settings {
 
 impl Settings {
     fn from_env() -> anyhow::Result<Self> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        use harness::{num, var};
         let quick = var("WALBOX_BENCH_QUICK").is_some_and(|v| v != "0");
-        let num = |k: &str, default: usize| -> anyhow::Result<usize> {
-            var(k).map_or(Ok(default), |v| {
-                v.replace(['_', ','], "")
-                    .parse()
-                    .with_context(|| format!("{k}={v}: not a number"))
-            })
-        };
         let partitions = match var("WALBOX_BENCH_INBOX_PARTITIONS") {
             Some(v) if v == "none" => Vec::new(),
-            Some(v) => v
-                .split(',')
-                .map(|p| p.trim().parse())
-                .collect::<Result<Vec<i32>, _>>()
-                .with_context(|| {
-                    format!("WALBOX_BENCH_INBOX_PARTITIONS={v}: not a list of numbers")
-                })?,
-            None => vec![1, 4, 16],
+            _ => harness::list("WALBOX_BENCH_INBOX_PARTITIONS", vec![1, 4, 16])?,
         };
         let fsync = match var("WALBOX_BENCH_INBOX_FSYNC").as_deref() {
             None | Some("both") => vec![false, true],
@@ -151,29 +139,7 @@ fn main() -> ExitCode {
     if std::env::args().any(|a| a == broker::HOST_ARG) {
         broker::host_main();
     }
-    // `cargo test --all-targets` runs bench targets without --bench: skip.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("inbox bench: run it with `cargo bench --bench inbox` (skipped under cargo test)");
-        return ExitCode::SUCCESS;
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("inbox bench: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("inbox bench failed: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    harness::main_with("inbox", run)
 }
 
 /// The two inbox forms.
@@ -256,25 +222,15 @@ struct Bench {
 async fn run() -> anyhow::Result<()> {
     let settings = Settings::from_env()?;
     let started = Instant::now();
-    let cluster = tokio::task::spawn_blocking(|| {
-        PgCluster::start(PgClusterOptions {
-            settings: [
-                ("shared_buffers", "512MB"),
-                ("max_wal_size", "4GB"),
-                ("track_commit_timestamp", "on"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-            watchdog: true,
-            ..Default::default()
-        })
-    })
-    .await?
-    .context("starting PostgreSQL")?;
-    cluster.create_database("bench")?;
-    cluster.psql("bench", include_str!("../migrations/inbox.sql"))?;
-    cluster.psql("bench", SCHEMA)?;
+    let cluster = harness::bench_cluster(
+        &[
+            ("shared_buffers", "512MB"),
+            ("max_wal_size", "4GB"),
+            ("track_commit_timestamp", "on"),
+        ],
+        &[include_str!("../migrations/inbox.sql"), SCHEMA],
+    )
+    .await?;
     let url = cluster.socket_url("bench");
     let (admin, conn) = tokio_postgres::connect(&url, NoTls).await?;
     tokio::spawn(conn);
@@ -386,10 +342,7 @@ async fn run() -> anyhow::Result<()> {
          ≥ 0.8 × the direct INSERT rate; p99 ≤ 20 ms at 1,000 records/s.\n\nTotal bench time: {:.0} s.",
         started.elapsed().as_secs_f64()
     )?;
-    print!("{out}");
-    std::fs::write(&settings.output, &out)
-        .with_context(|| format!("writing {}", settings.output.display()))?;
-    eprintln!("written to {}", settings.output.display());
+    harness::publish("inbox", &settings.output, &out)?;
     bench.cluster.stop()?;
     drop(bench.brokers);
     Ok(())

@@ -36,11 +36,19 @@
 //! `WALBOX_BENCH_KAFKA` (`mock`, the default, or `apache`: a single-node Apache Kafka broker
 //! from `scripts/install-deps.sh`'s cache instead of the mock cluster).
 
+#[path = "../common/backlog.rs"]
+mod backlog;
 mod broker;
 mod drain;
 mod floor;
+#[path = "../common/format.rs"]
+mod format;
+#[path = "../common/harness.rs"]
+mod harness;
+#[path = "../common/live.rs"]
 mod live;
 mod poller;
+#[path = "../common/procs.rs"]
 mod procs;
 mod report;
 mod shards;
@@ -50,14 +58,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
 use walbox::lsn::Lsn;
-use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
+use walbox::sandbox::postgres::PgCluster;
 
 use broker::BenchBroker;
+use format::fmt_n;
 use procs::WalboxChild;
 use report::Report;
 
@@ -116,23 +125,10 @@ struct Settings {
 impl Settings {
     /// Reads the `WALBOX_BENCH_*` variables.
     fn from_env() -> anyhow::Result<Self> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        use harness::{num, var};
         let quick = var("WALBOX_BENCH_QUICK").is_some_and(|v| v != "0");
-        let num = |k: &str, default: u64| -> anyhow::Result<u64> {
-            var(k).map_or(Ok(default), |v| {
-                v.replace(['_', ','], "")
-                    .parse()
-                    .with_context(|| format!("{k}={v}: not a number"))
-            })
-        };
         let rows = num("WALBOX_BENCH_ROWS", if quick { 20_000 } else { 1_000_000 })?;
-        let rates = match var("WALBOX_BENCH_RATES") {
-            Some(v) => v
-                .split(',')
-                .map(|r| r.trim().parse().context("WALBOX_BENCH_RATES"))
-                .collect::<anyhow::Result<_>>()?,
-            None => vec![1_000, 5_000, 20_000],
-        };
+        let rates = harness::list("WALBOX_BENCH_RATES", vec![1_000, 5_000, 20_000])?;
         Ok(Settings {
             rows,
             big_rows: num("WALBOX_BENCH_BIG_ROWS", rows * 5)?,
@@ -164,30 +160,7 @@ fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some(floor::FLOOR_ARG) {
         floor::child_main();
     }
-    // `cargo bench` passes --bench; `cargo test --all-targets` builds and runs bench targets
-    // without it, and a test run must not start a 20-minute benchmark.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("e2e bench: run it with `cargo bench --bench e2e` (skipped under cargo test)");
-        return ExitCode::SUCCESS;
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("e2e bench: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("e2e bench failed: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    harness::main_with("e2e", run)
 }
 
 /// The bench's handle on the cluster, the broker and an admin connection.
@@ -238,24 +211,15 @@ async fn run() -> anyhow::Result<()> {
     let settings = Settings::from_env()?;
     let started = Instant::now();
     eprintln!("e2e bench: {settings:?}");
-    let cluster = tokio::task::spawn_blocking(|| {
-        PgCluster::start(PgClusterOptions {
-            settings: [
-                ("shared_buffers", "1GB"),
-                ("max_wal_size", "4GB"),
-                ("max_slot_wal_keep_size", "-1"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-            watchdog: true,
-            ..Default::default()
-        })
-    })
-    .await?
-    .context("starting PostgreSQL")?;
-    cluster.create_database("bench")?;
-    cluster.psql("bench", SCHEMA)?;
+    let cluster = harness::bench_cluster(
+        &[
+            ("shared_buffers", "1GB"),
+            ("max_wal_size", "4GB"),
+            ("max_slot_wal_keep_size", "-1"),
+        ],
+        &[SCHEMA],
+    )
+    .await?;
     let url = cluster.socket_url("bench");
     let (admin, conn) = tokio_postgres::connect(&url, NoTls).await?;
     tokio::spawn(conn);
@@ -423,17 +387,7 @@ async fn run() -> anyhow::Result<()> {
     }
 
     report.elapsed = started.elapsed();
-    let table = report.render();
-    println!("\n{table}");
-    if let Some(dir) = bench.settings.output.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&bench.settings.output, &table)
-        .with_context(|| format!("writing {}", bench.settings.output.display()))?;
-    eprintln!(
-        "e2e bench: table written to {}",
-        bench.settings.output.display()
-    );
+    harness::publish("e2e", &bench.settings.output, &report.render())?;
     drop(bench);
     Ok(())
 }
@@ -462,28 +416,10 @@ fn histogram_p99(before: &procs::WalboxMetrics, after: &procs::WalboxMetrics) ->
         .map(|(le, _)| *le)
 }
 
-/// `1000000` → `1,000,000`.
-fn fmt_n(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
-}
-
 impl Bench {
     /// Current WAL insert position.
     async fn wal_lsn(&self) -> anyhow::Result<Lsn> {
-        let text: String = self
-            .admin
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-            .await?
-            .get(0);
-        text.parse().map_err(|e| anyhow::anyhow!("{e:?}"))
+        backlog::wal_lsn(&self.admin).await
     }
 
     /// `n_dead_tup` of the outbox table, after a fresh statistics snapshot.
@@ -499,20 +435,6 @@ impl Bench {
             )
             .await?
             .get(0))
-    }
-
-    /// Calls the load procedure `name` with synchronous commit off. One statement per message:
-    /// a multi-statement query is one implicit transaction, in which the procedure could not
-    /// COMMIT.
-    async fn call_load(&self, name: &str, rows: u64, per_tx: u64) -> anyhow::Result<()> {
-        self.admin
-            .batch_execute("SET synchronous_commit = off")
-            .await?;
-        self.admin
-            .batch_execute(&format!("CALL {name}({rows}, {per_tx})"))
-            .await?;
-        self.admin.batch_execute("RESET synchronous_commit").await?;
-        Ok(())
     }
 
     /// Empties the outbox, creates `slots` at one LSN, loads `rows` rows in transactions of
@@ -534,35 +456,7 @@ impl Bench {
         rows: u64,
         per_tx: u64,
     ) -> anyhow::Result<(Lsn, f64)> {
-        self.admin
-            .batch_execute(&format!("TRUNCATE {table}"))
-            .await?;
-        for s in slots {
-            self.admin
-                .execute(
-                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[s],
-                )
-                .await?;
-        }
-        let t = Instant::now();
-        self.call_load(load, rows, per_tx).await?;
-        let end = self.wal_lsn().await?;
-        let load_secs = t.elapsed().as_secs_f64();
-        eprintln!(
-            "loaded {} rows into {table} in {per_tx}-row transactions in {load_secs:.1} s",
-            fmt_n(rows)
-        );
-        for sql in [
-            &format!("VACUUM ANALYZE {table}"),
-            "CHECKPOINT",
-            "SELECT pg_logical_emit_message(false, 'walbox-bench', 'end')",
-        ] {
-            self.admin.batch_execute(sql).await?;
-        }
-        // Let the stats of the load settle so the drain's dead-tuple delta is its own.
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        Ok((end, load_secs))
+        backlog::load(&self.admin, table, load, slots, rows, per_tx).await
     }
 
     /// Drops every replication slot.

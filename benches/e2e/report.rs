@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use crate::broker::BenchBroker;
 use crate::floor::Floor;
+use crate::format::{fmt_list, fmt_n, k, machine, median, mib, ms, per_100k, ratio};
 use crate::live::Latency;
 use crate::shards::{CostModel, PartitionRun, ShardRun};
 use crate::standby::CostDrain;
-use crate::{fmt_n, Drain, Settings};
+use crate::{Drain, Settings};
 
 /// `pg_recvlogical` drain rates in `postgres-limits.md` (§3a, fast-host pass 2 median; slow-host
 /// pass 1 median), events/s: (100-row tx, 1-row tx).
@@ -38,57 +39,6 @@ pub struct Report {
     pub elapsed: Duration,
 }
 
-/// `12345.6` → `12.3k`.
-fn k(v: f64) -> String {
-    if v >= 10_000.0 {
-        format!("{:.0}k", v / 1000.0)
-    } else if v >= 1000.0 {
-        format!("{:.1}k", v / 1000.0)
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-/// Milliseconds with a sensible precision.
-fn ms(d: Duration) -> String {
-    let v = d.as_secs_f64() * 1000.0;
-    if v < 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-/// `a / b` as `0.93×`.
-fn ratio(a: f64, b: f64) -> String {
-    if b > 0.0 {
-        format!("{:.2}×", a / b)
-    } else {
-        "–".into()
-    }
-}
-
-/// Bytes as MiB.
-fn mib(b: u64) -> String {
-    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
-}
-
-/// The median of `values` (NaN when there are none).
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 0 => (values[mid - 1] + values[mid]) / 2.0,
-        _ => values[mid],
-    }
-}
-
-/// Per 100k events.
-fn per_100k(v: f64, events: u64) -> f64 {
-    v * 100_000.0 / events as f64
-}
-
 impl Report {
     /// An empty report for a run with `settings`.
     pub fn new(settings: &Settings, broker: &BenchBroker) -> Self {
@@ -100,12 +50,7 @@ impl Report {
                     fmt_n(settings.rows),
                     if settings.quick { " (quick mode)" } else { "" },
                     settings.live.as_secs(),
-                    settings
-                        .rates
-                        .iter()
-                        .map(|r| fmt_n(*r))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    fmt_list(&settings.rates)
                 ),
                 format!("machine: {machine}"),
                 "PostgreSQL: throwaway cluster, wal_level=logical, shared_buffers=1GB, \
@@ -546,27 +491,4 @@ impl Report {
                 bound of commit → broker ack.\n";
         out
     }
-}
-
-/// `nproc`, memory and CPU model.
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_owned())
-        })
-        .unwrap_or_else(|| "?".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or("?".into(), |kb| format!("{:.0} GiB", kb as f64 / 1048576.0));
-    format!("{cores} cores ({cpu}), {mem} RAM")
 }

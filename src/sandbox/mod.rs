@@ -3,6 +3,7 @@
 //! every trace of it when it is dropped.
 
 pub mod broker;
+pub mod debezium;
 pub mod kafka;
 pub mod kafka_cluster;
 pub mod postgres;
@@ -10,6 +11,25 @@ mod programs;
 pub mod proxy;
 pub mod standby;
 pub mod tls;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// `GET path` on 127.0.0.1:`port`: (status, body), or `None` when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
 
 /// The seed article's outbox table (plus the business table the transactions also write).
 pub const SCHEMA: &str = "

@@ -15,7 +15,7 @@ pub mod standby;
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -496,20 +496,7 @@ impl Drop for Walbox {
     }
 }
 
-/// `GET path` on 127.0.0.1:`port`: (status code, body), or None when nothing listens yet.
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
-}
+pub use walbox::sandbox::http_get;
 
 /// The value of an unlabelled sample `name` in a Prometheus text exposition.
 pub fn metric(body: &str, name: &str) -> Option<f64> {

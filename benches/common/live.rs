@@ -2,7 +2,8 @@
 //! event arrives. Latency = time the consumer received the record − time the inserting
 //! transaction's COMMIT returned to the inserter (both on this process's monotonic clock), so it
 //! includes the relay, the broker's acknowledgement and a consumer fetch (`fetch.wait.max.ms=1`):
-//! an upper bound of commit → broker ack.
+//! an upper bound of commit → broker ack. Shared by the e2e bench (the seeds' table, events
+//! matched by their `id` header) and the Debezium bench (Debezium's table, matched by key).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_postgres::NoTls;
 
@@ -26,10 +27,27 @@ pub fn payload(n: i64) -> String {
     )
 }
 
-/// Inserts one-row transactions into `outbox` (topic `topic`) at `rate` rows/s for
+/// The seeds' insert: `$1` aggregate id, `$2` topic, `$3` payload; returns the row's id.
+const SEED_INSERT: &str = "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+                           VALUES ($1, $2, 'OrderCreated', $3::text::jsonb) RETURNING id";
+
+/// Inserts one-row transactions into the seeds' `outbox` (topic `topic`) at `rate` rows/s for
 /// `duration`, over [`INSERTERS`] connections; returns `(id, commit returned)` per row.
 pub async fn insert_at_rate(
     pg_url: &str,
+    topic: &str,
+    rate: u64,
+    duration: Duration,
+) -> anyhow::Result<Vec<(i64, Instant)>> {
+    insert_at_rate_with(pg_url, SEED_INSERT, topic, rate, duration).await
+}
+
+/// [`insert_at_rate`] with another statement `insert`: its parameters are the aggregate id
+/// (`order-<n>`), the topic (or routing value) and the payload, as text; it returns the bigint
+/// the consumer side matches the record by.
+pub async fn insert_at_rate_with(
+    pg_url: &str,
+    insert: &str,
     topic: &str,
     rate: u64,
     duration: Duration,
@@ -42,14 +60,10 @@ pub async fn insert_at_rate(
             .context("inserter: connecting")?;
         tokio::spawn(conn);
         let topic = topic.to_owned();
+        let insert = insert.to_owned();
         let per_conn = rate as f64 / INSERTERS as f64;
         tasks.push(tokio::spawn(async move {
-            let stmt = client
-                .prepare(
-                    "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
-                     VALUES ($1, $2, 'OrderCreated', $3::text::jsonb) RETURNING id",
-                )
-                .await?;
+            let stmt = client.prepare(&insert).await?;
             let mut out = Vec::with_capacity((per_conn * duration.as_secs_f64()) as usize + 1);
             let mut sent: u64 = 0;
             loop {
@@ -84,9 +98,31 @@ pub struct Receiver {
     thread: std::thread::JoinHandle<anyhow::Result<Vec<(i64, Instant)>>>,
 }
 
+/// What a record's id is read from.
+pub type IdOf = fn(&BorrowedMessage<'_>) -> Option<i64>;
+
+/// The record's `id` header, walbox's event id for the seeds' table.
+pub fn id_header(m: &BorrowedMessage<'_>) -> Option<i64> {
+    m.headers()
+        .and_then(|h| h.iter().find(|x| x.key == "id"))
+        .and_then(|x| x.value)
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+}
+
 impl Receiver {
-    /// Starts reading all `partitions` of `topic` from the beginning.
+    /// Starts reading all `partitions` of `topic` from the beginning, records identified by
+    /// their `id` header.
     pub fn start(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result<Self> {
+        Receiver::start_with(bootstrap, topic, partitions, id_header)
+    }
+
+    /// [`Receiver::start`], records identified by `id_of`.
+    pub fn start_with(
+        bootstrap: &str,
+        topic: &str,
+        partitions: i32,
+        id_of: IdOf,
+    ) -> anyhow::Result<Self> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
             .set("group.id", "walbox-bench")
@@ -110,12 +146,7 @@ impl Receiver {
                 match consumer.poll(Duration::from_millis(20)) {
                     Some(Ok(m)) => {
                         let now = Instant::now();
-                        let id = m
-                            .headers()
-                            .and_then(|h| h.iter().find(|x| x.key == "id"))
-                            .and_then(|x| x.value)
-                            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok());
-                        if let Some(id) = id {
+                        if let Some(id) = id_of(&m) {
                             seen.push((id, now));
                             c.store(seen.len(), Ordering::Relaxed);
                         }
