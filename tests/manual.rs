@@ -331,3 +331,34 @@ fn the_probe_sees_keys_and_the_doc_check_sees_a_missing_one() {
         Some(vec!["a".to_owned(), "b".to_owned()])
     );
 }
+
+#[test]
+fn every_long_page_starts_with_contents_naming_each_of_its_sections() {
+    let mut wrong = Vec::new();
+    for page in pages().into_iter().filter(|p| p.starts_with("docs/")) {
+        let text = read(&page);
+        let sections: Vec<String> = prose(&text)
+            .filter_map(|l| l.strip_prefix("## "))
+            .map(anchor)
+            .collect();
+        if text.lines().count() < 150 || sections.len() < 3 {
+            continue;
+        }
+        let Some((_, contents)) = text.split_once("**Contents**") else {
+            wrong.push(format!("{page}: no **Contents**"));
+            continue;
+        };
+        let listed: BTreeSet<String> = contents
+            .split("\n\n")
+            .nth(1)
+            .map(links)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|l| l.strip_prefix('#').map(str::to_owned))
+            .collect();
+        for s in sections.iter().filter(|s| !listed.contains(*s)) {
+            wrong.push(format!("{page}: #{s} is not in its contents"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
