@@ -31,7 +31,8 @@
 //! (default N, at least 100,000), `WALBOX_BENCH_STANDBY_PG` (default 16), `WALBOX_BENCH_OUTPUT`,
 //! `WALBOX_BENCH_KAFKA_BROKERS`, `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn),
 //! `WALBOX_BENCH_LINGER_MS` (the live runs again with this `linger.ms`, default 1; `off`),
-//! `WALBOX_BENCH_EOS_LINGER_MS` (the exactly-once runs' `linger.ms`, default walbox's),
+//! `WALBOX_BENCH_EOS_LINGER_MS` and `WALBOX_BENCH_EOS_INTERVAL` (the exactly-once runs'
+//! `linger.ms` and `kafka.transaction_interval`, default walbox's),
 //! `WALBOX_BENCH_SECTIONS` (a comma list of `drain`, `eos-drain`, `scaling`, `memory`, `live`,
 //! `live-eos`, `live-poll`, `standby`; default all: a partial run's table has only those rows),
 //! `WALBOX_BENCH_KAFKA` (`mock`, the default, or `apache`: a single-node Apache Kafka broker
@@ -63,11 +64,15 @@ use procs::WalboxChild;
 use report::Report;
 
 /// What turns exactly-once mode on (default transaction bounds), with
-/// `WALBOX_BENCH_EOS_LINGER_MS` as its producer's `linger.ms` when set.
+/// `WALBOX_BENCH_EOS_LINGER_MS` as its producer's `linger.ms` and `WALBOX_BENCH_EOS_INTERVAL`
+/// as `kafka.transaction_interval` when set.
 fn exactly_once() -> Vec<(&'static str, String)> {
     let mut vars = vec![("WALBOX_KAFKA_EXACTLY_ONCE", "true".to_owned())];
     if let Ok(linger) = std::env::var("WALBOX_BENCH_EOS_LINGER_MS") {
         vars.push(("WALBOX_KAFKA_PROPERTY_LINGER_MS", linger));
+    }
+    if let Ok(interval) = std::env::var("WALBOX_BENCH_EOS_INTERVAL") {
+        vars.push(("WALBOX_KAFKA_TRANSACTION_INTERVAL", interval));
     }
     vars
 }
