@@ -18,8 +18,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Every metric walbox exports.
@@ -49,6 +49,11 @@ pub struct Metrics {
     pub kafka_transactions: IntCounterVec,
     /// `walbox_kafka_transaction_commit_seconds`: how long `commit_transaction` took.
     pub kafka_transaction_commit: Histogram,
+    /// `walbox_kafka_transaction_phase_seconds{phase}`: the other steps of a Kafka
+    /// transaction, `first_ack` (begun → its first delivery report: the coordinator adding its
+    /// partitions), `acks` (commit started → every event acknowledged) and `progress` (progress
+    /// record sent → acknowledged).
+    pub kafka_transaction_phase: HistogramVec,
     /// `walbox_exactly_once_skipped_events_total`: events PostgreSQL sent again that a
     /// committed Kafka transaction already holds (skipped at start-up).
     pub exactly_once_skipped: IntCounter,
@@ -248,6 +253,21 @@ impl Metrics {
                         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                         10.0, 30.0,
                     ]),
+                )
+                .expect("valid metric"),
+            ),
+            kafka_transaction_phase: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "walbox_kafka_transaction_phase_seconds",
+                        "Steps of a Kafka transaction in exactly-once mode: first_ack (begun to first delivery report), acks (commit started to every event acknowledged), progress (progress record sent to acknowledged).",
+                    )
+                    .buckets(vec![
+                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                        10.0, 30.0,
+                    ]),
+                    &["phase"],
                 )
                 .expect("valid metric"),
             ),

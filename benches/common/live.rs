@@ -127,6 +127,9 @@ impl Receiver {
             .set("bootstrap.servers", bootstrap)
             .set("group.id", "walbox-bench")
             .set("enable.auto.commit", "false")
+            // The same consumer for every relay and mode: read_committed (librdkafka's default,
+            // stated) sees at-least-once records at once and exactly-once ones at their commit.
+            .set("isolation.level", "read_committed")
             .set("fetch.wait.max.ms", "1")
             .set("fetch.min.bytes", "1")
             .set("fetch.error.backoff.ms", "10")

@@ -125,6 +125,60 @@ pub struct WalboxMetrics {
     pub published: u64,
     /// Cumulative `walbox_commit_to_ack_seconds` buckets: `(le, count)`.
     pub commit_to_ack: Vec<(f64, u64)>,
+    /// Exactly-once mode's steps of a Kafka transaction, `(step, seconds summed, count)`:
+    /// `walbox_kafka_transaction_phase_seconds{phase}` and, as `commit`,
+    /// `walbox_kafka_transaction_commit_seconds`.
+    pub txn_steps: Vec<(String, f64, u64)>,
+}
+
+impl WalboxMetrics {
+    /// `step`'s seconds and count, summed.
+    fn step(&mut self, step: &str) -> &mut (String, f64, u64) {
+        let at = match self.txn_steps.iter().position(|(s, ..)| s == step) {
+            Some(at) => at,
+            None => {
+                self.txn_steps.push((step.to_owned(), 0.0, 0));
+                self.txn_steps.len() - 1
+            }
+        };
+        &mut self.txn_steps[at]
+    }
+
+    /// Reads one `_sum` or `_count` line of a transaction step.
+    fn txn_step_line(&mut self, line: &str) -> Option<()> {
+        let (name, value) = line.rsplit_once(' ')?;
+        let (step, sum) =
+            if let Some(rest) = name.strip_prefix("walbox_kafka_transaction_phase_seconds_") {
+                let (kind, label) = rest.split_once("{phase=\"")?;
+                (label.strip_suffix("\"}")?.to_owned(), kind == "sum")
+            } else {
+                let kind = name.strip_prefix("walbox_kafka_transaction_commit_seconds_")?;
+                ("commit".to_owned(), kind == "sum")
+            };
+        let entry = self.step(&step);
+        if sum {
+            entry.1 += value.trim().parse::<f64>().ok()?;
+        } else {
+            entry.2 += value.trim().parse::<u64>().ok()?;
+        }
+        Some(())
+    }
+
+    /// Mean milliseconds per transaction of each step between `before` and `self`.
+    pub fn txn_step_means(&self, before: &WalboxMetrics) -> Vec<(String, f64)> {
+        self.txn_steps
+            .iter()
+            .filter_map(|(step, sum, count)| {
+                let (s0, c0) = before
+                    .txn_steps
+                    .iter()
+                    .find(|(s, ..)| s == step)
+                    .map_or((0.0, 0), |(_, s, c)| (*s, *c));
+                let n = count.checked_sub(c0).filter(|n| *n > 0)?;
+                Some((step.clone(), (sum - s0) * 1000.0 / n as f64))
+            })
+            .collect()
+    }
 }
 
 impl WalboxChild {
@@ -200,6 +254,11 @@ impl WalboxChild {
                     le.parse().ok()?
                 };
                 m.commit_to_ack.push((le, count.trim().parse().ok()?));
+            } else if (line.starts_with("walbox_kafka_transaction_phase_seconds_")
+                || line.starts_with("walbox_kafka_transaction_commit_seconds_"))
+                && !line.contains("_bucket")
+            {
+                m.txn_step_line(line);
             }
         }
         Some(m)

@@ -31,6 +31,8 @@
 //! (default N, at least 100,000), `WALBOX_BENCH_STANDBY_PG` (default 16), `WALBOX_BENCH_OUTPUT`,
 //! `WALBOX_BENCH_KAFKA_BROKERS`, `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn),
 //! `WALBOX_BENCH_LINGER_MS` (the live runs again with this `linger.ms`, default 1; `off`),
+//! `WALBOX_BENCH_EOS_LINGER_MS` and `WALBOX_BENCH_EOS_INTERVAL` (the exactly-once runs'
+//! `linger.ms` and `kafka.transaction_interval`, default walbox's),
 //! `WALBOX_BENCH_SECTIONS` (a comma list of `drain`, `eos-drain`, `scaling`, `memory`, `live`,
 //! `live-eos`, `live-poll`, `standby`; default all: a partial run's table has only those rows),
 //! `WALBOX_BENCH_KAFKA` (`mock`, the default, or `apache`: a single-node Apache Kafka broker
@@ -70,9 +72,18 @@ use format::fmt_n;
 use procs::WalboxChild;
 use report::Report;
 
-/// What turns exactly-once mode on (default transaction bounds).
+/// What turns exactly-once mode on (default transaction bounds), with
+/// `WALBOX_BENCH_EOS_LINGER_MS` as its producer's `linger.ms` and `WALBOX_BENCH_EOS_INTERVAL`
+/// as `kafka.transaction_interval` when set.
 fn exactly_once() -> Vec<(&'static str, String)> {
-    vec![("WALBOX_KAFKA_EXACTLY_ONCE", "true".to_owned())]
+    let mut vars = vec![("WALBOX_KAFKA_EXACTLY_ONCE", "true".to_owned())];
+    if let Ok(linger) = std::env::var("WALBOX_BENCH_EOS_LINGER_MS") {
+        vars.push(("WALBOX_KAFKA_PROPERTY_LINGER_MS", linger));
+    }
+    if let Ok(interval) = std::env::var("WALBOX_BENCH_EOS_INTERVAL") {
+        vars.push(("WALBOX_KAFKA_TRANSACTION_INTERVAL", interval));
+    }
+    vars
 }
 
 /// Partitions of every topic.
@@ -318,7 +329,7 @@ async fn run() -> anyhow::Result<()> {
 
     if bench.settings.runs("live") {
         // 4. Live latency.
-        for (rate, lat, p99) in bench.live_walbox("walbox_live", &[]).await? {
+        for (rate, lat, p99, _) in bench.live_walbox("walbox_live", &[]).await? {
             report.live("walbox", rate, &lat, Some(p99));
         }
         // The same runs with another linger.ms (`WALBOX_BENCH_LINGER_MS`, default 1; "off" skips
@@ -326,7 +337,7 @@ async fn run() -> anyhow::Result<()> {
         let linger = std::env::var("WALBOX_BENCH_LINGER_MS").unwrap_or_else(|_| "1".into());
         if linger != "off" {
             let extra = [("WALBOX_KAFKA_PROPERTY_LINGER_MS", linger.clone())];
-            for (rate, lat, p99) in bench.live_walbox("walbox_live_linger", &extra).await? {
+            for (rate, lat, p99, _) in bench.live_walbox("walbox_live_linger", &extra).await? {
                 let name = match p99 {
                     Some(h) => format!(
                         "walbox, linger.ms = {linger} (walbox_commit_to_ack_seconds p99 ≤ {} ms)",
@@ -342,16 +353,25 @@ async fn run() -> anyhow::Result<()> {
         // Exactly-once: a consumer sees a record once its Kafka transaction commits (on the mock
         // cluster, which has no transaction markers, as soon as it is written; walbox's commit →
         // confirmed histogram then gives the commit → Kafka commit time).
-        for (rate, lat, p99) in bench
+        for (rate, lat, p99, steps) in bench
             .live_walbox("walbox_live_eos", &exactly_once())
             .await?
         {
+            // Where a Kafka transaction's time goes: walbox's mean per step.
+            let steps: Vec<String> = steps
+                .iter()
+                .map(|(step, ms)| format!("{step} {ms:.1}"))
+                .collect();
+            let steps = match steps.is_empty() {
+                true => String::new(),
+                false => format!("; mean ms per Kafka transaction: {}", steps.join(", ")),
+            };
             let name = match p99 {
                 Some(h) => format!(
-                    "walbox, exactly-once (commit → Kafka commit p99 ≤ {} ms)",
+                    "walbox, exactly-once (commit → Kafka commit p99 ≤ {} ms{steps})",
                     h * 1000.0
                 ),
-                None => "walbox, exactly-once".to_owned(),
+                None => format!("walbox, exactly-once{steps}"),
             };
             report.live(&name, rate, &lat, None);
         }
@@ -512,7 +532,7 @@ impl Bench {
         &mut self,
         slot: &str,
         extra: &[(&str, String)],
-    ) -> anyhow::Result<Vec<(u64, live::Latency, Option<f64>)>> {
+    ) -> anyhow::Result<Vec<(u64, live::Latency, Option<f64>, Vec<(String, f64)>)>> {
         self.admin.batch_execute("TRUNCATE outbox").await?;
         let brokers = self.broker.bootstrap();
         let mut walbox = WalboxChild::start(&self.url, slot, PUBLICATION, &brokers, true, extra)?;
@@ -524,7 +544,8 @@ impl Bench {
                 .live(&format!("live-{slot}-{rate}"), rate, None)
                 .await?;
             let after = walbox.metrics().unwrap_or_default();
-            runs.push((rate, lat, histogram_p99(&before, &after)));
+            let steps = after.txn_step_means(&before);
+            runs.push((rate, lat, histogram_p99(&before, &after), steps));
         }
         walbox.stop()?;
         self.drop_slots().await?;

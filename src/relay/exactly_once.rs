@@ -13,9 +13,9 @@
 //! open transaction at a time).
 //!
 //! ```text
-//!  read:     N's events ─┬─ N+1's events (buffered) ─────────┬─ N+2's (buffered) ─ …
-//!  producer: N's records │ acks ─ progress(N) ─ EndTxn(N) ───┴ N+1's records ─ acks ─ …
-//!                        └ commit of N starts                 └ N committed: checkpoint ≤ N
+//!  read:     N's events ─┬─ N+1's events (buffered) ───────────────┬─ N+2's (buffered) ─ …
+//!  producer: N's records │ acks ─ progress(N) ─ its ack ─ EndTxn(N) ┴ N+1's records ─ acks ─ …
+//!                        └ commit of N starts                       └ N committed: checkpoint ≤ N
 //! ```
 //!
 //! # Invariants
@@ -25,7 +25,8 @@
 //!   `kafka.transaction_interval` old), or while no PostgreSQL transaction is being received. A
 //!   PostgreSQL transaction larger than the bound is still one Kafka transaction.
 //! - The commit of a Kafka transaction waits for the delivery reports of all its records, then
-//!   sends its progress record, then runs `commit_transaction` on a blocking thread. Meanwhile
+//!   sends its progress record and waits for that record's report, then runs
+//!   `commit_transaction` on a blocking thread (with nothing left to flush). Meanwhile
 //!   events read get their sequence numbers and are buffered with the PostgreSQL commits
 //!   between them, never handed to the producer, so the transaction committing holds exactly
 //!   the sequence numbers below its `through_seq` and its progress record describes exactly
@@ -146,6 +147,7 @@ impl Relay {
             bounds,
             open: false,
             opened_at: Instant::now(),
+            first_ack_pending: false,
             started: Instant::now(),
             events: 0,
             bytes: 0,
@@ -202,6 +204,7 @@ impl Relay {
         }
         txn.open = true;
         txn.opened_at = Instant::now();
+        txn.first_ack_pending = true;
         Ok(())
     }
 
@@ -243,6 +246,7 @@ impl Relay {
             return;
         };
         txn.closing = Some(Closing {
+            started: Instant::now(),
             through_seq,
             end_lsn,
             commit_time,
@@ -265,7 +269,8 @@ impl Relay {
     /// Moves the commit in flight on: once every event of its transaction is acknowledged,
     /// sends its progress record (a progress record a broker shows always follows all of its
     /// events, even on a broker that shows aborted transactions to `read_committed` readers;
-    /// see the module docs) and hands `commit_transaction` to a blocking thread. Called
+    /// see the module docs); once that record is acknowledged, hands `commit_transaction` to a
+    /// blocking thread (which then has nothing left to flush: see [`commit_blocking`]). Called
     /// after delivery reports were taken.
     pub(super) async fn drive_commit(&mut self, s: &mut Session) -> Result<(), RelayError> {
         let Some(txn) = s.eos.as_mut() else {
@@ -274,10 +279,14 @@ impl Relay {
         let Some(closing) = txn.closing.as_mut() else {
             return Ok(());
         };
-        let Phase::Flushing { deadline } = closing.phase else {
-            return Ok(());
+        let (deadline, waiting) = match closing.phase {
+            Phase::Flushing { deadline } => (deadline, s.outstanding > 0),
+            Phase::Sealing {
+                deadline, acked, ..
+            } => (deadline, !acked),
+            Phase::Committing { .. } => return Ok(()),
         };
-        if s.outstanding > 0 {
+        if waiting {
             if Instant::now() >= deadline {
                 return Err(RelayError::Transaction(TxnError::Abortable(
                     rdkafka::error::KafkaError::Flush(
@@ -287,29 +296,46 @@ impl Relay {
             }
             return Ok(());
         }
-        let (end_lsn, commit_time) = (closing.end_lsn, closing.commit_time);
         let id = txn.id.clone();
-        if let Some(key) = self.progress_key.clone() {
-            loop {
-                match self.send_progress(&key, end_lsn, commit_time) {
-                    Ok(()) => break,
-                    Err(SinkError::QueueFull) => {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    Err(SinkError::Send(e)) | Err(SinkError::Config(e)) => {
-                        return Err(RelayError::Transaction(classify_txn(&self.sink, &id, e)));
+        if let Phase::Flushing { .. } = closing.phase {
+            self.metrics
+                .kafka_transaction_phase
+                .with_label_values(&["acks"])
+                .observe(closing.started.elapsed().as_secs_f64());
+            if let Some(key) = self.progress_key.clone() {
+                let (end_lsn, commit_time) = (closing.end_lsn, closing.commit_time);
+                loop {
+                    match self.send_progress(&key, end_lsn, commit_time) {
+                        Ok(()) => break,
+                        Err(SinkError::QueueFull) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(SinkError::Send(e)) | Err(SinkError::Config(e)) => {
+                            return Err(RelayError::Transaction(classify_txn(&self.sink, &id, e)));
+                        }
                     }
                 }
+                if let Some(closing) = s.eos.as_mut().and_then(|t| t.closing.as_mut()) {
+                    closing.phase = Phase::Sealing {
+                        deadline,
+                        sent: Instant::now(),
+                        acked: false,
+                    };
+                }
+                return Ok(());
             }
+        } else if let Phase::Sealing { sent, .. } = closing.phase {
+            self.metrics
+                .kafka_transaction_phase
+                .with_label_values(&["progress"])
+                .observe(sent.elapsed().as_secs_f64());
         }
         crash_point!("relay::eos-before-commit");
         let sink = self.sink.clone();
-        let handle = tokio::task::spawn_blocking(move || commit_blocking(&sink, &id));
+        let took = self.metrics.kafka_transaction_commit.clone();
+        let handle = tokio::task::spawn_blocking(move || commit_blocking(&sink, &id, &took));
         if let Some(closing) = s.eos.as_mut().and_then(|t| t.closing.as_mut()) {
-            closing.phase = Phase::Committing {
-                handle,
-                started: Instant::now(),
-            };
+            closing.phase = Phase::Committing { handle };
         }
         Ok(())
     }
@@ -395,11 +421,6 @@ impl Relay {
             return Ok(());
         };
         outcome.map_err(RelayError::Transaction)?;
-        if let Phase::Committing { started, .. } = closing.phase {
-            self.metrics
-                .kafka_transaction_commit
-                .observe(started.elapsed().as_secs_f64());
-        }
         self.metrics
             .kafka_transactions
             .with_label_values(&["committed"])

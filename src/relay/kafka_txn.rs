@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use prometheus::Histogram;
 use tokio::task::JoinHandle;
 
 use crate::config::ExactlyOnce;
@@ -30,6 +31,15 @@ pub(super) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long retriable commit errors are retried before the transaction is aborted.
 pub(super) const COMMIT_RETRY_FOR: Duration = Duration::from_secs(60);
 
+/// How long a commit waits after EndTxn was answered before it returns and the next
+/// transaction's records go to the producer. The coordinator answers EndTxn before it has
+/// written the transaction markers, and refuses the next transaction's partitions until they
+/// are written (CONCURRENT_TRANSACTIONS); librdkafka asks again 20 ms later, a fixed delay.
+/// Apache Kafka on one host writes the markers within a few milliseconds: a record produced
+/// at once waited 20 ms more, one produced after this pause usually none (see
+/// docs/performance.md). Meanwhile the next transaction's events are read and buffered.
+pub(super) const MARKERS_PAUSE: Duration = Duration::from_millis(3);
+
 /// Runs one of the producer's blocking transactional calls off the runtime, bounded by
 /// [`TXN_CALL_TIMEOUT`].
 pub(super) async fn blocking(
@@ -43,17 +53,37 @@ pub(super) async fn blocking(
 }
 
 /// `commit_transaction`, retried while librdkafka calls its errors retriable (for at most
-/// [`COMMIT_RETRY_FOR`]; then the transaction is aborted). Runs on a blocking thread.
-pub(super) fn commit_blocking(sink: &KafkaSink, id: &str) -> Result<(), TxnError> {
+/// [`COMMIT_RETRY_FOR`]; then the transaction is aborted). Runs on a blocking thread, once the
+/// transaction's records were all acknowledged.
+///
+/// It first waits until librdkafka holds no record: the relay hands a commit over once the
+/// delivery report of its progress record arrived, and librdkafka releases that record just
+/// after the report. `commit_transaction` of rust-rdkafka flushes before it commits, and its
+/// flush polls the producer in 100 ms slices against the producer's own polling thread, which
+/// takes the reports: a commit called with one record in flight took 100 ms more.
+///
+/// A committed transaction returns [`MARKERS_PAUSE`] after EndTxn was answered (see there);
+/// `took` observes how long `commit_transaction` itself took.
+pub(super) fn commit_blocking(
+    sink: &KafkaSink,
+    id: &str,
+    took: &Histogram,
+) -> Result<(), TxnError> {
     crash_point!("relay::eos-committing");
+    sink.wait_released(TXN_CALL_TIMEOUT);
     let retry_until = Instant::now() + COMMIT_RETRY_FOR;
     let mut backoff = Duration::from_millis(50);
+    let started = Instant::now();
     loop {
         match sink
             .commit_transaction(TXN_CALL_TIMEOUT)
             .map_err(|e| classify_txn(sink, id, e))
         {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                took.observe(started.elapsed().as_secs_f64());
+                std::thread::sleep(MARKERS_PAUSE);
+                return Ok(());
+            }
             Err(TxnError::Retriable(e)) if Instant::now() < retry_until => {
                 tracing::warn!(error = %e, retry_in = ?backoff, "committing the kafka transaction; retrying");
                 std::thread::sleep(backoff);
@@ -97,15 +127,24 @@ pub(super) enum Buffered {
 pub(super) enum Phase {
     /// Waiting for the delivery reports of its events; then its progress record is sent.
     Flushing { deadline: Instant },
+    /// Its progress record was sent at `sent`: waiting for that record's delivery report
+    /// (`acked`), so that `commit_transaction` finds nothing to flush (see
+    /// [`commit_blocking`]).
+    Sealing {
+        deadline: Instant,
+        sent: Instant,
+        acked: bool,
+    },
     /// `commit_transaction` runs on a blocking thread.
     Committing {
         handle: JoinHandle<Result<(), TxnError>>,
-        started: Instant,
     },
 }
 
 /// A Kafka transaction being committed.
 pub(super) struct Closing {
+    /// When its commit started.
+    pub(super) started: Instant,
     /// Sequence number one past its last event.
     pub(super) through_seq: u64,
     /// The commit end LSN and commit time of its last PostgreSQL transaction: its progress
@@ -125,6 +164,9 @@ pub(super) struct KafkaTxn {
     pub(super) open: bool,
     /// When it was begun.
     pub(super) opened_at: Instant,
+    /// No delivery report of the open transaction arrived yet (its first one measures how long
+    /// the coordinator took to add its partitions).
+    pub(super) first_ack_pending: bool,
     /// When the first event of the transaction being filled arrived (the one open, or the
     /// next one while a commit is in flight).
     pub(super) started: Instant,
@@ -193,8 +235,15 @@ impl KafkaTxn {
     /// does not wait for them).
     pub(super) fn flush_deadline(&self) -> Option<Instant> {
         match self.closing.as_ref().map(|c| &c.phase) {
-            Some(Phase::Flushing { deadline }) => Some(*deadline),
+            Some(Phase::Flushing { deadline } | Phase::Sealing { deadline, .. }) => Some(*deadline),
             _ => None,
+        }
+    }
+
+    /// The delivery report of a progress record arrived: the commit waiting for it may go on.
+    pub(super) fn progress_acked(&mut self) {
+        if let Some(Phase::Sealing { acked, .. }) = self.closing.as_mut().map(|c| &mut c.phase) {
+            *acked = true;
         }
     }
 

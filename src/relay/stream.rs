@@ -170,6 +170,10 @@ impl Relay {
         let mut first_error = None;
         for ack in batch.drain(..) {
             if ack.route == PROGRESS_ROUTE {
+                // Exactly-once: a commit waits for it (a failed one then fails the commit).
+                if let Some(txn) = s.eos.as_mut() {
+                    txn.progress_acked();
+                }
                 if let Err(e) = ack.result {
                     // Written again at the next opportunity.
                     self.progress_lsn = Lsn::ZERO;
@@ -196,6 +200,13 @@ impl Relay {
         match ack.result {
             Ok(()) => {
                 self.metrics.events_published.inc();
+                if let Some(txn) = s.eos.as_mut().filter(|t| t.first_ack_pending) {
+                    txn.first_ack_pending = false;
+                    self.metrics
+                        .kafka_transaction_phase
+                        .with_label_values(&["first_ack"])
+                        .observe(txn.opened_at.elapsed().as_secs_f64());
+                }
                 // Exactly-once: the Kafka commit, not the delivery report, counts an event.
                 if s.eos.is_none() && s.checkpoint.ack(ack.seq) > 0 {
                     self.observe_confirmed(s);

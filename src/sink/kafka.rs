@@ -390,9 +390,9 @@ impl KafkaSink {
     }
 
     /// Creates the transactional producer of exactly-once mode (see the `transaction` module):
-    /// `transactional.id` is `id`, and a record may wait for delivery as long as its transaction
-    /// may stay open (librdkafka requires `message.timeout.ms` ≤ `transaction.timeout.ms`),
-    /// unless `[kafka.properties]` says otherwise.
+    /// `transactional.id` is `id`, a record may wait for delivery as long as its transaction
+    /// may stay open (librdkafka requires `message.timeout.ms` ≤ `transaction.timeout.ms`), and
+    /// `linger.ms` is 0, unless `[kafka.properties]` says otherwise.
     pub fn transactional(
         config: &KafkaConfig,
         acks: Arc<AckQueue>,
@@ -409,6 +409,10 @@ impl KafkaSink {
                 ("transactional.id", id),
                 ("transaction.timeout.ms", timeout),
                 ("message.timeout.ms", timeout),
+                // A commit waits for every record's acknowledgement, the progress record last
+                // and alone: lingering only delays it (a transaction's records are handed over
+                // together and batch without it).
+                ("linger.ms", "0"),
             ],
         )
     }

@@ -15,7 +15,7 @@
 //!   another walbox process now relays this slot (never retried: retrying would fence the
 //!   newer one in turn).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
@@ -23,6 +23,9 @@ use rdkafka::producer::Producer;
 use super::kafka::KafkaSink;
 use super::progress::ProgressKey;
 use crate::failure::{kafka, kafka_error, Class, Classify, Failure};
+
+/// How often [`KafkaSink::wait_released`] looks whether librdkafka released every record.
+const RELEASE_POLL: Duration = Duration::from_micros(200);
 
 /// The `transactional.id` of the producer relaying `key`'s slot.
 pub fn transactional_id(key: &ProgressKey) -> String {
@@ -146,6 +149,21 @@ impl KafkaSink {
     /// `begin_transaction` (local, does not block).
     pub fn begin_transaction(&self) -> Result<(), KafkaError> {
         self.producer().begin_transaction()
+    }
+
+    /// Waits (blocking, polling every [`RELEASE_POLL`]) until librdkafka holds no record and no
+    /// delivery report not yet served, at most `timeout`; `true` when none is left.
+    pub fn wait_released(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.producer().in_flight_count() == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(RELEASE_POLL);
+        }
     }
 
     /// `commit_transaction` (blocking): flushes every record of the transaction, then commits.
