@@ -622,7 +622,34 @@ fn shards_sharing_one_producer_lose_nothing_when_the_broker_fails_and_walbox_die
     support::delay_every_broker(mock, std::time::Duration::ZERO);
     walbox = start_streaming(&env, &db, &names);
     ids.extend(write_txns(&db, &topic, &aggs, 5));
-    await_distinct(&mut reader, ids.len(), &walbox);
+    if !reader.poll_until(WAIT, |r| distinct_ids(r).len() >= ids.len()) {
+        // Lost, or not yet delivered? Say which: the missing ids, how far each slot confirmed,
+        // and what the relay counts as published and in flight.
+        let mut missing: Vec<i64> = ids
+            .difference(&distinct_ids(&reader.records))
+            .copied()
+            .collect();
+        missing.sort_unstable();
+        let slots = db.sql(
+            "SELECT slot_name, confirmed_flush_lsn, pg_current_wal_lsn() FROM pg_replication_slots",
+        );
+        let metrics = http_get(port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        let relay: Vec<&str> = metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("walbox_events_published_total") || l.starts_with("walbox_inflight")
+            })
+            .collect();
+        panic!(
+            "{} of {} events arrived; missing {missing:?}\nslots:\n{slots}\nrelay:\n{}\nlog:\n{}",
+            distinct_ids(&reader.records).len(),
+            ids.len(),
+            relay.join("\n"),
+            walbox.log()
+        );
+    }
     stop_and_read_exactly(&mut walbox, &mut reader, &ids);
     assert_per_aggregate_commit_order(&reader.records);
 }
