@@ -16,10 +16,15 @@
 //! - A record without a timeline (written by an older walbox) is trusted only on timeline 1,
 //!   where no promotion or archive recovery has ever forked the history; on a later timeline it
 //!   may be of the history before the fork, and is ignored.
-//! - A record whose slot generation ([`ProgressRecord::slot_floor`]: the slot's confirmed
-//!   position when the writing session started) lies beyond the slot's confirmed position now
-//!   is of another generation of the slot (recreated, or restored from a backup): a slot's
-//!   confirmed position never goes back.
+//! - A record whose slot generation ([`ProgressRecord::slot_floor`]: the slot's `restart_lsn`
+//!   when the writing session started) lies beyond the slot's confirmed position now is of
+//!   another generation of the slot (recreated, or restored from a backup). The same slot
+//!   never shows less than that again: PostgreSQL writes a slot to disk whenever its
+//!   `restart_lsn` moves, and its confirmed position never falls below its `restart_lsn`. The
+//!   confirmed position itself is no such floor: one that moved alone is kept in memory until a
+//!   checkpoint finds the slot dirty (before PostgreSQL 17 not even a shutdown saves it), so a
+//!   crash or a restart takes it back to the last position saved, and a record written after
+//!   it would look like another slot's (its transactions sent twice).
 //! - A record beyond the server's WAL position is never trusted (a history that has not yet
 //!   written that far cannot have confirmed it).
 //! - What is not trusted is logged with the reason; the session then skips nothing. A history
@@ -96,7 +101,7 @@ pub fn trust(record: &ProgressRecord, server: &ServerHistory) -> Trust {
     };
     if let Some(floor) = record.slot_floor.filter(|f| *f > server.slot_confirmed) {
         return Trust::Ignored(format!(
-            "it is of another generation of the slot: its writer found the slot at {floor}, the slot is at {} now (it was recreated, or restored from a backup)",
+            "it is of another generation of the slot: its writer found the slot's restart_lsn at {floor}, the slot is confirmed at {} now (it was recreated, or restored from a backup)",
             server.slot_confirmed
         ));
     }

@@ -473,9 +473,14 @@ impl Relay {
         let messages = self.settings.heartbeats
             || self.settings.outbox.messages.is_some()
             || pg.drain_to.is_some();
+        // The slot's generation is its restart_lsn, not its confirmed position: PostgreSQL
+        // saves a confirmed position that moved alone only at the next checkpoint that finds
+        // the slot dirty (before 17 not even at shutdown), so after a crash or a restart the
+        // same slot can show less than a session found; its restart_lsn is saved whenever it
+        // moves (see `relay::lineage`).
         self.lineage = Lineage {
             timeline: open.identity.timeline,
-            slot_floor: slot.confirmed_flush_lsn,
+            slot_floor: slot.restart_lsn,
         };
         // Exactly-once trusts the last progress record only as far as it is of this history
         // and this slot (`lineage`).

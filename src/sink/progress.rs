@@ -17,12 +17,17 @@
 //! A position is only meaningful on its own history, so each record says which:
 //! - `timeline`: the timeline of the server the writer streamed from. PostgreSQL's timeline
 //!   history (`TIMELINE_HISTORY`) says how far an earlier timeline is the current one's WAL.
-//! - `slot_floor`, the slot's generation: the slot's `confirmed_flush_lsn` when the writing
-//!   session started (for a slot just made, the point it was made at). PostgreSQL gives a slot
-//!   no identity of its own (no id, no creation time), but a slot never confirms less than it
-//!   once did; a slot found below a record's floor is another slot of that name (dropped and
-//!   made again, or brought back by a restore). Unlike a counter kept in the topic, it is
-//!   checked against the slot itself, and it needs nothing stored in the database.
+//! - `slot_floor`, the slot's generation: the slot's `restart_lsn` when the writing session
+//!   started (`recreate-slot`'s reset record: the point the slot was made at). PostgreSQL
+//!   gives a slot no identity of its own (no id, no creation time), but it saves a slot to
+//!   disk whenever its `restart_lsn` moves, so the same slot never shows less again, crash or
+//!   restart in between, and its confirmed position never falls below it; a slot whose
+//!   confirmed position is below a record's floor is another slot of that name (dropped and
+//!   made again, or brought back by a restore). The slot's confirmed position at start would
+//!   be no floor: PostgreSQL saves a confirmed position that moved alone only at the next
+//!   checkpoint that finds the slot dirty, so a crash or restart takes it back. Unlike a
+//!   counter kept in the topic, the floor is checked against the slot itself, and it needs
+//!   nothing stored in the database.
 //!
 //! Exactly-once mode judges the record it reads at start with both (`relay::lineage`); a
 //! record of an older walbox has neither field and counts as timeline unknown: trusted on
@@ -90,9 +95,10 @@ pub struct ProgressRecord {
     /// a walbox that did not record it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<u32>,
-    /// The slot's generation: its `confirmed_flush_lsn` when the writing session started (a
-    /// slot walbox or `recreate-slot` just made: the point it was made at). The same slot never
-    /// confirms less again; a slot below it is another one of that name (`None`: not recorded).
+    /// The slot's generation: its `restart_lsn` when the writing session started
+    /// (`recreate-slot`'s reset record: the point the slot was made at). The same slot never
+    /// confirms less again, crash or restart in between; a slot below it is another one of
+    /// that name (`None`: not recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_floor: Option<Lsn>,
 }
@@ -103,7 +109,7 @@ pub struct ProgressRecord {
 pub struct Lineage {
     /// The server's timeline.
     pub timeline: u32,
-    /// The slot's confirmed position when the session started.
+    /// The slot's `restart_lsn` when the session started.
     pub slot_floor: Lsn,
 }
 

@@ -169,6 +169,10 @@ impl Classify for CatalogError {
 pub struct SlotState {
     /// `confirmed_flush_lsn`: where streaming resumes.
     pub confirmed_flush_lsn: Lsn,
+    /// `restart_lsn`: the oldest WAL the slot keeps. Unlike `confirmed_flush_lsn`, it is
+    /// written to disk every time it advances, so the same slot never shows less of it again,
+    /// crash or restart in between (the confirmed position can go back to the last one saved).
+    pub restart_lsn: Lsn,
     /// Whether the slot is a failover slot (PostgreSQL 17+; `None` before).
     pub failover: Option<bool>,
 }
@@ -552,7 +556,8 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
                     to_jsonb(s) ->> 'invalidation_reason', \
                     coalesce((to_jsonb(s)->>'conflicting')::bool, false), \
                     (to_jsonb(s)->>'failover')::bool, \
-                    coalesce((to_jsonb(s)->>'synced')::bool, false) AND pg_is_in_recovery() \
+                    coalesce((to_jsonb(s)->>'synced')::bool, false) AND pg_is_in_recovery(), \
+                    s.restart_lsn::text \
              FROM pg_replication_slots s WHERE s.slot_name = $1",
             &[&slot],
         )
@@ -605,8 +610,13 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
     if row.get::<_, bool>(8) {
         return Err(CatalogError::SyncedSlot(slot.to_owned()));
     }
+    let restart = row
+        .get::<_, Option<String>>(9)
+        .and_then(|t| t.parse::<Lsn>().ok())
+        .unwrap_or(Lsn::ZERO);
     Ok(Some(SlotState {
         confirmed_flush_lsn: confirmed,
+        restart_lsn: restart,
         failover: row.get(7),
     }))
 }
