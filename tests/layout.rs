@@ -1,6 +1,6 @@
 //! The layout rules of docs/architecture.md, checked on the source tree: no file over 800
-//! lines, no import cycle between files, and the dependency directions (`config` and `pg`
-//! depend on no stage, `inbox` on no part of the relay).
+//! lines, no import cycle between files, the dependency directions (`config` and `pg`
+//! depend on no stage, `inbox` on no part of the relay), and every error type classified.
 //!
 //! An import is any path through `crate::`, `super::` or `self::`, or a `use` of a child
 //! module, in code (comments are skipped); it points at the file of the longest module prefix
@@ -726,5 +726,62 @@ fn every_fault_point_is_in_the_table_of_fault_rs() {
     assert!(
         missing.is_empty(),
         "fault points missing from the table in src/fault.rs: {missing:?}"
+    );
+}
+
+/// Every error type of walbox (a `thiserror::Error` derive under `src/`) says how it is to be
+/// treated: fatal with which exit status, or retried (`failure::Classify`). A type without it
+/// would be classified by hand wherever it is met, which is how two paths came to disagree.
+#[test]
+fn every_error_type_implements_classify() {
+    let src = root().join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut code = String::new();
+    let mut types = BTreeMap::new();
+    for f in &files {
+        let text = code_of(&std::fs::read_to_string(f).unwrap());
+        let toks = tokens(&text);
+        for (i, t) in toks.iter().enumerate() {
+            // `#[derive(…, thiserror::Error, …)]` then, past other attributes, `pub enum|struct T`.
+            if t != "derive"
+                || !toks[i..]
+                    .iter()
+                    .take_while(|t| *t != "]")
+                    .any(|t| t == "Error")
+            {
+                continue;
+            }
+            let kind = toks[i..]
+                .iter()
+                .position(|t| t == "enum" || t == "struct")
+                .map(|k| i + k);
+            if let Some(name) = kind.and_then(|k| toks.get(k + 1)) {
+                types.insert(name.clone(), f.strip_prefix(&src).unwrap().to_owned());
+            }
+        }
+        code.push_str(&text);
+        code.push('\n');
+    }
+    assert!(
+        types.len() >= 30
+            && types.contains_key("ProgressError")
+            && types.contains_key("HistoryError"),
+        "error types not seen: {types:?}"
+    );
+    let toks = tokens(&code);
+    let classified: BTreeSet<&String> = toks
+        .windows(3)
+        .filter(|w| w[0] == "Classify" && w[1] == "for")
+        .map(|w| &w[2])
+        .collect();
+    let missing: Vec<String> = types
+        .iter()
+        .filter(|(name, _)| !classified.contains(name))
+        .map(|(name, file)| format!("{name} ({})", file.display()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "error types without `impl Classify`: {missing:?}"
     );
 }

@@ -24,6 +24,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::types::{ToSql, Type};
 
+use crate::failure::{Classify, Failure};
+
 /// One consumed record, owned (detached from librdkafka's buffers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -47,6 +49,14 @@ pub struct Record {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct InvalidRecord(pub String);
+
+impl Classify for InvalidRecord {
+    /// The record's fault, whatever the database does: its policy dead-letters it, or the
+    /// inbox stops (exit 10), as [`super::store::StoreError`] says for it.
+    fn failure(&self) -> Option<Failure> {
+        Some(Failure::InboxRecord)
+    }
+}
 
 impl Record {
     /// The first header called `name`.

@@ -27,6 +27,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 
 use super::config::InboxKafka;
+use crate::failure::{Classify, Failure};
 
 /// A topic's retention settings as the broker reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +119,18 @@ pub enum DescribeError {
     /// No answer in time.
     #[error("timed out reading the configuration of topic(s) {0}")]
     Timeout(String),
+}
+
+impl Classify for DescribeError {
+    /// The guard cannot show that `retention.keep` covers the topics: under `guard = "refuse"`
+    /// the inbox does not start (exit 11), whatever the cause; a Kafka error that stops any
+    /// client (credentials refused) stops it with that error's status.
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            DescribeError::Kafka { source, .. } => source.failure().or(Some(Failure::Retention)),
+            DescribeError::Topic { .. } | DescribeError::Timeout(_) => Some(Failure::Retention),
+        }
+    }
 }
 
 fn millis(

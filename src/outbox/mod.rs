@@ -66,9 +66,17 @@ pub enum OutboxError {
 impl Classify for OutboxError {
     fn failure(&self) -> Option<Failure> {
         match self {
-            OutboxError::InvalidEvent(_) => Some(Failure::EventRejected),
+            OutboxError::InvalidEvent(e) => e.failure(),
             OutboxError::UnknownRelation(_) => Some(Failure::Internal),
         }
+    }
+}
+
+impl Classify for InvalidEvent {
+    /// A row that can never become a record: its policy dead-letters it, or walbox stops
+    /// (exit 8).
+    fn failure(&self) -> Option<Failure> {
+        Some(Failure::EventRejected)
     }
 }
 

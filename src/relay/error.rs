@@ -153,8 +153,8 @@ impl Classify for RelayError {
             RelayError::Replication(e) => e.failure(),
             RelayError::Decode(e) => e.failure(),
             RelayError::Outbox(e) => e.failure(),
-            RelayError::Send(f) => f.source.failure(),
-            RelayError::Delivery(f) => f.error.failure(),
+            RelayError::Send(f) => f.failure(),
+            RelayError::Delivery(f) => f.failure(),
             RelayError::Topic { error, .. } => error.failure(),
             RelayError::ProgressTopic(_) => Some(Failure::Schema),
             RelayError::Progress(e) => e.failure(),
@@ -325,6 +325,20 @@ pub struct DeliveryFailure {
     pub topic: String,
     /// The error.
     pub error: rdkafka::error::KafkaError,
+}
+
+impl Classify for SendFailure {
+    /// As the producer's error.
+    fn failure(&self) -> Option<Failure> {
+        self.source.failure()
+    }
+}
+
+impl Classify for DeliveryFailure {
+    /// As the broker's error (`failure::kafka`).
+    fn failure(&self) -> Option<Failure> {
+        self.error.failure()
+    }
 }
 
 pub(super) fn send_failure(event: &OutboxEvent, source: SinkError) -> RelayError {

@@ -81,6 +81,15 @@ pub enum KafkaServerError {
     Tls(#[from] openssl::error::ErrorStack),
 }
 
+impl crate::failure::Classify for KafkaServerError {
+    /// The sandbox serves `walbox demo` and the tests: a throwaway Kafka that cannot be set up
+    /// ends the demo with the internal-error status (1); the message says what to install or
+    /// fix.
+    fn failure(&self) -> Option<crate::failure::Failure> {
+        Some(crate::failure::Failure::Internal)
+    }
+}
+
 type Result<T> = std::result::Result<T, KafkaServerError>;
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> KafkaServerError {

@@ -101,6 +101,15 @@ pub enum SandboxError {
     Psql(String, String),
 }
 
+impl crate::failure::Classify for SandboxError {
+    /// The sandbox serves `walbox demo` and the tests: a throwaway PostgreSQL that cannot be set up
+    /// ends the demo with the internal-error status (1); the message says what to install or
+    /// fix.
+    fn failure(&self) -> Option<crate::failure::Failure> {
+        Some(crate::failure::Failure::Internal)
+    }
+}
+
 impl From<ErrorStack> for SandboxError {
     fn from(e: ErrorStack) -> Self {
         SandboxError::Tls(one_line(&e.to_string()))

@@ -16,6 +16,7 @@
 //! - Parsing never panics; a line that is not `<number> <LSN> …` fails the whole history (a
 //!   history walbox cannot read is not guessed at).
 
+use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 
 /// The ancestors of the server's current timeline.
@@ -45,6 +46,15 @@ pub enum Ancestry {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("unreadable timeline history line {0:?}")]
 pub struct HistoryError(pub String);
+
+impl Classify for HistoryError {
+    /// A server answer walbox cannot read, as any protocol error (`ReplicationError::Protocol`).
+    /// The relay does not stop on it: it trusts no record of an earlier timeline instead
+    /// (`relay::lineage::timelines`).
+    fn failure(&self) -> Option<Failure> {
+        Some(Failure::Internal)
+    }
+}
 
 impl TimelineHistory {
     /// The history of timeline 1 (or of any timeline, without its ancestors).
