@@ -6,6 +6,7 @@
 mod batch;
 mod group;
 mod lag;
+mod outage;
 mod schema_change;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

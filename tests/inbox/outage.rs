@@ -1,0 +1,78 @@
+//! The inbox through a broker outage: one broker of the mock cluster down (its partitions
+//! leaderless, and the group coordinator with them when it lives there) while records keep
+//! arriving, then up again. The inbox must resume by itself and apply every record once, in
+//! per-key order; a consumer that stays stalled after the broker came back fails here.
+
+use std::time::{Duration, Instant};
+
+use super::{
+    assert_applied_in_order, assert_exactly_once, effects, free_port, inbox_db, inbox_env, produce,
+    rec, wait_metric, Rec,
+};
+use crate::support::{self, Walbox, WAIT};
+
+/// `n` records numbered from `from`, on 12 keys, each key's payload counting 1, 2, 3, ….
+fn records(from: usize, n: usize) -> Vec<Rec> {
+    (from..from + n)
+        .map(|i| {
+            rec(
+                &format!("k{}", i % 12),
+                &format!("evt-{i}"),
+                &format!("{{\"n\": {}}}", i / 12 + 1),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_broker_outage_while_records_arrive_stalls_nothing_after_it() {
+    let db = inbox_db("inbox_outage");
+    let broker = support::broker();
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: a broker outage needs the mock cluster; skipped");
+        return;
+    };
+    let topic = format!("t_{}", db.name);
+    broker.create_topic(&topic, 6).expect("topic");
+    let brokers = broker.bootstrap_servers();
+    produce(&brokers, &topic, &records(0, 600));
+    let port = free_port();
+    let mut w = Walbox::spawn_subcommand(
+        "inbox",
+        &inbox_env(&db, &brokers, &format!("g_{}", db.name), &topic, port, &[]),
+    );
+    wait_metric(port, "walbox_inbox_records_consumed_total", 600.0, &w);
+    // The outage: longer than the session timeout (3 s), so the group's membership lapses.
+    mock.broker_down(1).expect("broker 1 down");
+    let producer = {
+        let brokers = brokers.clone();
+        let topic = topic.clone();
+        // Produced while the broker is down: the records of its partitions wait in the
+        // producer until it is back.
+        std::thread::spawn(move || produce(&brokers, &topic, &records(600, 600)))
+    };
+    std::thread::sleep(Duration::from_secs(5));
+    mock.broker_up(1).expect("broker 1 up");
+    producer.join().expect("producer");
+    let back = Instant::now();
+    let deadline = back + WAIT * 2;
+    while effects(&db) < 1200 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        effects(&db),
+        1200,
+        "records applied {:.0} s after the broker came back; inbox log:\n{}",
+        back.elapsed().as_secs_f64(),
+        w.log()
+    );
+    eprintln!(
+        "the inbox applied every record {:.1} s after the broker came back",
+        back.elapsed().as_secs_f64()
+    );
+    assert!(w.running(), "the inbox exited:\n{}", w.log());
+    w.terminate();
+    assert!(w.wait_exit(WAIT).success(), "{}", w.log());
+    assert_exactly_once(&db, 1200);
+    assert_applied_in_order(&db);
+}
