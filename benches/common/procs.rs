@@ -129,6 +129,10 @@ pub struct WalboxMetrics {
     /// `walbox_kafka_transaction_phase_seconds{phase}` and, as `commit`,
     /// `walbox_kafka_transaction_commit_seconds`.
     pub txn_steps: Vec<(String, f64, u64)>,
+    /// Exactly-once mode's steps again, `(step, within 25 ms, all)`: transactions counted in
+    /// the step's 25 ms bucket and in all of its buckets (where the tail of a transaction's
+    /// time is).
+    pub txn_steps_within_25ms: Vec<(String, u64, u64)>,
 }
 
 impl WalboxMetrics {
@@ -142,6 +146,35 @@ impl WalboxMetrics {
             }
         };
         &mut self.txn_steps[at]
+    }
+
+    /// Reads one `_bucket` line of a transaction step: its 25 ms and `+Inf` buckets count.
+    fn txn_step_bucket(&mut self, line: &str) -> Option<()> {
+        let (labels, count) = line.split_once("} ")?;
+        let step = match labels.split_once("phase=\"") {
+            Some((_, rest)) => rest.split_once('"')?.0.to_owned(),
+            None => "commit".to_owned(),
+        };
+        let le = labels.split_once("le=\"")?.1.split_once('"')?.0;
+        let count: u64 = count.trim().parse().ok()?;
+        let at = match self
+            .txn_steps_within_25ms
+            .iter()
+            .position(|(s, ..)| *s == step)
+        {
+            Some(at) => at,
+            None => {
+                self.txn_steps_within_25ms.push((step, 0, 0));
+                self.txn_steps_within_25ms.len() - 1
+            }
+        };
+        let entry = &mut self.txn_steps_within_25ms[at];
+        match le {
+            "0.025" => entry.1 += count,
+            "+Inf" => entry.2 += count,
+            _ => {}
+        }
+        Some(())
     }
 
     /// Reads one `_sum` or `_count` line of a transaction step.
@@ -162,6 +195,27 @@ impl WalboxMetrics {
             entry.2 += value.trim().parse::<u64>().ok()?;
         }
         Some(())
+    }
+
+    /// Per step, the transactions for which it took more than 25 ms between `before` and
+    /// `self`, and all of them.
+    pub fn txn_steps_over_25ms(&self, before: &WalboxMetrics) -> Vec<(String, u64, u64)> {
+        self.txn_steps_within_25ms
+            .iter()
+            .map(|(step, fast, all)| {
+                let (fast0, all0) = before
+                    .txn_steps_within_25ms
+                    .iter()
+                    .find(|(s, ..)| s == step)
+                    .map_or((0, 0), |(_, f, a)| (*f, *a));
+                let all = all.saturating_sub(all0);
+                (
+                    step.clone(),
+                    all.saturating_sub(fast.saturating_sub(fast0)),
+                    all,
+                )
+            })
+            .collect()
     }
 
     /// Mean milliseconds per transaction of each step between `before` and `self`.
@@ -254,6 +308,10 @@ impl WalboxChild {
                     le.parse().ok()?
                 };
                 m.commit_to_ack.push((le, count.trim().parse().ok()?));
+            } else if line.starts_with("walbox_kafka_transaction_phase_seconds_bucket{")
+                || line.starts_with("walbox_kafka_transaction_commit_seconds_bucket{")
+            {
+                m.txn_step_bucket(line);
             } else if (line.starts_with("walbox_kafka_transaction_phase_seconds_")
                 || line.starts_with("walbox_kafka_transaction_commit_seconds_"))
                 && !line.contains("_bucket")

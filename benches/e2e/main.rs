@@ -329,23 +329,23 @@ async fn run() -> anyhow::Result<()> {
 
     if bench.settings.runs("live") {
         // 4. Live latency.
-        for (rate, lat, p99, _) in bench.live_walbox("walbox_live", &[]).await? {
-            report.live("walbox", rate, &lat, Some(p99));
+        for run in bench.live_walbox("walbox_live", &[]).await? {
+            report.live("walbox", run.rate, &run.lat, Some(run.p99));
         }
         // The same runs with another linger.ms (`WALBOX_BENCH_LINGER_MS`, default 1; "off" skips
         // them): how much of the latency is the producer's wait for a fuller batch.
         let linger = std::env::var("WALBOX_BENCH_LINGER_MS").unwrap_or_else(|_| "1".into());
         if linger != "off" {
             let extra = [("WALBOX_KAFKA_PROPERTY_LINGER_MS", linger.clone())];
-            for (rate, lat, p99, _) in bench.live_walbox("walbox_live_linger", &extra).await? {
-                let name = match p99 {
+            for run in bench.live_walbox("walbox_live_linger", &extra).await? {
+                let name = match run.p99 {
                     Some(h) => format!(
                         "walbox, linger.ms = {linger} (walbox_commit_to_ack_seconds p99 ≤ {} ms)",
                         h * 1000.0
                     ),
                     None => format!("walbox, linger.ms = {linger}"),
                 };
-                report.live(&name, rate, &lat, None);
+                report.live(&name, run.rate, &run.lat, None);
             }
         }
     }
@@ -353,27 +353,40 @@ async fn run() -> anyhow::Result<()> {
         // Exactly-once: a consumer sees a record once its Kafka transaction commits (on the mock
         // cluster, which has no transaction markers, as soon as it is written; walbox's commit →
         // confirmed histogram then gives the commit → Kafka commit time).
-        for (rate, lat, p99, steps) in bench
+        for run in bench
             .live_walbox("walbox_live_eos", &exactly_once())
             .await?
         {
-            // Where a Kafka transaction's time goes: walbox's mean per step.
-            let steps: Vec<String> = steps
+            // Where a Kafka transaction's time goes: walbox's mean per step, and how many
+            // transactions waited long for their first delivery report.
+            let steps: Vec<String> = run
+                .steps
                 .iter()
                 .map(|(step, ms)| format!("{step} {ms:.1}"))
                 .collect();
             let steps = match steps.is_empty() {
                 true => String::new(),
-                false => format!("; mean ms per Kafka transaction: {}", steps.join(", ")),
+                false => {
+                    let slow: Vec<String> = run
+                        .slow_steps
+                        .iter()
+                        .map(|(step, slow, all)| format!("{step} {slow} of {all}"))
+                        .collect();
+                    format!(
+                        "; mean ms per Kafka transaction: {}; steps over 25 ms: {}",
+                        steps.join(", "),
+                        slow.join(", ")
+                    )
+                }
             };
-            let name = match p99 {
+            let name = match run.p99 {
                 Some(h) => format!(
                     "walbox, exactly-once (commit → Kafka commit p99 ≤ {} ms{steps})",
                     h * 1000.0
                 ),
                 None => format!("walbox, exactly-once{steps}"),
             };
-            report.live(&name, rate, &lat, None);
+            report.live(&name, run.rate, &run.lat, None);
         }
     }
     if bench.settings.runs("live-poll") {
@@ -532,7 +545,7 @@ impl Bench {
         &mut self,
         slot: &str,
         extra: &[(&str, String)],
-    ) -> anyhow::Result<Vec<(u64, live::Latency, Option<f64>, Vec<(String, f64)>)>> {
+    ) -> anyhow::Result<Vec<LiveRun>> {
         self.admin.batch_execute("TRUNCATE outbox").await?;
         let brokers = self.broker.bootstrap();
         let mut walbox = WalboxChild::start(&self.url, slot, PUBLICATION, &brokers, true, extra)?;
@@ -544,8 +557,13 @@ impl Bench {
                 .live(&format!("live-{slot}-{rate}"), rate, None)
                 .await?;
             let after = walbox.metrics().unwrap_or_default();
-            let steps = after.txn_step_means(&before);
-            runs.push((rate, lat, histogram_p99(&before, &after), steps));
+            runs.push(LiveRun {
+                rate,
+                p99: histogram_p99(&before, &after),
+                steps: after.txn_step_means(&before),
+                slow_steps: after.txn_steps_over_25ms(&before),
+                lat,
+            });
         }
         walbox.stop()?;
         self.drop_slots().await?;
@@ -584,4 +602,16 @@ impl Bench {
         eprintln!("live {topic}: {lat:?}");
         Ok(lat)
     }
+}
+
+/// One live run of walbox at one rate.
+struct LiveRun {
+    rate: u64,
+    lat: live::Latency,
+    /// walbox's commit → confirmed p99 over the run (its histogram's bucket).
+    p99: Option<f64>,
+    /// Exactly-once mode: mean milliseconds per Kafka transaction of each step.
+    steps: Vec<(String, f64)>,
+    /// Exactly-once mode: per step, the transactions for which it took over 25 ms, and all.
+    slow_steps: Vec<(String, u64, u64)>,
 }
