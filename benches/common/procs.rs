@@ -129,10 +129,10 @@ pub struct WalboxMetrics {
     /// `walbox_kafka_transaction_phase_seconds{phase}` and, as `commit`,
     /// `walbox_kafka_transaction_commit_seconds`.
     pub txn_steps: Vec<(String, f64, u64)>,
-    /// Exactly-once mode's steps again, `(step, within 25 ms, all)`: transactions counted in
-    /// the step's 25 ms bucket and in all of its buckets (where the tail of a transaction's
-    /// time is).
-    pub txn_steps_within_25ms: Vec<(String, u64, u64)>,
+    /// Exactly-once mode's steps again, `(step, within 10 ms, within 25 ms, all)`: transactions
+    /// counted in the step's 10 ms and 25 ms buckets and in all of its buckets (where the tail
+    /// of a transaction's time is).
+    pub txn_steps_within: Vec<(String, u64, u64, u64)>,
 }
 
 impl WalboxMetrics {
@@ -148,7 +148,8 @@ impl WalboxMetrics {
         &mut self.txn_steps[at]
     }
 
-    /// Reads one `_bucket` line of a transaction step: its 25 ms and `+Inf` buckets count.
+    /// Reads one `_bucket` line of a transaction step: its 10 ms, 25 ms and `+Inf` buckets
+    /// count.
     fn txn_step_bucket(&mut self, line: &str) -> Option<()> {
         let (labels, count) = line.split_once("} ")?;
         let step = match labels.split_once("phase=\"") {
@@ -157,21 +158,18 @@ impl WalboxMetrics {
         };
         let le = labels.split_once("le=\"")?.1.split_once('"')?.0;
         let count: u64 = count.trim().parse().ok()?;
-        let at = match self
-            .txn_steps_within_25ms
-            .iter()
-            .position(|(s, ..)| *s == step)
-        {
+        let at = match self.txn_steps_within.iter().position(|(s, ..)| *s == step) {
             Some(at) => at,
             None => {
-                self.txn_steps_within_25ms.push((step, 0, 0));
-                self.txn_steps_within_25ms.len() - 1
+                self.txn_steps_within.push((step, 0, 0, 0));
+                self.txn_steps_within.len() - 1
             }
         };
-        let entry = &mut self.txn_steps_within_25ms[at];
+        let entry = &mut self.txn_steps_within[at];
         match le {
-            "0.025" => entry.1 += count,
-            "+Inf" => entry.2 += count,
+            "0.01" => entry.1 += count,
+            "0.025" => entry.2 += count,
+            "+Inf" => entry.3 += count,
             _ => {}
         }
         Some(())
@@ -197,23 +195,21 @@ impl WalboxMetrics {
         Some(())
     }
 
-    /// Per step, the transactions for which it took more than 25 ms between `before` and
-    /// `self`, and all of them.
-    pub fn txn_steps_over_25ms(&self, before: &WalboxMetrics) -> Vec<(String, u64, u64)> {
-        self.txn_steps_within_25ms
+    /// Per step, between `before` and `self`: the transactions for which it took more than
+    /// 10 ms, more than 25 ms, and all of them.
+    pub fn txn_steps_slow(&self, before: &WalboxMetrics) -> Vec<(String, u64, u64, u64)> {
+        self.txn_steps_within
             .iter()
-            .map(|(step, fast, all)| {
-                let (fast0, all0) = before
-                    .txn_steps_within_25ms
+            .map(|(step, in10, in25, all)| {
+                let (in10_0, in25_0, all0) = before
+                    .txn_steps_within
                     .iter()
                     .find(|(s, ..)| s == step)
-                    .map_or((0, 0), |(_, f, a)| (*f, *a));
+                    .map_or((0, 0, 0), |(_, a, b, c)| (*a, *b, *c));
                 let all = all.saturating_sub(all0);
-                (
-                    step.clone(),
-                    all.saturating_sub(fast.saturating_sub(fast0)),
-                    all,
-                )
+                let over =
+                    |within: u64, within0: u64| all.saturating_sub(within.saturating_sub(within0));
+                (step.clone(), over(*in10, in10_0), over(*in25, in25_0), all)
             })
             .collect()
     }
