@@ -95,9 +95,11 @@ impl Relay {
         let acks = Arc::new(AckQueue::default());
         let sink = KafkaSink::transactional(&self.settings.kafka, acks.clone(), &id)
             .map_err(|e| RelayError::Transaction(TxnError::Config(e)))?;
+        let started = Instant::now();
         if let Err(e) = blocking(&sink, KafkaSink::init_transactions).await {
             return Err(RelayError::Transaction(classify_txn(&sink, &id, e)));
         }
+        let init_took = started.elapsed();
         // From here on the old producer's reports are of no interest.
         self.sink = sink;
         self.acks = acks;
@@ -141,7 +143,12 @@ impl Relay {
                 }
             },
         };
-        tracing::info!(transactional_id = %id, committed = %skip_below, "exactly-once mode: kafka transactions ready");
+        tracing::info!(
+            transactional_id = %id, committed = %skip_below,
+            init_ms = init_took.as_millis() as u64,
+            progress_read_ms = (started.elapsed() - init_took).as_millis() as u64,
+            "exactly-once mode: kafka transactions ready"
+        );
         Ok(KafkaTxn {
             id,
             bounds,

@@ -246,6 +246,10 @@ pub fn read_last(
         // last offsets are transaction markers, which are never delivered as records.
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
+        // librdkafka learns it reached the end only from a fetch sent at the end, which the
+        // broker holds `fetch.wait.max.ms` (500 ms by default) for new records: start-up would
+        // wait that long per partition with a committed transaction's marker at its end.
+        .set("fetch.wait.max.ms", "10")
         .set("allow.auto.create.topics", "false");
     for (k, v) in crate::sink::security_properties(&config.properties) {
         cc.set(k, v);
@@ -257,6 +261,31 @@ pub fn read_last(
     cc.set("isolation.level", "read_uncommitted");
     let watermarks: BaseConsumer<ReaderContext> =
         cc.create_with_context(ReaderContext).map_err(kafka)?;
+    let read = read_from(&consumer, &watermarks, topic, key, timeout);
+    // Closing librdkafka's clients takes a few hundred milliseconds (their threads wind down);
+    // exactly-once start-up does not wait for it.
+    let closing = std::thread::Builder::new()
+        .name("progress-reader-close".into())
+        .spawn(move || drop((consumer, watermarks)));
+    if let Err(e) = closing {
+        tracing::debug!(error = %e, "closing the progress reader on this thread");
+    }
+    read
+}
+
+/// [`read_last`]'s read, with its two clients: `consumer` reads `read_committed`, `watermarks`
+/// answers with high watermarks.
+fn read_from(
+    consumer: &BaseConsumer<ReaderContext>,
+    watermarks: &BaseConsumer<ReaderContext>,
+    topic: &str,
+    key: &ProgressKey,
+    timeout: Duration,
+) -> Result<Option<ProgressRecord>, ProgressError> {
+    let kafka = |error| ProgressError::Kafka {
+        topic: topic.to_owned(),
+        error,
+    };
     let deadline = Instant::now() + timeout;
     let left = || deadline.saturating_duration_since(Instant::now());
     let md = consumer
@@ -324,7 +353,7 @@ pub fn read_last(
                 // of another producer (another shard or deployment) hides every record after
                 // its first one, this slot's newer ones included. Done only once the
                 // committed view reached the high watermark read at the start.
-                let at = position_of(&consumer, topic, p);
+                let at = position_of(consumer, topic, p);
                 match pending.iter().find(|(q, _)| *q == p) {
                     Some((_, high)) if at < *high => {
                         if !waiting {
@@ -341,7 +370,7 @@ pub fn read_last(
             Some(Err(e)) => return Err(kafka(e)),
             // The transaction ended with nothing more to deliver (aborted, say).
             None if waiting => {
-                pending.retain(|(q, high)| position_of(&consumer, topic, *q) < *high);
+                pending.retain(|(q, high)| position_of(consumer, topic, *q) < *high);
             }
             None => {}
         }
