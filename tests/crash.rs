@@ -31,9 +31,10 @@ pub struct Crash {
     pub ends: Vec<Lsn>,
     /// The ids in Kafka right after the crash, and how often each arrived.
     pub in_kafka: Vec<i64>,
-    /// The brokers and the slot (for reading the progress topic).
+    /// The brokers, the slot and its progress topic (one of the test's own).
     pub brokers: String,
     pub slot: String,
+    pub progress_topic: String,
 }
 
 /// What Kafka holds after the restart.
@@ -64,7 +65,9 @@ pub fn crash_at(
         .map(|_| write_txn(&db, &topic, &aggregates, false))
         .collect();
 
+    let progress_topic = support::own_progress_topic(&broker, &slot);
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    env.push(("WALBOX_KAFKA_PROGRESS_TOPIC".into(), progress_topic.clone()));
     env.extend(
         extra
             .iter()
@@ -116,6 +119,7 @@ pub fn crash_at(
         in_kafka,
         brokers: broker.bootstrap_servers(),
         slot: slot.clone(),
+        progress_topic,
     });
 
     // After the restart: the backlog, and what is written while walbox runs.

@@ -44,9 +44,10 @@ pub(crate) fn eos_env(
     env
 }
 
-/// The positions of the progress records in `topic` for `slot`, in the order written.
-fn progress_positions(brokers: &str, slot: &str) -> Vec<Lsn> {
-    let mut reader = TopicReader::new(brokers, &["walbox.progress"], WAIT).unwrap();
+/// The positions of the progress records in `topic` for `slot`, in the order written (a
+/// progress topic of the test's own: [`support::own_progress_topic`]).
+fn progress_positions(brokers: &str, topic: &str, slot: &str) -> Vec<Lsn> {
+    let mut reader = TopicReader::new(brokers, &[topic], WAIT).unwrap();
     reader.read_to_end(WAIT).unwrap();
     reader
         .records
@@ -141,7 +142,7 @@ fn a_crash_after_the_kafka_commit_before_the_status_update_sends_nothing_twice()
     };
     // The session's first commit is its start record; the third is the second of events.
     let delivered = crate::crash::crash_at(&env, "relay::eos-committed", 2, |c| {
-        let committed = *progress_positions(&c.brokers, &c.slot)
+        let committed = *progress_positions(&c.brokers, &c.progress_topic, &c.slot)
             .iter()
             .max()
             .expect("progress records");
@@ -199,10 +200,12 @@ fn the_start_record_never_moves_the_progress_record_backwards() {
     let brokers = t.broker.bootstrap_servers();
     let mut env = eos_env(&t.db, &t.slot, &brokers, "1ms");
     env.push(("WALBOX_KAFKA_TRANSACTION_MAX_EVENTS".into(), "80".into()));
+    let progress = support::own_progress_topic(&t.broker, &t.slot);
+    env.push(("WALBOX_KAFKA_PROGRESS_TOPIC".into(), progress.clone()));
     write_txns(&t.db, &t.topic, &t.aggregates, 12);
     // Crash after a Kafka commit the slot never heard of: Kafka is at K, the slot below it.
     crash_once(&t, &env, "relay::eos-committed", 2);
-    let committed = *progress_positions(&brokers, &t.slot)
+    let committed = *progress_positions(&brokers, &progress, &t.slot)
         .last()
         .expect("records");
     assert!(
@@ -211,7 +214,7 @@ fn the_start_record_never_moves_the_progress_record_backwards() {
     );
     // Crash again right after the next session's start record is committed.
     crash_once(&t, &env, "relay::eos-committed", 0);
-    let last = *progress_positions(&brokers, &t.slot)
+    let last = *progress_positions(&brokers, &progress, &t.slot)
         .last()
         .expect("records");
     assert!(
@@ -382,7 +385,9 @@ fn sigkills_while_a_writer_commits_lose_nothing_and_never_confirm_past_kafka() {
     let Some(t) = setup("eos_kill") else {
         return;
     };
-    let env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "20ms");
+    let mut env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "20ms");
+    let progress = support::own_progress_topic(&t.broker, &t.slot);
+    env.push(("WALBOX_KAFKA_PROGRESS_TOPIC".into(), progress.clone()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let (db, topic, aggs, stop) = (
@@ -413,7 +418,7 @@ fn sigkills_while_a_writer_commits_lose_nothing_and_never_confirm_past_kafka() {
         // Never confirmed past what Kafka holds committed (the newest progress record may be
         // an uncommitted one on brokers without markers: it bounds from above).
         let confirmed = t.db.confirmed(&t.slot);
-        let newest = progress_positions(&t.broker.bootstrap_servers(), &t.slot)
+        let newest = progress_positions(&t.broker.bootstrap_servers(), &progress, &t.slot)
             .into_iter()
             .max()
             .unwrap_or(Lsn::ZERO)

@@ -9,6 +9,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use walbox::sandbox::broker::Broker;
@@ -78,6 +79,20 @@ pub enum BenchBroker {
     },
 }
 
+/// Makes the broker at `bootstrap` create its transaction log (`__transaction_state`), as the
+/// first `init_transactions` of a cluster does.
+fn create_transaction_log(bootstrap: &str) -> anyhow::Result<()> {
+    use rdkafka::producer::{BaseProducer, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", "walbox-bench-transaction-log")
+        .create()
+        .context("creating a transactional producer")?;
+    producer
+        .init_transactions(Duration::from_secs(60))
+        .context("creating the broker's transaction log")
+}
+
 impl BenchBroker {
     /// The external cluster of `WALBOX_BENCH_KAFKA_BROKERS`, else Apache Kafka when
     /// `WALBOX_BENCH_KAFKA=apache`, else a mock cluster in a child.
@@ -101,6 +116,11 @@ impl BenchBroker {
                 // walbox's progress records go to a topic of one partition.
                 tokio::task::block_in_place(|| {
                     broker.create_topic(walbox::config::DEFAULT_PROGRESS_TOPIC, 1)
+                })?;
+                // The broker creates its transaction log for the first transactional producer
+                // it sees (about half a second): once per cluster, not in a measured drain.
+                tokio::task::block_in_place(|| {
+                    create_transaction_log(&server.bootstrap_servers())
                 })?;
                 return Ok(BenchBroker::Apache {
                     _server: server,

@@ -250,6 +250,9 @@ pub fn read_last(
         // broker holds `fetch.wait.max.ms` (500 ms by default) for new records: start-up would
         // wait that long per partition with a committed transaction's marker at its end.
         .set("fetch.wait.max.ms", "10")
+        // See `sink::kafka::DEFAULT_PROPERTIES`: a broker connection at once, not after a
+        // retry timer once the bootstrap connection is dropped.
+        .set("enable.sparse.connections", "false")
         .set("allow.auto.create.topics", "false");
     for (k, v) in crate::sink::security_properties(&config.properties) {
         cc.set(k, v);

@@ -295,6 +295,19 @@ pub fn topic_on_broker(db: &TestDb, partitions: i32) -> (String, Broker) {
     (topic, broker)
 }
 
+/// A progress topic of the test's own on `broker` (`progress.<slot>`, one partition,
+/// compacted, as walbox creates it), for `WALBOX_KAFKA_PROGRESS_TOPIC`. A test that reads the
+/// progress records back needs one: under `read_committed` the shared `walbox.progress` ends,
+/// for a reader, at the first record of any other test's open Kafka transaction (a walbox
+/// killed mid-transaction leaves one open until its next session or the transaction timeout).
+pub fn own_progress_topic(broker: &Broker, slot: &str) -> String {
+    let topic = format!("progress.{slot}");
+    broker
+        .create_topic_with(&topic, 1, &[("cleanup.policy", "compact")])
+        .expect("create the test's progress topic");
+    topic
+}
+
 /// Waits for `cond`, polling, up to `timeout`; panics naming `what` on timeout.
 pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
