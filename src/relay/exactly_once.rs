@@ -100,16 +100,10 @@ impl Relay {
             return Err(RelayError::Transaction(classify_txn(&sink, &id, e)));
         }
         let init_took = started.elapsed();
-        // From here on the old producer's reports are of no interest. Closing a librdkafka
-        // client takes tens of milliseconds (its threads wind down): not on start-up's path.
+        // From here on the old producer's reports are of no interest.
         let old = std::mem::replace(&mut self.sink, sink);
         self.acks = acks;
-        if let Err(e) = std::thread::Builder::new()
-            .name("producer-close".into())
-            .spawn(move || drop(old))
-        {
-            tracing::debug!(error = %e, "closing the previous producer on this thread");
-        }
+        crate::sink::close_in_background("producer-close", old);
         let config = self.settings.kafka.clone();
         let lookup = key.clone();
         let record = tokio::task::spawn_blocking(move || {

@@ -357,12 +357,7 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("linger.ms", "5"),
     ("allow.auto.create.topics", "false"),
     ("client.id", "walbox"),
-    // librdkafka connects to a broker only when it needs one. Its bootstrap connection is
-    // dropped when the first metadata names the brokers, and the producer id request of an
-    // idempotent or transactional producer that finds no broker up then waits for a retry
-    // timer: 50 or 500 ms before the first event, and before `init_transactions` returns.
-    // Connected to every broker as it is learned, it does not wait (6-26 ms measured).
-    ("enable.sparse.connections", "false"),
+    super::EAGER_CONNECTIONS,
 ];
 
 impl KafkaSink {

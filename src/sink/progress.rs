@@ -56,7 +56,6 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -238,9 +237,8 @@ pub fn read_last(
         topic: topic.to_owned(),
         error,
     };
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &config.brokers)
-        .set("group.id", "walbox-progress-reader")
+    let mut cc = crate::sink::client_config(config);
+    cc.set("group.id", "walbox-progress-reader")
         .set("enable.auto.commit", "false")
         // The end of a partition is where librdkafka says it is: in exactly-once mode the
         // last offsets are transaction markers, which are never delivered as records.
@@ -250,13 +248,7 @@ pub fn read_last(
         // broker holds `fetch.wait.max.ms` (500 ms by default) for new records: start-up would
         // wait that long per partition with a committed transaction's marker at its end.
         .set("fetch.wait.max.ms", "10")
-        // See `sink::kafka::DEFAULT_PROPERTIES`: a broker connection at once, not after a
-        // retry timer once the bootstrap connection is dropped.
-        .set("enable.sparse.connections", "false")
         .set("allow.auto.create.topics", "false");
-    for (k, v) in crate::sink::security_properties(&config.properties) {
-        cc.set(k, v);
-    }
     let consumer: BaseConsumer<ReaderContext> =
         cc.create_with_context(ReaderContext).map_err(kafka)?;
     // ListOffsets answers a read_committed client with the last stable offset: the high
@@ -265,14 +257,7 @@ pub fn read_last(
     let watermarks: BaseConsumer<ReaderContext> =
         cc.create_with_context(ReaderContext).map_err(kafka)?;
     let read = read_from(&consumer, &watermarks, topic, key, timeout);
-    // Closing librdkafka's clients takes a few hundred milliseconds (their threads wind down);
-    // exactly-once start-up does not wait for it.
-    let closing = std::thread::Builder::new()
-        .name("progress-reader-close".into())
-        .spawn(move || drop((consumer, watermarks)));
-    if let Err(e) = closing {
-        tracing::debug!(error = %e, "closing the progress reader on this thread");
-    }
+    crate::sink::close_in_background("progress-reader-close", (consumer, watermarks));
     read
 }
 
@@ -398,14 +383,10 @@ pub fn write_reset(
         topic: topic.to_owned(),
         error,
     };
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &config.brokers)
-        .set("enable.idempotence", "true")
+    let mut cc = crate::sink::client_config(config);
+    cc.set("enable.idempotence", "true")
         .set("acks", "all")
         .set("allow.auto.create.topics", "false");
-    for (k, v) in crate::sink::security_properties(&config.properties) {
-        cc.set(k, v);
-    }
     let producer: BaseProducer = cc.create().map_err(kafka)?;
     let lineage = Lineage {
         timeline,
@@ -464,7 +445,7 @@ mod tests {
             .with_writer(move || writer.clone())
             .finish();
         tracing::subscriber::with_default(subscriber, || {
-            let consumer: BaseConsumer<C> = ClientConfig::new()
+            let consumer: BaseConsumer<C> = rdkafka::ClientConfig::new()
                 .set("bootstrap.servers", mock.bootstrap_servers())
                 .set("group.id", "eof")
                 .set("enable.partition.eof", "true")

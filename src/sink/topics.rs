@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::KafkaConfig;
@@ -75,14 +74,7 @@ impl Topics {
     pub fn new(config: &KafkaConfig) -> Result<Self, rdkafka::error::KafkaError> {
         let admin = match config.create_topics {
             None => None,
-            Some(_) => {
-                let mut cc = ClientConfig::new();
-                cc.set("bootstrap.servers", &config.brokers);
-                for (k, v) in crate::sink::security_properties(&config.properties) {
-                    cc.set(k, v);
-                }
-                Some(cc.create()?)
-            }
+            Some(_) => Some(crate::sink::client_config(config).create()?),
         };
         Ok(Topics::over(admin.map(Arc::new), config.create_topics))
     }
