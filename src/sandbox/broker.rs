@@ -291,7 +291,9 @@ impl TopicReader {
         }
     }
 
-    /// Reads everything the partitions hold right now (up to their high watermarks).
+    /// Reads everything the partitions hold right now: up to their high watermarks, or, for a
+    /// `read_committed` reader, their last stable offsets (ListOffsets answers it so): records
+    /// behind any producer's open transaction are not read.
     pub fn read_to_end(&mut self, timeout: Duration) -> Result<(), KafkaError> {
         let mut high = Vec::with_capacity(self.partitions.len());
         for (t, p) in &self.partitions {
