@@ -662,3 +662,103 @@ fn a_stream_waiting_for_a_gone_standby_is_logged_alerted_and_named_then_relays_e
     });
     assert_eq!(distinct_ids(&reader.records), [id].into());
 }
+
+/// `n` single-row transactions on `db`, each keyed `{tag}-{i}`.
+fn insert_tagged(db: &TestDb, topic: &str, tag: &str, n: usize) {
+    let sql: String = (0..n)
+        .map(|i| {
+            format!(
+                "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+                 VALUES ('{tag}-{i}', '{topic}', 'thing.happened', '{{}}');\n"
+            )
+        })
+        .collect();
+    db.sql(&sql);
+}
+
+/// The keys `{tag}-…` among `records`.
+fn tagged_keys(records: &[walbox::sandbox::broker::ConsumedRecord], tag: &str) -> Vec<String> {
+    let prefix = format!("{tag}-");
+    let mut keys: Vec<String> = records
+        .iter()
+        .filter_map(|r| r.key.as_deref())
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .filter(|k| k.starts_with(&prefix))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+#[test]
+fn a_walbox_that_stays_up_through_a_promotion_onto_a_lagging_standby_relays_every_new_commit() {
+    let Some(major) = failover_major() else {
+        return;
+    };
+    // No synchronized_standby_slots: the primary's walsender sends walbox commits the standby
+    // never receives, so what walbox acknowledged runs ahead of the standby's history.
+    let (primary, standby) = synchronizing_pair(major);
+    let db = TestDb::on(primary, "lagfail");
+    let replica = db.on_standby(standby);
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 3);
+    let mut env = standby_first_env(&db, &slot, &broker, primary.port(), standby.port());
+    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
+    set(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "5s".into());
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the primary", || {
+        db.streaming(&slot)
+    });
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+
+    insert_tagged(&db, &topic, "shared", 100);
+    assert!(
+        reader.poll_until(WAIT, |r| tagged_keys(r, "shared").len() == 100),
+        "the first 100 events; log:\n{}",
+        walbox.log()
+    );
+    wait_until(WAIT, "the standby to hold the synchronized slot", || {
+        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
+        replica
+            .try_sql(&format!(
+                "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .is_ok_and(|v| v == "t")
+    });
+    wait_until(WAIT, "the standby to replay the first events", || {
+        replica.try_sql("SELECT count(*) FROM outbox") == Ok("100".into())
+    });
+
+    // The standby stops receiving; walbox relays and confirms 100 more on the primary.
+    standby.stop().expect("stop the standby");
+    insert_tagged(&db, &topic, "orphaned", 100);
+    let end = db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| tagged_keys(r, "orphaned").len() == 100),
+        "the events the standby never received; log:\n{}",
+        walbox.log()
+    );
+    wait_until(WAIT, "walbox to confirm them", || {
+        db.confirmed(&slot) >= end
+    });
+
+    // The primary dies; the lagging standby comes back and is promoted. walbox, still
+    // running, reconnects through the same URL to the new primary.
+    primary.crash().expect("crash the primary");
+    standby.start_again().expect("start the standby again");
+    standby.promote().expect("promote the standby");
+    wait_until(WAIT, "walbox to stream from the promoted standby", || {
+        replica.streaming(&slot)
+    });
+    insert_tagged(&replica, &topic, "promoted", 100);
+    let arrived = reader.poll_until(WAIT, |r| tagged_keys(r, "promoted").len() == 100);
+    let got = tagged_keys(&reader.records, "promoted");
+    assert!(
+        arrived,
+        "{} of the 100 events committed on the promoted standby reached Kafka; log:\n{}",
+        got.len(),
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}

@@ -505,3 +505,98 @@ fn after_the_standby_is_promoted_heartbeats_go_to_it_not_to_the_old_primary() {
         "said once; log:\n{log}"
     );
 }
+
+#[test]
+fn exactly_once_on_a_standby_restarted_with_a_wal_backlog_sends_nothing_twice() {
+    let (shared, _exclusive) = clusters();
+    let standby = &shared.standby;
+    let (db, replica) = database_on(&shared.primary, standby, "eos_standby");
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 4);
+    if !crate::exactly_once::transactions_supported(&broker) {
+        return;
+    }
+    let mut env =
+        crate::exactly_once::eos_env(&replica, &slot, &broker.bootstrap_servers(), "10ms");
+    env.push(("WALBOX_POSTGRES_PRIMARY_URL".into(), db.url()));
+    env.push(("WALBOX_POSTGRES_RECEIVE_TIMEOUT".into(), "5s".into()));
+    // No page written between restart points: the standby's minimum recovery point stays
+    // at its last one (the background writer would otherwise move it past the last events).
+    let bgwriter = |pages: &str| {
+        standby
+            .psql(
+                "postgres",
+                &format!(
+                    "ALTER SYSTEM SET bgwriter_lru_maxpages = {pages}; SELECT pg_reload_conf();"
+                ),
+            )
+            .expect("set bgwriter_lru_maxpages")
+    };
+    bgwriter("0");
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(
+        WAIT,
+        "walbox to create its slot on the standby and stream",
+        || replica.streaming(&slot),
+    );
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let aggregates: Vec<String> = (0..20).map(|i| format!("agg-{i}")).collect();
+    let mut ids: HashSet<i64> = HashSet::new();
+    ids.extend(write_txn(&db, &topic, &aggregates, false).ids);
+    for _ in 0..5 {
+        ids.extend(write_txn(&db, &topic, &aggregates, false).ids);
+    }
+    let last: Lsn = db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() == ids.len()),
+        "{} of {} events before the restart; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        ids.len(),
+        walbox.log()
+    );
+    wait_until(WAIT, "the standby's slot to confirm every event", || {
+        replica.confirmed(&slot) >= last
+    });
+
+    // The standby crashes and comes back, walbox with it (one host, one restart); the new
+    // walbox connects as soon as the standby takes connections, before it has replayed its
+    // own WAL to the last commits.
+    // The slot's position on disk is that of the standby's last restart point: only the
+    // progress record says that everything up to `last` is in Kafka.
+    walbox.kill();
+    // After the restart, the standby replays the last commits only 3 s after they were made.
+    replica.sql("ALTER SYSTEM SET recovery_min_apply_delay = '3s'");
+    standby.crash().expect("crash the standby");
+    standby.start_again().expect("start the standby again");
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(
+        WAIT,
+        "walbox to stream again after the standby restart",
+        || replica.streaming(&slot),
+    );
+    ids.extend(write_txn(&db, &topic, &aggregates, false).ids);
+    assert!(
+        reader.poll_until(WAIT, |r| distinct_ids(r).len() == ids.len()),
+        "{} of {} events after the restart; log:\n{}",
+        distinct_ids(&reader.records).len(),
+        ids.len(),
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    bgwriter("DEFAULT");
+    replica.sql("ALTER SYSTEM RESET recovery_min_apply_delay; SELECT pg_reload_conf();");
+    reader.read_to_end(WAIT).unwrap();
+    let twice: Vec<i64> =
+        crate::support::events::id_counts(reader.records.iter().map(crate::support::events::id_of))
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(id, _)| id)
+            .collect();
+    assert!(
+        twice.is_empty(),
+        "{} events sent twice after the standby restart; log:\n{}",
+        twice.len(),
+        walbox.log()
+    );
+}

@@ -218,6 +218,8 @@ pub struct Relay {
     health: Arc<Health>,
     next_seq: u64,
     acked_frontier: Lsn,
+    /// The timeline and slot generation `acked_frontier` was acknowledged on.
+    acked_lineage: Lineage,
     topics: Topics,
     /// Set when a session confirmed a new position; the supervisor resets its backoff then
     /// (and only then: a session that streams and fails at the same place again is no
@@ -263,6 +265,7 @@ impl Relay {
             health,
             next_seq: 0,
             acked_frontier: Lsn::ZERO,
+            acked_lineage: Lineage::default(),
             made_progress: false,
             recurrence: None,
             progress_key: None,
@@ -398,6 +401,29 @@ impl Relay {
         }
     }
 
+    /// In exactly-once mode, the position the last progress record of `key` says is committed
+    /// to Kafka (what a standby must have replayed before the record can be judged);
+    /// [`Lsn::ZERO`] otherwise, or when the topic cannot be read now (the read after fencing
+    /// decides, and reports its own errors).
+    async fn committed_position(&self, key: &ProgressKey) -> Lsn {
+        if self.settings.kafka.exactly_once.is_none() {
+            return Lsn::ZERO;
+        }
+        let (config, lookup) = (self.settings.kafka.clone(), key.clone());
+        let read = tokio::task::spawn_blocking(move || {
+            progress::read_last(&config, &lookup, PROGRESS_READ_TIMEOUT)
+        })
+        .await;
+        match read {
+            Ok(Ok(record)) => record.map_or(Lsn::ZERO, |r| r.confirmed_lsn),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "reading the progress record before streaming from a standby");
+                Lsn::ZERO
+            }
+            Err(_) => Lsn::ZERO,
+        }
+    }
+
     /// Highest position this process knows to be fully acknowledged.
     pub fn acked_frontier(&self) -> Lsn {
         self.acked_frontier
@@ -460,19 +486,39 @@ impl Relay {
         };
         let eos_key = key.clone();
         if self.progress_key.as_ref() != Some(&key) {
+            // Another cluster, database or slot: nothing acknowledged before speaks for it.
             self.progress_key = Some(key);
             self.progress_lsn = Lsn::ZERO;
+            self.acked_frontier = Lsn::ZERO;
         }
         // Topics the config names are looked up now, not on the WAL path.
         let mapper = OutboxMapper::new(&self.settings.outbox);
         self.topics
             .resolve(&self.sink, &mapper.known_topics())
             .await;
-        let start = slot.confirmed_flush_lsn.max(self.acked_frontier);
         // Logical messages carry heartbeats, the table-less outbox and the reshard marker.
         let messages = self.settings.heartbeats
             || self.settings.outbox.messages.is_some()
             || pg.drain_to.is_some();
+        let mut server = lineage::ServerHistory {
+            timelines: lineage::timelines(&mut open).await,
+            wal_at: open.identity.xlogpos,
+            slot_confirmed: slot.confirmed_flush_lsn,
+        };
+        if open.role == Role::Standby {
+            // A restarted hot standby takes connections before it has replayed its own WAL: what
+            // was acknowledged on it would look like another history's until replay gets there.
+            let target = self
+                .acked_frontier
+                .max(self.committed_position(&eos_key).await);
+            if target > server.wal_at {
+                server.wal_at = open.wait_for_wal(target).await?;
+            }
+        }
+        // What this process acknowledged counts only on the history and slot generation it was
+        // acknowledged on (`relay::lineage`): a promotion onto a lagging standby, a restore or
+        // another cluster behind the URL reuse those positions for other commits.
+        let start = lineage::start_position(self.acked_frontier, self.acked_lineage, &server);
         // The slot's generation is its restart_lsn, not its confirmed position: PostgreSQL
         // saves a confirmed position that moved alone only at the next checkpoint that finds
         // the slot dirty (before 17 not even at shutdown), so after a crash or a restart the
@@ -482,16 +528,11 @@ impl Relay {
             timeline: open.identity.timeline,
             slot_floor: slot.restart_lsn,
         };
+        self.acked_frontier = start;
+        self.acked_lineage = self.lineage;
         // Exactly-once trusts the last progress record only as far as it is of this history
         // and this slot (`lineage`).
-        let server = match self.settings.kafka.exactly_once {
-            Some(_) => Some(lineage::ServerHistory {
-                timelines: lineage::timelines(&mut open).await,
-                wal_at: open.identity.xlogpos,
-                slot_confirmed: slot.confirmed_flush_lsn,
-            }),
-            None => None,
-        };
+        let server = self.settings.kafka.exactly_once.map(|_| server);
         let stream = open.start(pg, start, messages).await?;
         // Exactly-once: only once this process holds the slot does it fence the previous
         // producer and read what that one committed (a second process that cannot get the

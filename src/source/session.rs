@@ -16,6 +16,9 @@
 //! - Streaming starts at the position the caller gives (never below the slot's
 //!   `confirmed_flush_lsn`, which the caller reads from [`OpenSession::slot`]); `0/0` is never
 //!   sent, because PostgreSQL 15 would accept a lower position and move the slot backwards.
+//! - On a standby, a position the caller holds as acknowledged but the server has not yet
+//!   replayed to is waited for ([`OpenSession::wait_for_wal`], bounded), never judged at once as
+//!   of another history.
 //! - `messages` is requested only from PostgreSQL 14 on (pgoutput rejects it before); on 13
 //!   heartbeats still advance the slot, unmeasured, and the log says so.
 
@@ -28,6 +31,16 @@ use crate::source::replication::{
     ReplicationConnection, ReplicationError, ReplicationStream, SystemIdentity,
 };
 use crate::source::standby::{self, Role};
+
+use std::time::{Duration, Instant};
+
+/// The longest [`OpenSession::wait_for_wal`] waits for a standby's replay.
+pub const WAL_WAIT: Duration = Duration::from_secs(60);
+/// How long a standby's WAL position may stand still before [`OpenSession::wait_for_wal`]
+/// takes it as the end of the server's history.
+pub const WAL_STALL: Duration = Duration::from_secs(5);
+/// How often [`OpenSession::wait_for_wal`] asks.
+const WAL_POLL: Duration = Duration::from_millis(200);
 
 /// Opening the session failed.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +151,39 @@ impl OpenSession {
         &mut self,
     ) -> Result<crate::source::timeline::TimelineHistory, OpenError> {
         Ok(self.repl.timeline_history(self.identity.timeline).await?)
+    }
+
+    /// On a standby, waits until the server's WAL position (`IDENTIFY_SYSTEM`: the WAL it has
+    /// replayed or received) reaches `target`, and returns the position it got to. A hot
+    /// standby restarted after a crash takes connections once it is consistent, before it has
+    /// replayed the rest of its own WAL. The wait ends at `target`, when the position stops
+    /// moving for [`WAL_STALL`] (this server's history ends below `target`), when the timeline
+    /// changes, or after [`WAL_WAIT`] in all.
+    pub async fn wait_for_wal(&mut self, target: Lsn) -> Result<Lsn, OpenError> {
+        let started = Instant::now();
+        let mut at = self.identity.xlogpos;
+        let mut moved = Instant::now();
+        tracing::info!(
+            wal_at = %at, target = %target,
+            "the standby has not yet replayed its WAL up to what walbox acknowledged on it; waiting for its replay"
+        );
+        while at < target && moved.elapsed() < WAL_STALL && started.elapsed() < WAL_WAIT {
+            tokio::time::sleep(WAL_POLL).await;
+            let now = self.repl.identify_system().await?;
+            if now.timeline != self.identity.timeline {
+                break;
+            }
+            if now.xlogpos > at {
+                at = now.xlogpos;
+                moved = Instant::now();
+            }
+        }
+        tracing::info!(
+            wal_at = %at, target = %target, waited_ms = started.elapsed().as_millis() as u64,
+            "the standby's WAL position after waiting for its replay"
+        );
+        self.identity.xlogpos = at;
+        Ok(at)
     }
 
     /// Creates the missing slot (pgoutput, no snapshot) and reads it back. On a standby the
