@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use walbox::lsn::Lsn;
 use walbox::sandbox::broker::{read_topics, TopicReader};
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 use walbox::sandbox::standby::StandbyOptions;
@@ -761,4 +762,127 @@ fn a_walbox_that_stays_up_through_a_promotion_onto_a_lagging_standby_relays_ever
     );
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
+
+#[test]
+fn exactly_once_sends_nothing_twice_from_a_failover_slot_promoted_after_walbox_restarted() {
+    let Some(major) = failover_major() else {
+        return;
+    };
+    let (primary, standby) = synchronizing_pair(major);
+    let db = TestDb::on(primary, "eosfail");
+    let replica = db.on_standby(standby);
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 3);
+    if !crate::exactly_once::transactions_supported(&broker) {
+        return;
+    }
+    let mut env = standby_first_env(&db, &slot, &broker, primary.port(), standby.port());
+    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
+    set(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "5s".into());
+    set(&mut env, "WALBOX_KAFKA_EXACTLY_ONCE", "true".into());
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the primary", || {
+        db.streaming(&slot)
+    });
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    insert_tagged(&db, &topic, "synced", 50);
+    assert!(
+        reader.poll_until(WAIT, |r| tagged_keys(r, "synced").len() == 50),
+        "the first events; log:\n{}",
+        walbox.log()
+    );
+    wait_until(WAIT, "the standby to hold the synchronized slot", || {
+        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
+        replica
+            .try_sql(&format!(
+                "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .is_ok_and(|v| v == "t")
+    });
+    // The standby stops synchronizing the slot but still receives WAL: its copy of the slot
+    // stays where it is while the primary's moves on.
+    replica.sql("ALTER SYSTEM SET sync_replication_slots = off; SELECT pg_reload_conf();");
+    wait_until(WAIT, "the slot synchronization to stop", || {
+        replica
+            .try_sql("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'slotsync worker'")
+            .is_ok_and(|n| n == "0")
+    });
+    let copy: Lsn = replica
+        .sql(&format!(
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ))
+        .parse()
+        .unwrap();
+    insert_tagged(&db, &topic, "shared", 50);
+    let shared_end: Lsn = db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
+    assert!(
+        reader.poll_until(WAIT, |r| tagged_keys(r, "shared").len() == 50),
+        "the events both servers hold; log:\n{}",
+        walbox.log()
+    );
+    wait_until(WAIT, "the standby to replay them", || {
+        replica
+            .try_sql("SELECT pg_last_wal_replay_lsn()")
+            .is_ok_and(|l| l.parse::<Lsn>().is_ok_and(|l| l >= shared_end))
+    });
+    standby.stop().expect("stop the standby");
+    // The primary's slot moves past the standby's copy; walbox restarts on the primary, so its
+    // progress records carry the newer slot generation.
+    wait_until(
+        WAIT,
+        "the primary's slot to move past the standby's copy",
+        || {
+            let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
+            db.try_sql(&format!(
+            "SELECT restart_lsn > '{copy}' FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ))
+            .is_ok_and(|v| v == "t")
+        },
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    let mut walbox = Walbox::spawn(&env);
+    insert_tagged(&db, &topic, "orphaned", 50);
+    assert!(
+        reader.poll_until(WAIT, |r| tagged_keys(r, "orphaned").len() == 50),
+        "the events the standby never received; log:\n{}",
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+
+    // The primary dies; the standby is promoted with its older copy of the slot.
+    primary.crash().expect("crash the primary");
+    standby.start_again().expect("start the standby again");
+    standby.promote().expect("promote the standby");
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream from the promoted standby", || {
+        replica.streaming(&slot)
+    });
+    insert_tagged(&replica, &topic, "promoted", 50);
+    assert!(
+        reader.poll_until(WAIT, |r| tagged_keys(r, "promoted").len() == 50),
+        "the events committed on the promoted standby; log:\n{}",
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    reader.read_to_end(WAIT).unwrap();
+    let keys: Vec<String> = reader
+        .records
+        .iter()
+        .filter_map(|r| r.key.as_deref())
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    let twice: std::collections::BTreeSet<&String> = keys
+        .iter()
+        .filter(|k| keys.iter().filter(|o| o == k).count() > 1)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "{} events sent twice: {twice:?}; log:\n{}",
+        twice.len(),
+        walbox.log()
+    );
 }
