@@ -434,3 +434,51 @@ fn an_unknown_walbox_variable_exits_3_naming_it_but_not_its_value() {
         &["WALBOX_INBOX_EFFECT_SQLL"],
     );
 }
+
+#[test]
+fn a_progress_record_that_cannot_be_written_stops_walbox_before_it_streams() {
+    let db = TestDb::new("progdeny");
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    let Some(mock) = broker.mock_cluster() else {
+        eprintln!("external broker: denying Write needs the mock cluster; skipped");
+        return;
+    };
+    db.create_slot_and_publication(&slot);
+    let progress = support::own_progress_topic(&broker, &slot);
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    env.push(("WALBOX_KAFKA_PROGRESS_TOPIC".into(), progress.clone()));
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+         VALUES ('a', '{topic}', 'thing.happened', '{{}}')"
+    ));
+    // The principal may not write: the first records walbox produces are refused. (Nothing
+    // but the progress record can come first: no event is read before it is acknowledged.)
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 3],
+    );
+    let mut walbox = Walbox::spawn(&env);
+    let status = walbox.wait_exit(WAIT);
+    let line = walbox.last_line();
+    assert_eq!(status.code(), Some(9), "{}", walbox.log());
+    assert!(
+        line.contains("cannot write the progress record") && line.contains(&progress),
+        "{line}"
+    );
+    // Nothing was streamed, so nothing was confirmed: the row is still ahead of the slot.
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    reader.read_to_end(WAIT).unwrap();
+    assert!(reader.records.is_empty(), "{:?}", reader.records);
+
+    // With Write granted, the same slot relays the row.
+    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    let mut walbox = Walbox::spawn(&env);
+    assert!(
+        reader.poll_until(WAIT, |r| r.len() == 1),
+        "the row after Write was granted; log:\n{}",
+        walbox.log()
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}

@@ -92,6 +92,14 @@ pub enum RelayError {
     /// The progress topic is missing and may not be created.
     #[error("kafka.progress_topic: {0}; walbox keeps there the evidence that its slot existed (create it with one partition and cleanup.policy=compact)")]
     ProgressTopic(TopicError),
+    /// The session's first progress record was refused: nothing is streamed without it.
+    #[error("cannot write the progress record to kafka topic {topic:?}: {error}; walbox streams only once its slot is on record there (the evidence that keeps a lost slot from being recreated silently and shard slots from being advanced past rows they never relayed): grant walbox's principal Write on that topic (and check `walbox check`)")]
+    ProgressWrite {
+        /// The progress topic.
+        topic: String,
+        /// What Kafka said.
+        error: KafkaError,
+    },
     /// The progress topic could not be read, so a missing slot cannot be told from a new one.
     #[error("replication slot is missing and {0}, so walbox cannot tell whether the slot existed before; not creating it")]
     Progress(ProgressError),
@@ -158,6 +166,8 @@ impl Classify for RelayError {
             RelayError::Topic { error, .. } => error.failure(),
             RelayError::ProgressTopic(_) => Some(Failure::Schema),
             RelayError::Progress(e) => e.failure(),
+            // Refused rights are fatal (exit 9, 4 for credentials); anything else is retried.
+            RelayError::ProgressWrite { error, .. } => kafka_error(error).fatal(),
             RelayError::StreamEnded | RelayError::Undrained { .. } => None,
             RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),

@@ -37,7 +37,8 @@
 //!   stops with exit 8 and the statement that skips exactly that transaction. The reconnect
 //!   backoff is reset only by a session that confirmed a new position.
 //! - A progress record (`sink::progress`) follows the acknowledged frontier: written when
-//!   streaming starts, at most every second while it moves, and when the session ends. A missing
+//!   streaming starts (no WAL is read before the broker acknowledged that first one: it is the
+//!   evidence that the slot exists), at most every second while it moves, and when the session ends. A missing
 //!   slot is created only when the progress topic has no record of it.
 //! - Exactly-once mode (`kafka.exactly_once`, [`exactly_once`]): events count for the
 //!   checkpoint only when their Kafka transaction commits, the progress record is written inside
@@ -153,6 +154,8 @@ struct Session {
     eos: Option<kafka_txn::KafkaTxn>,
     /// The reshard marker at `postgres.drain_to` arrived: nothing after it is read.
     drained: bool,
+    /// The session's first progress record (at-least-once mode) is not acknowledged yet.
+    start_record_pending: bool,
 }
 
 /// Shortest gap between status updates sent because the frontier moved (the periodic ones
@@ -551,7 +554,6 @@ impl Relay {
         self.metrics.streaming.set(1);
         self.metrics.confirmed_flush_lsn.set(start.as_u64() as i64);
         crash_point!("relay::session-started");
-        self.write_progress(start, true);
         let mut session = Session {
             stream,
             checkpoint: Checkpoint::new(start, self.next_seq),
@@ -564,9 +566,11 @@ impl Relay {
             last_status_at: Instant::now(),
             eos,
             drained: false,
+            start_record_pending: false,
         };
-        // Exactly-once mode writes its first progress record in a transaction of its own.
-        let result = match self.eos_start_record(&mut session, start).await {
+        // Nothing is streamed before the slot is on record in the progress topic (exactly-once
+        // mode writes that record in a transaction of its own).
+        let result = match self.record_start(&mut session, start, shutdown).await {
             Ok(()) => self.stream_loop(&mut session, shutdown).await,
             Err(e) => Err(e),
         };
@@ -725,6 +729,53 @@ impl Relay {
                 tracing::warn!(error = %e, "cannot write the progress record; retrying with the next one")
             }
         }
+    }
+
+    /// Writes the session's first progress record at `start` and waits until the broker
+    /// acknowledged it: the record is the evidence that the slot exists, which keeps a lost slot
+    /// from being recreated silently and a layout change from advancing shard slots past rows
+    /// they never relayed, so a walbox that cannot write it does not stream at all.
+    async fn record_start(
+        &mut self,
+        s: &mut Session,
+        start: Lsn,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
+        if s.eos.is_some() {
+            return self.eos_start_record(s, start).await;
+        }
+        let Some(key) = self.progress_key.clone() else {
+            return Ok(());
+        };
+        let topic = self.settings.kafka.progress_topic.clone();
+        let write_error = |error| RelayError::ProgressWrite {
+            topic: topic.clone(),
+            error,
+        };
+        self.send_progress(&key, start, self.confirmed_commit_time)
+            .map_err(|e| match e {
+                SinkError::Config(e) | SinkError::Send(e) => write_error(e),
+                SinkError::QueueFull => write_error(rdkafka::error::KafkaError::MessageProduction(
+                    rdkafka::types::RDKafkaErrorCode::QueueFull,
+                )),
+            })?;
+        s.start_record_pending = true;
+        while s.start_record_pending {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => {}
+                _ = self.acks.wait() => {}
+                // A report that came before the wait began is taken on the next turn.
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+            self.take_acks(s)?;
+        }
+        self.progress_lsn = start;
+        self.progress_at = Some(Instant::now());
+        Ok(())
     }
 
     /// Hands `key`'s progress record at `lsn` to the producer (inside the open Kafka

@@ -174,6 +174,15 @@ impl Relay {
                 if let Some(txn) = s.eos.as_mut() {
                     txn.progress_acked();
                 }
+                if std::mem::take(&mut s.start_record_pending) {
+                    if let Err(error) = ack.result {
+                        first_error.get_or_insert(RelayError::ProgressWrite {
+                            topic: self.settings.kafka.progress_topic.clone(),
+                            error,
+                        });
+                    }
+                    continue;
+                }
                 if let Err(e) = ack.result {
                     // Written again at the next opportunity.
                     self.progress_lsn = Lsn::ZERO;
