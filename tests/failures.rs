@@ -191,6 +191,138 @@ fn message_the_broker_refuses_as_too_large_exits_8_naming_the_broker_limits() {
     );
 }
 
+/// A database whose outbox rows name their partition (`outbox.columns.partition = "part"`),
+/// with a 3-partition topic, three transactions (partition 0, 99, 1) and walbox's environment
+/// with `toml` appended to that setting; returns the database, the topic, the broker, the
+/// environment (and its config file) and the bad row's id.
+fn rows_naming_partitions(
+    tag: &str,
+    toml: &str,
+) -> (
+    TestDb,
+    String,
+    walbox::sandbox::broker::Broker,
+    Vec<(String, String)>,
+    tempfile::NamedTempFile,
+    String,
+) {
+    let db = TestDb::new(tag);
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 3);
+    db.sql("ALTER TABLE outbox ADD COLUMN part int");
+    db.create_slot_and_publication(&slot);
+    let row = |part: i32| {
+        format!(
+            "INSERT INTO outbox (aggregate_id, topic, event_type, payload, part) \
+             VALUES ('a', '{topic}', 'x', '{{}}', {part});"
+        )
+    };
+    db.sql(&row(0));
+    db.sql(&row(99));
+    let bad = db.sql("SELECT max(id) FROM outbox");
+    db.sql(&row(1));
+    let file = config_file(&format!(
+        "[outbox]\n{toml}\n[outbox.columns]\npartition = \"part\"\n"
+    ));
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(
+        &mut env,
+        "WALBOX_CONFIG",
+        &file.path().display().to_string(),
+    );
+    (db, topic, broker, env, file, bad)
+}
+
+/// The ids of the records in `topics`, with their partitions.
+fn ids_by_partition(brokers: &str, topics: &[&str]) -> Vec<(String, i32)> {
+    let mut reader = TopicReader::new(brokers, topics, WAIT).unwrap();
+    reader.read_to_end(WAIT).unwrap();
+    let mut ids: Vec<(String, i32)> = reader
+        .records
+        .iter()
+        .map(|r| {
+            (
+                r.header_str("id").unwrap_or_default().to_owned(),
+                r.partition,
+            )
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn a_partition_the_topic_lacks_exits_8_with_the_statement_that_skips_its_transaction() {
+    let (db, topic, broker, env, _file, bad) = rows_naming_partitions("nopartition", "");
+    let slot = db.name.clone();
+    let commits = db.commits(&slot);
+    assert_eq!(commits.len(), 3);
+    let (code, line) = run_to_exit(&env);
+    assert_eq!(code, 8, "{line}");
+    assert!(
+        line.contains(&format!("event {bad} ")) && line.contains("outbox.columns.partition"),
+        "the error names the event and the setting: {line}"
+    );
+    assert!(
+        db.confirmed(&slot) < commits[1].1,
+        "confirmed past the rejected event"
+    );
+    let at = line
+        .find("SELECT pg_replication_slot_advance(")
+        .unwrap_or_else(|| panic!("no statement in: {line}"));
+    let statement = &line[at..at + line[at..].find(';').expect("statement ends with ;") + 1];
+    assert_eq!(
+        statement,
+        format!(
+            "SELECT pg_replication_slot_advance('{slot}', '{}');",
+            commits[1].1
+        )
+    );
+
+    // Skipped as told: the next row is relayed, to the partition it names.
+    db.sql(statement);
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to confirm the last transaction", || {
+        db.confirmed(&slot) >= commits[2].1
+    });
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    assert_eq!(
+        ids_by_partition(&broker.bootstrap_servers(), &[&topic]),
+        [("1".to_owned(), 0), ("3".to_owned(), 1)]
+    );
+}
+
+#[test]
+fn a_partition_the_topic_lacks_goes_to_the_dead_letter_topic_and_later_rows_flow() {
+    let dlq = support::unique("dlq_partition");
+    let (db, topic, broker, env, _file, bad) = rows_naming_partitions(
+        "nopartitiondlq",
+        &format!("on_invalid = \"dead_letter\"\ndead_letter_topic = \"{dlq}\""),
+    );
+    broker.create_topic(&dlq, 1).unwrap();
+    let slot = db.name.clone();
+    let commits = db.commits(&slot);
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to confirm every transaction", || {
+        db.confirmed(&slot) >= commits[2].1
+    });
+    assert!(walbox.running(), "{}", walbox.log());
+    let bs = broker.bootstrap_servers();
+    assert_eq!(
+        ids_by_partition(&bs, &[&topic]),
+        [("1".to_owned(), 0), ("3".to_owned(), 1)],
+        "the rows around it arrived in the partitions they name"
+    );
+    let mut letters = TopicReader::new(&bs, &[&dlq], WAIT).unwrap();
+    letters.read_to_end(WAIT).unwrap();
+    assert_eq!(letters.records.len(), 1, "{}", walbox.log());
+    let letter = &letters.records[0];
+    assert_eq!(letter.header_str("id"), Some(bad.as_str()));
+    let error = letter.header_str("walbox.error").unwrap_or_default();
+    assert!(error.contains("Unknown partition"), "{error}");
+}
+
 #[test]
 fn sigterm_drains_confirms_and_exits_0() {
     let db = TestDb::new("sigterm");

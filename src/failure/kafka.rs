@@ -4,7 +4,7 @@
 //!
 //! | codes | class | exit |
 //! |---|---|---|
-//! | `MSG_SIZE_TOO_LARGE`, `INVALID_MSG_SIZE`, `INVALID_RECORD`, `_UNKNOWN_TOPIC`, `UNKNOWN_TOPIC_OR_PART`, `TOPIC_EXCEPTION`, `RECORD_LIST_TOO_LARGE` | [`Class::Rejected`]: this record, never the others | the record's policy |
+//! | `MSG_SIZE_TOO_LARGE`, `INVALID_MSG_SIZE`, `INVALID_RECORD`, `_UNKNOWN_TOPIC`, `UNKNOWN_TOPIC_OR_PART`, `_UNKNOWN_PARTITION` (a partition the row names that its topic lacks), `TOPIC_EXCEPTION`, `RECORD_LIST_TOO_LARGE` | [`Class::Rejected`]: this record, never the others | the record's policy |
 //! | `SASL_AUTHENTICATION_FAILED`, `_AUTHENTICATION` | the brokers refused the credentials | 4 |
 //! | `_FENCED`, `PRODUCER_FENCED`, `INVALID_PRODUCER_EPOCH` | a newer producer with the same transactional id took over | 15 |
 //! | `_FATAL`, `TOPIC_AUTHORIZATION_FAILED`, `CLUSTER_AUTHORIZATION_FAILED`, `GROUP_AUTHORIZATION_FAILED`, `TRANSACTIONAL_ID_AUTHORIZATION_FAILED`, `FENCED_INSTANCE_ID`, `_INVALID_ARG`, `_UNSUPPORTED_FEATURE`, `UNSUPPORTED_VERSION` | the client cannot continue: rights, librdkafka's fatal error, a static member fenced, brokers without the feature | 9 |
@@ -26,6 +26,7 @@ pub fn kafka(code: RDKafkaErrorCode) -> Class {
         | C::InvalidRecord
         | C::UnknownTopic
         | C::UnknownTopicOrPartition
+        | C::UnknownPartition
         | C::InvalidTopic
         | C::MessageBatchTooLarge => Class::Rejected,
         C::SaslAuthenticationFailed | C::Authentication => Class::Fatal(Failure::Auth),
@@ -85,6 +86,7 @@ mod tests {
             (C::InvalidRecord, Class::Rejected),
             (C::UnknownTopic, Class::Rejected),
             (C::UnknownTopicOrPartition, Class::Rejected),
+            (C::UnknownPartition, Class::Rejected),
             (C::InvalidTopic, Class::Rejected),
             (C::MessageBatchTooLarge, Class::Rejected),
             (C::SaslAuthenticationFailed, Class::Fatal(Failure::Auth)),

@@ -110,9 +110,16 @@ pub fn refused_by_producer(e: &KafkaError) -> String {
              max.message.bytes accept it too"
                 .to_owned()
         }
+        KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition) => {
+            format!("kafka refused the record: {NO_SUCH_PARTITION}")
+        }
         e => format!("kafka refused the record: {e}"),
     }
 }
+
+/// What an `UnknownPartition` refusal means: the row named the partition.
+const NO_SUCH_PARTITION: &str = "the topic has no partition of the number the row names \
+     (outbox.columns.partition; Local: Unknown partition)";
 
 /// A record the broker failed, as the relay reports it: for a size limit, which limits to
 /// raise.
@@ -122,6 +129,9 @@ pub fn describe_delivery_error(e: &KafkaError) -> String {
             "the broker refused the record as too large ({e}): raise the topic's \
              max.message.bytes (or the broker's message.max.bytes)"
         ),
+        KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition) => {
+            NO_SUCH_PARTITION.to_owned()
+        }
         e => e.to_string(),
     }
 }
@@ -654,7 +664,17 @@ mod tests {
             broker.contains("the broker refused") && broker.contains("max.message.bytes"),
             "{broker}"
         );
-        let other = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition);
+        let partition = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition);
+        for refused in [
+            SinkError::Send(partition.clone()).to_string(),
+            describe_delivery_error(&partition),
+        ] {
+            assert!(
+                refused.contains("no partition") && refused.contains("outbox.columns.partition"),
+                "{refused}"
+            );
+        }
+        let other = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopic);
         assert!(SinkError::Send(other.clone())
             .to_string()
             .starts_with("kafka refused the record: "));
