@@ -14,7 +14,8 @@
 # transactions probe, the
 # inbox's consumer group (rebalances, restarts, the retention guard), the
 # progress topic and the start-up decision read from it, `walbox audit`,
-# SASL/SCRAM handshakes (plain and over TLS), routing with topic creation,
+# SASL/SCRAM handshakes (plain and over TLS), every command on a cluster
+# with ACLs (kafka_acls::), routing with topic creation,
 # the progress topic's cleanup policy in `walbox check`, the Debezium
 # differential test (Kafka Connect standalone with the Debezium
 # PostgreSQL connector, from scripts/install-debezium.sh), the migration from
@@ -36,7 +37,7 @@ whole_lane=false
 if [ "$#" -eq 0 ]; then
   whole_lane=true
   set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: audit:: \
-    kafka_security:: routing:: debezium:: debezium_migration:: \
+    kafka_security:: kafka_acls:: routing:: debezium:: debezium_migration:: \
     relay::sigkill_at_random_points \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \
     check_kafka::the_progress_topic_must_be_compacted check::everything_passes

@@ -23,6 +23,7 @@ mod faults;
 mod ha;
 mod http;
 mod inbox;
+mod kafka_acls;
 mod kafka_security;
 mod layout;
 mod manual;

@@ -64,7 +64,7 @@ use crate::outbox::{
     EventPosition, OutboxError, OutboxMapper, COMMIT_LSN_HEADER, ERROR_HEADER, SOURCE_HEADER,
 };
 use crate::pg::control::connect_control;
-use crate::sink::kafka::ReaderContext;
+use crate::sink::kafka::{is_unused_group_refusal, ReaderContext};
 
 /// At most this many ids of each kind are listed; the counts are always complete.
 const LISTED: usize = 100;
@@ -469,6 +469,10 @@ fn count_records(
                         "the committed view of a partition ends below its high watermark (a kafka transaction's commit markers still being written, or another producer's transaction still open); waiting for it"
                     );
                 }
+                continue;
+            }
+            Err(e) if is_unused_group_refusal(&e) => {
+                tracing::debug!(error = %e, "the audit's group is refused; it uses none");
                 continue;
             }
             other => other.map_err(kafka_err)?,

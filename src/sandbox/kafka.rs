@@ -14,6 +14,10 @@
 //! - The broker's log goes to a file ([`KafkaServer::log_path`]), never to this process's
 //!   output.
 //! - [`KafkaServer::start`] returns once the broker answers a metadata request.
+//! - With [`KafkaServerOptions::acls`] the broker authorizes every request (KRaft's
+//!   `StandardAuthorizer`, `allow.everyone.if.no.acl.found=false`): the PLAINTEXT listener's
+//!   `User:ANONYMOUS` (the broker's own connections, the tests' admin clients) is a super user,
+//!   and a SCRAM user may do only what [`KafkaServer::create_acls`] granted it.
 
 use std::fs;
 use std::io::{self, Write};
@@ -79,6 +83,9 @@ pub enum KafkaServerError {
     /// The TLS certificates could not be made.
     #[error("making the broker's TLS certificates failed: {0}")]
     Tls(#[from] openssl::error::ErrorStack),
+    /// The broker refused (or garbled) a CreateAcls request.
+    #[error("creating ACLs failed: {0}")]
+    Acls(String),
 }
 
 impl crate::failure::Classify for KafkaServerError {
@@ -110,6 +117,8 @@ pub struct KafkaServerOptions {
     pub log_file: Option<PathBuf>,
     /// More `server.properties` lines (`key`, `value`), after the defaults.
     pub properties: Vec<(String, String)>,
+    /// Authorize every request by ACLs (see the module docs).
+    pub acls: bool,
 }
 
 /// A running single-node broker; killed and removed on drop.
@@ -235,6 +244,14 @@ impl KafkaServer {
             ),
         ] {
             set(k, v.into());
+        }
+        if opts.acls {
+            set(
+                "authorizer.class.name",
+                "org.apache.kafka.metadata.authorizer.StandardAuthorizer".into(),
+            );
+            set("allow.everyone.if.no.acl.found", "false".into());
+            set("super.users", "User:ANONYMOUS".into());
         }
         if let (Some(_), Some(sp), Some(ss)) = (&opts.scram, sasl_plaintext, sasl_ssl) {
             listeners.push(format!("SASL_PLAINTEXT://127.0.0.1:{sp}"));
@@ -454,6 +471,142 @@ impl KafkaServer {
     /// The last lines of the broker's log, on one line.
     pub fn log_tail(&self) -> String {
         tail(&self.log, 20)
+    }
+
+    /// Creates `acls` (a broker started with [`KafkaServerOptions::acls`]), as the PLAINTEXT
+    /// listener's super user, in one CreateAcls request (version 1), returning once the
+    /// controller committed them (the broker applies them a moment later). rust-rdkafka has no
+    /// ACL API and the Kafka jars of the cache hold no command-line tool for it, so the
+    /// request is written here: a handful of fixed-width fields.
+    pub fn create_acls(&self, acls: &[Acl]) -> Result<()> {
+        use std::io::Read;
+        let failed = |what: String| KafkaServerError::Acls(what);
+        let mut body = Vec::new();
+        let string = |out: &mut Vec<u8>, s: &str| {
+            out.extend((s.len() as i16).to_be_bytes());
+            out.extend(s.as_bytes());
+        };
+        body.extend(30i16.to_be_bytes()); // CreateAcls
+        body.extend(1i16.to_be_bytes()); // version 1: no tagged fields
+        body.extend(1i32.to_be_bytes()); // correlation id
+        string(&mut body, "walbox-sandbox");
+        body.extend((acls.len() as i32).to_be_bytes());
+        for acl in acls {
+            body.push(acl.resource as u8);
+            string(&mut body, &acl.name);
+            body.push(if acl.prefixed { 4 } else { 3 }); // PREFIXED, LITERAL
+            string(&mut body, &acl.principal);
+            string(&mut body, "*");
+            body.push(acl.operation as u8);
+            body.push(3); // ALLOW
+        }
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.plaintext))
+            .map_err(io_err("connecting to the broker for CreateAcls"))?;
+        conn.set_read_timeout(Some(Duration::from_secs(30)))
+            .map_err(io_err("setting a read timeout"))?;
+        let mut request = (body.len() as i32).to_be_bytes().to_vec();
+        request.extend(body);
+        conn.write_all(&request)
+            .map_err(io_err("sending CreateAcls"))?;
+        let mut size = [0u8; 4];
+        conn.read_exact(&mut size)
+            .map_err(io_err("reading the CreateAcls response"))?;
+        let mut response = vec![0u8; i32::from_be_bytes(size).max(0) as usize];
+        conn.read_exact(&mut response)
+            .map_err(io_err("reading the CreateAcls response"))?;
+        // Correlation id, throttle time, then the results: error code and message each.
+        let mut at = 8;
+        let mut take = |n: usize| -> Result<&[u8]> {
+            let bytes = response
+                .get(at..at + n)
+                .ok_or_else(|| failed("a truncated CreateAcls response".into()))?;
+            at += n;
+            Ok(bytes)
+        };
+        let count = i32::from_be_bytes(take(4)?.try_into().unwrap_or_default());
+        for acl in acls.iter().take(count.max(0) as usize) {
+            let code = i16::from_be_bytes(take(2)?.try_into().unwrap_or_default());
+            let len = i16::from_be_bytes(take(2)?.try_into().unwrap_or_default());
+            let message = String::from_utf8_lossy(take(len.max(0) as usize)?).into_owned();
+            if code != 0 {
+                return Err(failed(format!("{acl:?}: error {code}: {message}")));
+            }
+        }
+        if count as usize != acls.len() {
+            return Err(failed(format!("{count} results for {} ACLs", acls.len())));
+        }
+        Ok(())
+    }
+}
+
+/// What an [`Acl`] applies to: Kafka's resource type codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AclResource {
+    /// A topic.
+    Topic = 2,
+    /// A consumer group.
+    Group = 3,
+    /// The cluster (name `kafka-cluster`).
+    Cluster = 4,
+    /// A transactional id.
+    TransactionalId = 5,
+}
+
+/// What an [`Acl`] allows: Kafka's operation codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AclOperation {
+    /// Read (implies Describe).
+    Read = 3,
+    /// Write (implies Describe).
+    Write = 4,
+    /// Create.
+    Create = 5,
+    /// Describe.
+    Describe = 8,
+    /// DescribeConfigs.
+    DescribeConfigs = 10,
+    /// IdempotentWrite (the cluster).
+    IdempotentWrite = 12,
+}
+
+/// An ACL allowing `principal` (`User:<name>`) `operation` on a resource, from any host.
+#[derive(Debug, Clone)]
+pub struct Acl {
+    /// `User:<name>`.
+    pub principal: String,
+    /// What it may do.
+    pub operation: AclOperation,
+    /// On what kind of resource.
+    pub resource: AclResource,
+    /// The resource's name, or its prefix when `prefixed`.
+    pub name: String,
+    /// Whether `name` is a prefix (else the literal name).
+    pub prefixed: bool,
+}
+
+impl Acl {
+    /// `user` may `operation` the resource named `name` exactly.
+    pub fn allow(user: &str, operation: AclOperation, resource: AclResource, name: &str) -> Acl {
+        Acl {
+            principal: format!("User:{user}"),
+            operation,
+            resource,
+            name: name.to_owned(),
+            prefixed: false,
+        }
+    }
+
+    /// `user` may `operation` every resource whose name starts with `prefix`.
+    pub fn allow_prefixed(
+        user: &str,
+        operation: AclOperation,
+        resource: AclResource,
+        prefix: &str,
+    ) -> Acl {
+        Acl {
+            prefixed: true,
+            ..Acl::allow(user, operation, resource, prefix)
+        }
     }
 }
 

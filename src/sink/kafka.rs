@@ -249,13 +249,17 @@ impl ClientContext for SinkContext {
 /// The context of walbox's short-lived readers (the progress topic, `walbox audit`): they ask
 /// librdkafka for partition ends (`enable.partition.eof`), and librdkafka reports each one as
 /// an error event too. The end of a partition is how such a read finishes, not an error: it is
-/// logged at debug level; every other client error as a warning (the read itself returns it).
+/// logged at debug level, as is the refusal of the group they never use
+/// ([`is_unused_group_refusal`]); every other client error as a warning (the read itself
+/// returns it).
 pub struct ReaderContext;
 
 impl ClientContext for ReaderContext {
     fn error(&self, error: KafkaError, reason: &str) {
         if is_partition_end(&error) {
             tracing::debug!(error = %error, reason, "kafka reader reached a partition's end");
+        } else if is_unused_group_refusal(&error) {
+            tracing::debug!(error = %error, reason, "kafka reader's group refused; it uses none");
         } else {
             tracing::warn!(error = %error, reason, "kafka client error");
         }
@@ -263,6 +267,15 @@ impl ClientContext for ReaderContext {
 }
 
 impl rdkafka::consumer::ConsumerContext for ReaderContext {}
+
+/// Whether `error` is a group coordinator's refusal that a reader which only assigns its
+/// partitions (the progress reader, `walbox audit`) can ignore. librdkafka assigns only with
+/// a `group.id`, and then looks that group's coordinator up (FindCoordinator, which needs
+/// Describe on the group); such a reader reads from offsets it names and commits nothing, so
+/// the group is never used, and the principal needs no right on it.
+pub fn is_unused_group_refusal(error: &KafkaError) -> bool {
+    error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed)
+}
 
 /// Whether `error` only says that a consumer reached the end of a partition.
 pub fn is_partition_end(error: &KafkaError) -> bool {

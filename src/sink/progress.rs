@@ -52,19 +52,22 @@
 //! - At start-up, a missing slot is created only when the topic was read to its end and holds
 //!   no record for it. A record found means the slot existed and is gone: walbox stops as for a
 //!   lost slot. A topic that cannot be read is a transient error: walbox never creates a slot
-//!   on a guess.
+//!   on a guess. A principal the brokers refuse (credentials, a missing ACL) stops walbox
+//!   instead (exit 4 or 9).
+//! - The reader assigns its partition and names its offsets; it commits nothing and needs no
+//!   right on a consumer group (see `sink::kafka::is_unused_group_refusal`).
 
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use crate::config::KafkaConfig;
-use crate::failure::{Classify, Failure};
+use crate::failure::{kafka_error, Classify, Failure};
 use crate::lsn::Lsn;
-use crate::sink::kafka::ReaderContext;
+use crate::sink::kafka::{is_unused_group_refusal, ReaderContext};
 use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros, rfc3339_now};
 
 /// Shortest gap between two progress records written because the frontier moved.
@@ -198,7 +201,10 @@ impl ProgressKey {
 #[derive(Debug, thiserror::Error)]
 pub enum ProgressError {
     /// Kafka failed.
-    #[error("cannot read progress topic {topic:?}: {error}")]
+    #[error(
+        "cannot read progress topic {topic:?}: {error}{}",
+        acl_advice(error, topic)
+    )]
     Kafka {
         /// The topic.
         topic: String,
@@ -214,9 +220,24 @@ pub enum ProgressError {
 }
 
 impl Classify for ProgressError {
-    /// Retried: walbox waits until it can tell whether a missing slot existed.
+    /// Retried (walbox waits until it can tell whether a missing slot existed), unless the
+    /// brokers refused the principal: exit 4 for its credentials, 9 for a missing ACL
+    /// (`failure::kafka`).
     fn failure(&self) -> Option<Failure> {
-        None
+        match self {
+            ProgressError::Kafka { error, .. } => kafka_error(error).fatal(),
+            ProgressError::MissingTopic(_) | ProgressError::Timeout(_) => None,
+        }
+    }
+}
+
+/// The ACL a refusal to read `topic` asks for (empty for any other error).
+fn acl_advice(error: &KafkaError, topic: &str) -> String {
+    match error.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed) => format!(
+            " (grant walbox's principal Read on the topic: kafka-acls.sh --add --allow-principal User:<walbox> --operation Read --topic {topic})"
+        ),
+        _ => String::new(),
     }
 }
 
@@ -355,6 +376,9 @@ fn read_from(
                     _ => pending.retain(|(q, _)| *q != p),
                 }
             }
+            Some(Err(e)) if is_unused_group_refusal(&e) => {
+                tracing::debug!(error = %e, "the progress reader's group is refused; it uses none");
+            }
             Some(Err(e)) => return Err(kafka(e)),
             // The transaction ended with nothing more to deliver (aborted, say).
             None if waiting => {
@@ -476,6 +500,27 @@ mod tests {
         assert!(default.contains("PartitionEOF"), "{default}");
         let reader = logged_reading_to_the_end(ReaderContext);
         assert!(!reader.contains("PartitionEOF"), "{reader}");
+    }
+
+    #[test]
+    fn a_refused_principal_stops_and_is_told_the_acl_while_the_rest_is_retried() {
+        let error = |code| ProgressError::Kafka {
+            topic: "walbox.progress".into(),
+            error: KafkaError::MessageConsumption(code),
+        };
+        let denied = error(RDKafkaErrorCode::TopicAuthorizationFailed);
+        assert_eq!(denied.failure(), Some(Failure::Kafka));
+        let message = denied.to_string();
+        assert!(
+            message.contains("--operation Read --topic walbox.progress"),
+            "{message}"
+        );
+        let auth = error(RDKafkaErrorCode::SaslAuthenticationFailed);
+        assert_eq!(auth.failure(), Some(Failure::Auth));
+        let down = error(RDKafkaErrorCode::AllBrokersDown);
+        assert_eq!(down.failure(), None);
+        assert!(!down.to_string().contains("kafka-acls"));
+        assert_eq!(ProgressError::Timeout("t".into()).failure(), None);
     }
 
     #[test]

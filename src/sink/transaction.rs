@@ -64,7 +64,7 @@ pub enum TxnError {
     #[error("kafka transactional producer configuration refused: {0} (in exactly-once mode message.timeout.ms must not exceed transaction.timeout.ms, and neither may be 0)")]
     Config(KafkaError),
     /// The last committed progress record could not be read: nothing is produced until it is.
-    #[error("exactly-once mode: {0}; walbox reads the last committed progress record before it produces anything (retrying)")]
+    #[error("exactly-once mode: {0}; walbox reads the last committed progress record before it produces anything")]
     Progress(super::progress::ProgressError),
     /// The brokers do not implement Kafka transactions (KIP-98).
     #[error("the kafka brokers do not support transactions ({0}): exactly-once mode needs brokers that implement KIP-98 (Apache Kafka 0.11 or later); set kafka.exactly_once = false to relay at-least-once")]
@@ -77,7 +77,9 @@ pub enum TxnError {
 impl Classify for TxnError {
     fn failure(&self) -> Option<Failure> {
         match self {
-            TxnError::Retriable(_) | TxnError::Abortable(_) | TxnError::Progress(_) => None,
+            TxnError::Retriable(_) | TxnError::Abortable(_) => None,
+            // Retried, unless the brokers refused the principal.
+            TxnError::Progress(e) => e.failure(),
             TxnError::Config(_) | TxnError::TimedOut { .. } => Some(Failure::Config),
             TxnError::Fenced { .. } => Some(Failure::Fenced),
             TxnError::Unsupported(_) => Some(Failure::Kafka),

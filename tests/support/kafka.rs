@@ -33,7 +33,7 @@ pub fn apache() -> Option<&'static KafkaServer> {
             watchdog: true,
             scram: Some((SCRAM_USER.0.to_owned(), SCRAM_USER.1.to_owned())),
             log_file: std::env::var_os("WALBOX_TEST_KAFKA_LOG").map(Into::into),
-            properties: Vec::new(),
+            ..Default::default()
         })
         .unwrap_or_else(|e| panic!("start the Apache Kafka broker: {e}"))
     });
