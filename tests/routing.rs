@@ -294,6 +294,44 @@ format = "protobuf"
     assert_eq!(field("source"), Value::String("public.p".into()));
 }
 
+/// A jsonb number keeps every digit in the JSON envelope, as in `raw`: beyond f64's precision,
+/// beyond i64, and a 401-digit number beyond f64's range, which must not stop the relay.
+#[test]
+fn json_envelope_carries_jsonb_numbers_digit_for_digit() {
+    let db = TestDb::new("jsonnum");
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    let bs = broker.bootstrap_servers();
+    let (w, _f) = walbox_with(
+        &db,
+        &bs,
+        &format!("[outbox]\ntopic = \"{topic}\"\nformat = \"json\"\n"),
+    );
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
+    let huge = format!("9{}", "8".repeat(400));
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES
+           ('o-1', '{topic}', 'paid', '{{\"amount\": 12345678901234567890.12345678901234567890}}'),
+           ('o-2', '{topic}', 'paid', '{{\"amount\": -98765432109876543210, \"units\": {huge}}}'),
+           ('o-3', '{topic}', 'paid', '{{\"after\": true}}')"
+    ));
+    let recs = read_logged(&w, &bs, &[&topic], 3);
+    // jsonb's own text of each payload: normalized layout, every digit kept.
+    let stored = db.sql("SELECT payload::text FROM outbox ORDER BY id");
+    let stored: Vec<&str> = stored.lines().collect();
+    assert!(stored[0].contains("12345678901234567890.12345678901234567890"));
+    assert!(stored[1].contains(&huge));
+    let seen: Vec<String> = recs
+        .iter()
+        .map(|r| {
+            // Read with numbers left as text, as a consumer with arbitrary precision would.
+            let v: std::collections::BTreeMap<&str, &serde_json::value::RawValue> =
+                serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+            v["payload"].get().to_owned()
+        })
+        .collect();
+    assert_eq!(seen, stored, "walbox log:\n{}", w.log());
+}
+
 #[test]
 fn partitioned_outbox_rows_arrive_as_the_root_table() {
     let db = TestDb::new("parted");

@@ -10,10 +10,12 @@
 //! - the extra `[outbox.envelope]` fields.
 //!
 //! In the JSON envelope, a json/jsonb payload is embedded as JSON; so is a text payload that
-//! holds valid JSON when `expand_json_payload` is on. Any other text payload is embedded as a
-//! string, and a bytea payload as a base64 string. The protobuf envelope always carries the
+//! holds valid JSON when `expand_json_payload` is on. Embedded JSON is the payload's own text
+//! (checked to be JSON, never re-encoded): numbers keep every digit, however far beyond f64 or
+//! i64. Any other text payload is embedded as a string, and a bytea payload as a base64 string. The protobuf envelope always carries the
 //! payload's bytes as stored, with their content type.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -75,6 +77,14 @@ pub struct Envelope<'a> {
     pub fields: &'a [(Arc<str>, Option<Bytes>)],
 }
 
+/// A JSON envelope field: a value, or JSON text written out as it is.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Field<'a> {
+    Raw(&'a RawValue),
+    Value(serde_json::Value),
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -97,38 +107,38 @@ impl Envelope<'_> {
             PayloadKind::Text => self.expand_json,
             PayloadKind::Bytes => false,
         };
-        let raw: Option<Box<RawValue>> = if as_json {
+        // Parsed as a borrowed `RawValue`: checked to be JSON, numbers left as written (no
+        // conversion through f64, which would round or refuse them).
+        let raw: Option<&RawValue> = if as_json {
             std::str::from_utf8(&p.bytes)
                 .ok()
-                .and_then(|s| RawValue::from_string(s.to_owned()).ok())
+                .and_then(|s| serde_json::from_str(s).ok())
         } else {
             None
         };
         let payload = match (raw, p.kind) {
-            (Some(r), _) => serde_json::to_value(r).map_err(|e| e.to_string())?,
+            (Some(r), _) => Field::Raw(r),
             (None, PayloadKind::Json) => return Err("the json payload is not valid JSON".into()),
-            (None, PayloadKind::Bytes) => serde_json::Value::String(base64(&p.bytes)),
-            (None, PayloadKind::Text) => serde_json::Value::String(text(&p.bytes)),
+            (None, PayloadKind::Bytes) => Field::Value(base64(&p.bytes).into()),
+            (None, PayloadKind::Text) => Field::Value(text(&p.bytes).into()),
         };
-        let mut obj = serde_json::Map::new();
-        obj.insert("id".into(), text(self.id).into());
-        obj.insert("type".into(), self.event_type.map(text).into());
-        obj.insert(
-            "aggregate_type".into(),
-            self.aggregate_type.map(text).into(),
-        );
-        obj.insert("aggregate_id".into(), text(self.aggregate_id).into());
+        // Sorted by name; an extra field named like a fixed one replaces it.
+        let mut obj: BTreeMap<String, Field<'_>> = BTreeMap::new();
+        let mut put = |name: &str, v: serde_json::Value| {
+            obj.insert(name.to_owned(), Field::Value(v));
+        };
+        put("id", text(self.id).into());
+        put("type", self.event_type.map(text).into());
+        put("aggregate_type", self.aggregate_type.map(text).into());
+        put("aggregate_id", text(self.aggregate_id).into());
+        put("commit_lsn", self.commit_lsn.into());
+        put("commit_time", rfc3339_micros(self.commit_time_us, 6).into());
+        put("index", self.index.into());
+        put("source", self.source.into());
         obj.insert("payload".into(), payload);
-        obj.insert("commit_lsn".into(), self.commit_lsn.into());
-        obj.insert(
-            "commit_time".into(),
-            rfc3339_micros(self.commit_time_us, 6).into(),
-        );
-        obj.insert("index".into(), self.index.into());
-        obj.insert("source".into(), self.source.into());
         for (name, v) in self.fields {
             if let Some(v) = v {
-                obj.insert(name.to_string(), text(v).into());
+                obj.insert(name.to_string(), Field::Value(text(v).into()));
             }
         }
         serde_json::to_vec(&obj)
@@ -220,6 +230,28 @@ mod tests {
         assert_eq!(v["commit_time"], "2026-11-30T01:02:03.123456Z");
         assert_eq!(v["tenant"], "t1");
         assert_eq!(v["index"], 3);
+    }
+
+    #[test]
+    fn json_envelope_keeps_every_digit_of_a_number() {
+        // Beyond f64's 17 significant digits, beyond i64 and u64, and beyond f64's range.
+        let huge = format!("1{}", "0".repeat(400));
+        let payload = format!(
+            r#"{{"amount":12345678901234567890.12345678901234567890,"big":-98765432109876543210,"huge":{huge},"tiny":1e-400}}"#
+        );
+        for kind in [PayloadKind::Json, PayloadKind::Text] {
+            let p = Payload {
+                bytes: Bytes::from(payload.clone()),
+                kind,
+            };
+            let mut e = env(&p, &[]);
+            e.expand_json = true;
+            let out = e.encode(ValueFormat::Json).unwrap();
+            // Read with numbers left as text: the envelope is JSON, the payload its own text.
+            let v: BTreeMap<&str, &RawValue> = serde_json::from_slice(&out).unwrap();
+            assert_eq!(v["payload"].get(), payload, "{kind:?}");
+            assert_eq!(v["id"].get(), r#""42""#);
+        }
     }
 
     #[test]
