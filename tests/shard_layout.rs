@@ -215,6 +215,20 @@ fn a_server_short_of_slots_or_walsenders_stops_every_shard_and_no_row_is_lost() 
         "{}",
         walbox.log()
     );
+    // The slot made by hand held rows that no shard relays now: the log says which, and how to
+    // republish them.
+    let warned = walbox
+        .log()
+        .lines()
+        .find(|l| l.contains(&format!("shard slot {} stood at", names[0])))
+        .map(str::to_owned);
+    assert!(
+        warned.as_deref().is_some_and(|l| l.contains("WARN")
+            && l.contains("relayed by no shard")
+            && l.contains("walbox republish --since")),
+        "{}",
+        walbox.log()
+    );
 
     // Later the server restarts with a walsender fewer than the shards need: one shard waits,
     // its slot keeps its rows, and /healthz fails, naming the setting, until it streams.

@@ -211,7 +211,7 @@ async fn attempt(
             }
         }
         let positions: Vec<Lsn> = found.iter().map(|s| s.confirmed).collect();
-        return move_to_one_position(&control, &names, positions, &[]).await;
+        return move_to_one_position(&control, &names, positions, &found, &[]).await;
     }
     if !pg.create_slot {
         return Err(LayoutStartError::Missing(list(&missing)));
@@ -276,18 +276,29 @@ async fn attempt(
     }
     drop(opened);
     crash_point!("layout::slots-created");
-    move_to_one_position(&control, &names, positions, &created).await
+    move_to_one_position(&control, &names, positions, &found, &created).await
 }
 
 /// Step 6: moves every slot of `names` (none streamed from, none with a progress record) to
-/// the highest of their `positions`.
+/// the highest of their `positions`. A slot that existed before this start (`found`: made by
+/// hand, or by a start that stopped half-way) and stands below it holds rows of its bucket
+/// that no shard will relay: each is named in a warning, with the window and the way to
+/// republish it.
 async fn move_to_one_position(
     control: &Client,
     names: &[String],
     positions: Vec<Lsn>,
+    found: &[crate::shard::FoundSlot],
     created: &[String],
 ) -> Result<(), LayoutStartError> {
     let to = positions.into_iter().max().unwrap_or(Lsn::ZERO);
+    for slot in found.iter().filter(|s| s.confirmed < to) {
+        tracing::warn!(
+            slot = %slot.name, from = %slot.confirmed, to = %to,
+            "shard slot {} stood at {}, before the other shards' slots: moving it to {} (the layout starts there for every shard alike), the rows of its bucket committed between {} and {} are relayed by no shard. If they must reach Kafka, republish them once the shards stream: walbox republish --since <when slot {} was made> (consumers deduplicate by id)",
+            slot.name, slot.confirmed, to, slot.confirmed, to, slot.name
+        );
+    }
     for name in names {
         let at = slot::advance(control, name, to).await?;
         if at < to {
