@@ -546,7 +546,9 @@ impl Term {
                 match leadership {
                     Some(l) => {
                         if let Some(e) = l.lost(&mut shutdown).await {
-                            tracing::error!(error = %e, "lost the leader lock: stopping the relay; a standby takes over");
+                            // Every PostgreSQL restart ends the lock's connection too: a warning, and no
+                            // claim of a standby that may not exist.
+                            tracing::warn!(error = %e, "lost the leader lock: stopping the relay until this process holds it again (another walbox of this slot, if one runs, may take over meanwhile)");
                             lost.store(true, Ordering::SeqCst);
                         }
                     }

@@ -334,6 +334,13 @@ fn postgres_restart_mid_stream_reconnects_and_loses_nothing() {
     });
     assert!(walbox.running(), "walbox exited:\n{}", walbox.log());
     assert!(walbox.log().contains("reconnecting"), "{}", walbox.log());
+    // A restart is no error of walbox's, and no standby was ever started.
+    let log = walbox.log();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" ERROR ") || l.contains("a standby takes over"))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
     assert_per_aggregate_commit_order(&reader.records);
