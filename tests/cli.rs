@@ -93,6 +93,11 @@ fn bad_window_arguments_are_refused_naming_the_argument() {
                 "--time-column",
                 "is jsonb, not a time",
             ),
+            (
+                &["--since", "2026-01-01T00:00:00Z", "--time-column", "nosuch"],
+                "--time-column",
+                "has no column \"nosuch\"",
+            ),
         ] {
             let mut argv = vec![command];
             argv.extend_from_slice(args);

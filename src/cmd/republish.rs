@@ -297,6 +297,15 @@ pub(crate) async fn check_window(
                 );
                 bad_argument("--time-column", &hint, &e)
             })?;
+        } else if window.time_column.is_some() {
+            // A name the operator typed: an argument to fix, like a time it cannot read.
+            return Err(FatalError::new(
+                Failure::Config,
+                format!(
+                    "--time-column: outbox table {} has no column {column:?} (name its timestamptz, timestamp or date column)",
+                    route.name
+                ),
+            ));
         }
     }
     if let (Some(since_id), Some(i)) = (&window.since_id, position(&route.columns.id)) {
