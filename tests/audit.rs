@@ -309,3 +309,28 @@ fn rows_behind_an_open_kafka_transaction_are_waited_for_not_reported_missing() {
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }
+
+#[test]
+fn with_shards_the_audit_waits_for_every_shards_slot_and_no_longer() {
+    if !crate::shards::sharding_supported() {
+        return;
+    }
+    let db = TestDb::new("audit_shards");
+    let (topic, broker) = support::topic_on_broker(&db, 2);
+    let (env, _, names) = crate::shards::served_shards(&db, &broker.bootstrap_servers(), 2);
+    let mut walbox = crate::shards::start_streaming(&env, &db, &names);
+    let ids: Vec<i64> = (0..10)
+        .map(|i| insert(&db, &topic, &format!("s{i}")))
+        .collect();
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    assert!(reader.poll_until(WAIT, |r| distinct_ids(r).len() == ids.len()));
+    // The shards' slots, not postgres.slot (which no shard streams from), say the rows are in.
+    let (code, stdout, stderr) = walbox_command(&env, &["audit", "--wait", "60s"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        !stdout.contains("had not confirmed") && !stderr.contains("has not confirmed"),
+        "{stdout}\n{stderr}"
+    );
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}

@@ -3,9 +3,10 @@
 //! The rows of the window (`--since-id`, `--since`, or all) are read in one `REPEATABLE READ`
 //! snapshot and mapped by the relay's own mapper (the same code as `walbox republish`). The
 //! snapshot's first statement reads the WAL insert position L: every row it sees committed
-//! before L. The audit then waits (up to `--wait`) until the slot has confirmed L, so a row the
-//! relay has not had time to deliver is not reported missing, and reads each topic (and each
-//! dead-letter topic) from its beginning to the high watermark it had then.
+//! before L. The audit then waits (up to `--wait`) until the slot (with `postgres.shards`, every
+//! shard's slot) has confirmed L, so a row the relay has not had time to deliver is not reported
+//! missing, and reads each topic (and each dead-letter topic) from its beginning to the high
+//! watermark it had then.
 //!
 //! An event of this outbox is identified by its table and its id (ids of two tables routed to
 //! one topic may be equal): a record counts for a row when it is in the row's topic and carries
@@ -125,7 +126,14 @@ pub async fn audit(
         .await
         .map_err(|e| FatalError::of(&e))?;
     let (expected, unmapped, needed) = read_rows(&mut client, config, window).await?;
-    let relay_behind = !confirmed(&client, &config.postgres.slot, needed, wait).await?;
+    // Every slot of the layout relays some of the rows: each must have confirmed them.
+    let slots: Vec<String> = config
+        .postgres
+        .shards()
+        .into_iter()
+        .map(|shard| shard.slot)
+        .collect();
+    let relay_behind = !confirmed(&client, &slots, needed, wait).await?;
     drop(client);
     let kafka = config.kafka.clone();
     let (expected, records_read) =
@@ -361,25 +369,27 @@ async fn read_rows(
     Ok((expected, unmapped, needed))
 }
 
-/// Waits up to `wait` until `slot` has confirmed `needed`; false when it has not.
+/// Waits up to `wait` until every slot of `slots` (the layout's: one, or one per shard) has
+/// confirmed `needed`; false when one has not (a missing slot confirms nothing).
 async fn confirmed(
     client: &tokio_postgres::Client,
-    slot: &str,
+    slots: &[String],
     needed: Lsn,
     wait: Duration,
 ) -> Result<bool, FatalError> {
     let deadline = Instant::now() + wait;
     loop {
         let row = client
-            .query_opt(
-                "SELECT coalesce(confirmed_flush_lsn, '0/0')::text FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot],
+            .query_one(
+                "SELECT CASE WHEN count(s.slot_name) = cardinality($1::text[]) \
+                 THEN coalesce(min(s.confirmed_flush_lsn), '0/0') ELSE '0/0' END::text \
+                 FROM unnest($1::text[]) AS n(name) \
+                 LEFT JOIN pg_replication_slots s ON s.slot_name = n.name",
+                &[&slots],
             )
             .await
             .map_err(|e| refused("postgres", &e))?;
-        let confirmed: Lsn = row
-            .and_then(|r| r.get::<_, String>(0).parse().ok())
-            .unwrap_or(Lsn::ZERO);
+        let confirmed: Lsn = row.get::<_, String>(0).parse().unwrap_or(Lsn::ZERO);
         if confirmed >= needed {
             return Ok(true);
         }
