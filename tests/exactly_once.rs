@@ -329,12 +329,22 @@ fn another_producers_open_transaction_does_not_hide_newer_progress_records() {
     wait_until(WAIT, "PostgreSQL to release the slot", || {
         !t.db.slot_active(&t.slot)
     });
-    // The restart must not take the older record for the last one.
+    // The restart must not take the older record for the last one. While it waits for the
+    // other transaction, its replication connection must stay up: the walsender ends a
+    // connection that sends no status for wal_sender_timeout.
+    t.db.sql(&format!(
+        "ALTER DATABASE {} SET wal_sender_timeout = '2s'",
+        t.db.name
+    ));
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox to read the progress topic", || {
         let log = walbox.log();
         log.contains("waiting for it to end") || log.contains("kafka transactions ready")
     });
+    if walbox.log().contains("waiting for it to end") {
+        // The other producer holds its transaction three walsender timeouts long.
+        std::thread::sleep(Duration::from_secs(6));
+    }
     foreign.abort_transaction(call).expect("abort");
     let all = wait_for_all(&mut reader, &t.db, &walbox);
     stop_and_read_exactly(&mut walbox, &mut reader, &all);
@@ -347,6 +357,11 @@ fn another_producers_open_transaction_does_not_hide_newer_progress_records() {
         twice.is_empty(),
         "{} events in Kafka twice; log:\n{}",
         twice.len(),
+        walbox.log()
+    );
+    assert!(
+        !walbox.log().contains("reconnecting"),
+        "the replication connection ended while exactly-once mode started; log:\n{}",
         walbox.log()
     );
 }

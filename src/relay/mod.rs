@@ -79,7 +79,9 @@ use crate::sink::topics::Topics;
 use crate::sink::transaction::{self, is_fencing, transactional_id, TxnError};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::pgoutput::{self, LogicalMessage};
-use crate::source::replication::{ReplicationError, ReplicationMessage, ReplicationStream};
+use crate::source::replication::{
+    ReplicationError, ReplicationMessage, ReplicationStream, StandbyStatus,
+};
 use crate::source::session::{self, OpenError};
 use crate::source::standby::Role;
 use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros};
@@ -536,13 +538,29 @@ impl Relay {
         // Exactly-once trusts the last progress record only as far as it is of this history
         // and this slot (`lineage`).
         let server = self.settings.kafka.exactly_once.map(|_| server);
-        let stream = open.start(pg, start, messages).await?;
+        let mut stream = open.start(pg, start, messages).await?;
         // Exactly-once: only once this process holds the slot does it fence the previous
         // producer and read what that one committed (a second process that cannot get the
-        // slot must not stop the one streaming).
+        // slot must not stop the one streaming). That can wait on another producer's open
+        // transaction: status updates at `start` keep the walsender from timing out meanwhile.
         let eos = match (self.settings.kafka.exactly_once, server) {
             (Some(bounds), Some(server)) => {
-                Some(self.begin_exactly_once(&eos_key, bounds, &server).await?)
+                let begin = self.begin_exactly_once(&eos_key, bounds, &server);
+                tokio::pin!(begin);
+                let mut tick = tokio::time::interval(pg.status_interval);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let began = loop {
+                    tokio::select! {
+                        began = &mut begin => break began,
+                        _ = tick.tick() => {
+                            let at = StandbyStatus { write: start, flush: start, apply: start, reply_requested: false };
+                            if let Err(e) = stream.send_status(at).await {
+                                tracing::debug!(error = %e, "a status update while exactly-once mode starts");
+                            }
+                        }
+                    }
+                };
+                Some(began?)
             }
             _ => None,
         };
