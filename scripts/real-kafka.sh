@@ -20,7 +20,7 @@
 # differential test (Kafka Connect standalone with the Debezium
 # PostgreSQL connector, from scripts/install-debezium.sh), the migration from
 # Debezium to walbox on its slot (debezium_migration::), and the core
-# relay's SIGKILL test. Ignored tests (those needing a real
+# relay's SIGKILL test, and a timestamp the broker refuses. Ignored tests (those needing a real
 # broker) run too. Tests that inject broker faults need the mock cluster and
 # say "external broker: … skipped" here. The whole lane (no filters) ends with
 # the mixed-fault soak's short run (scripts/soak.sh: 50 faults on a
@@ -38,7 +38,7 @@ if [ "$#" -eq 0 ]; then
   whole_lane=true
   set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: audit:: \
     kafka_security:: kafka_acls:: routing:: debezium:: debezium_migration:: \
-    relay::sigkill_at_random_points \
+    relay::sigkill_at_random_points failures::a_timestamp_the_broker \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \
     check_kafka::the_progress_topic_must_be_compacted check::everything_passes
 fi

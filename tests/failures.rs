@@ -614,3 +614,146 @@ fn a_progress_record_that_cannot_be_written_stops_walbox_before_it_streams() {
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }
+
+/// A timestamp column hours ahead: Kafka 4 refuses it (`log.message.timestamp.after.max.ms`),
+/// and with it the whole batch it was in. The record at fault is told apart from the others of
+/// its batch and is the record's fault at once, in both modes: exit 8 with the statement that
+/// skips its transaction, the rows before it delivered once, nothing after it.
+#[test]
+fn a_timestamp_the_broker_refuses_stops_at_that_record_in_both_modes() {
+    if std::env::var("WALBOX_TEST_KAFKA").as_deref() != Ok("apache") {
+        eprintln!(
+            "the mock cluster accepts any timestamp: Apache Kafka only (scripts/real-kafka.sh)"
+        );
+        return;
+    }
+    for exactly_once in [false, true] {
+        let db = TestDb::new(if exactly_once {
+            "futurets_eos"
+        } else {
+            "futurets"
+        });
+        let slot = db.name.clone();
+        let (topic, broker) = support::topic_on_broker(&db, 1);
+        db.create_slot_and_publication(&slot);
+        let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+        set(&mut env, "WALBOX_OUTBOX_COLUMNS_TIMESTAMP", "created_at");
+        if exactly_once {
+            set(&mut env, "WALBOX_KAFKA_EXACTLY_ONCE", "true");
+        }
+        // One transaction of good rows, then one whose second row is two hours ahead: one batch.
+        let ids = db.sql(&format!(
+            "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+             SELECT 'a', '{topic}', 'x', '{{}}' FROM generate_series(1, 5) RETURNING id;\n\
+             BEGIN;\n\
+             INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+             VALUES ('a', '{topic}', 'x', '{{}}') RETURNING id;\n\
+             INSERT INTO outbox (aggregate_id, topic, event_type, payload, created_at) \
+             VALUES ('a', '{topic}', 'x', '{{}}', now() + interval '2 hours') RETURNING id;\n\
+             COMMIT;"
+        ));
+        let ids: Vec<&str> = ids.lines().filter(|l| !l.is_empty()).collect();
+        let (good, bad) = (&ids[..6], ids[6]);
+        let commits = db.commits(&slot);
+        assert_eq!(commits.len(), 2);
+        let (code, line) = run_to_exit(&env);
+        assert_eq!(code, 8, "exactly_once={exactly_once}: {line}");
+        assert!(
+            line.contains(&format!("event {bad} ")) && line.contains("timestamp"),
+            "exactly_once={exactly_once}: the record at fault is named: {line}"
+        );
+        let statement = format!(
+            "SELECT pg_replication_slot_advance('{slot}', '{}');",
+            commits[1].1
+        );
+        assert!(
+            line.contains(&statement),
+            "exactly_once={exactly_once}: {line}"
+        );
+        assert!(
+            db.confirmed(&slot) < commits[1].1,
+            "confirmed past the refused event"
+        );
+        let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
+        reader.read_to_end(WAIT).unwrap();
+        let delivered: Vec<String> = reader
+            .records
+            .iter()
+            .map(|r| r.header_str("id").unwrap_or_default().to_owned())
+            .collect();
+        // The row before it in its transaction: delivered at-least-once (a skip drops the
+        // rest), hidden with its aborted Kafka transaction in exactly-once mode.
+        let expected = if exactly_once { &good[..5] } else { good };
+        assert_eq!(
+            delivered, expected,
+            "exactly_once={exactly_once}: the rows before it, once each"
+        );
+    }
+}
+
+/// The same refused timestamp under `on_invalid = "dead_letter"`: the record at fault, alone,
+/// goes to the dead-letter topic, and every other row of its batch to its topic.
+#[test]
+fn a_timestamp_the_broker_refuses_is_dead_lettered_alone() {
+    if std::env::var("WALBOX_TEST_KAFKA").as_deref() != Ok("apache") {
+        eprintln!(
+            "the mock cluster accepts any timestamp: Apache Kafka only (scripts/real-kafka.sh)"
+        );
+        return;
+    }
+    let db = TestDb::new("futurets_dlq");
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, 1);
+    let dlq = support::unique("dlq_timestamp");
+    broker.create_topic(&dlq, 1).unwrap();
+    db.create_slot_and_publication(&slot);
+    let file = config_file(&format!(
+        "[outbox]\non_invalid = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n[outbox.columns]\ntimestamp = \"created_at\"\n"
+    ));
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(
+        &mut env,
+        "WALBOX_CONFIG",
+        &file.path().display().to_string(),
+    );
+    let ids = db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+         SELECT 'a', '{topic}', 'x', '{{}}' FROM generate_series(1, 5) RETURNING id;\n\
+         INSERT INTO outbox (aggregate_id, topic, event_type, payload, created_at) \
+         VALUES ('a', '{topic}', 'x', '{{}}', now() + interval '2 hours') RETURNING id;\n\
+         INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+         VALUES ('a', '{topic}', 'x', '{{}}') RETURNING id;"
+    ));
+    let ids: Vec<String> = ids
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let bad = ids[5].clone();
+    let commits = db.commits(&slot);
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to confirm every transaction", || {
+        db.confirmed(&slot) >= commits.last().unwrap().1
+    });
+    assert!(walbox.running(), "{}", walbox.log());
+    let bs = broker.bootstrap_servers();
+    let mut reader = TopicReader::new(&bs, &[&topic], WAIT).unwrap();
+    reader.read_to_end(WAIT).unwrap();
+    let delivered: Vec<String> = reader
+        .records
+        .iter()
+        .map(|r| r.header_str("id").unwrap_or_default().to_owned())
+        .collect();
+    let others: Vec<String> = ids.iter().filter(|i| **i != bad).cloned().collect();
+    assert_eq!(delivered, others, "every other row once: {}", walbox.log());
+    let mut letters = TopicReader::new(&bs, &[&dlq], WAIT).unwrap();
+    letters.read_to_end(WAIT).unwrap();
+    let letters: Vec<&str> = letters
+        .records
+        .iter()
+        .filter_map(|r| r.header_str("id"))
+        .collect();
+    assert_eq!(letters, [bad.as_str()], "{}", walbox.log());
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}

@@ -8,6 +8,7 @@
 //! | `SASL_AUTHENTICATION_FAILED`, `_AUTHENTICATION` | the brokers refused the credentials | 4 |
 //! | `_FENCED`, `PRODUCER_FENCED`, `INVALID_PRODUCER_EPOCH` | a newer producer with the same transactional id took over | 15 |
 //! | `_FATAL`, `TOPIC_AUTHORIZATION_FAILED`, `CLUSTER_AUTHORIZATION_FAILED`, `GROUP_AUTHORIZATION_FAILED`, `TRANSACTIONAL_ID_AUTHORIZATION_FAILED`, `FENCED_INSTANCE_ID`, `_INVALID_ARG`, `_UNSUPPORTED_FEATURE`, `UNSUPPORTED_VERSION` | the client cannot continue: rights, librdkafka's fatal error, a static member fenced, brokers without the feature | 9 |
+//! | `INVALID_TIMESTAMP` (a timestamp further from the broker's clock than the topic allows) | [`Class::Transient`] here: the broker refuses the whole batch, so every record of it reports the code; the relay then produces one record at a time past it, and the one refused alone is the record's fault | the record's policy |
 //! | every other code (timeouts, transport, leaders moving, too few replicas, …) | [`Class::Transient`] | — |
 //!
 //! Authentication (who walbox is) is exit 4, as for PostgreSQL; authorization (what the

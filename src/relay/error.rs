@@ -335,6 +335,9 @@ pub struct DeliveryFailure {
     pub topic: String,
     /// The error.
     pub error: rdkafka::error::KafkaError,
+    /// The record was produced alone: an error the broker gives a whole batch for one of its
+    /// records (`INVALID_TIMESTAMP`) is then this record's own.
+    pub alone: bool,
 }
 
 impl Classify for SendFailure {
@@ -345,8 +348,14 @@ impl Classify for SendFailure {
 }
 
 impl Classify for DeliveryFailure {
-    /// As the broker's error (`failure::kafka`).
+    /// As the broker's error (`failure::kafka`); a batch's refusal of a record produced
+    /// alone is that record's.
     fn failure(&self) -> Option<Failure> {
+        let batch_refusal = self.error.rdkafka_error_code()
+            == Some(rdkafka::types::RDKafkaErrorCode::InvalidTimestamp);
+        if batch_refusal && self.alone {
+            return Some(Failure::EventRejected);
+        }
         self.error.failure()
     }
 }

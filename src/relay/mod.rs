@@ -158,6 +158,8 @@ struct Session {
     drained: bool,
     /// The session's first progress record (at-least-once mode) is not acknowledged yet.
     start_record_pending: bool,
+    /// Records are produced one at a time ([`Relay::isolate_until`]).
+    isolated: bool,
 }
 
 /// Shortest gap between status updates sent because the frontier moved (the periodic ones
@@ -241,6 +243,10 @@ pub struct Relay {
     progress_at: Option<Instant>,
     /// Commit time (PostgreSQL microseconds) of the newest transaction confirmed.
     confirmed_commit_time: Option<i64>,
+    /// After the broker refused a batch for one record's timestamp: records are produced one
+    /// at a time until everything up to this commit LSN is acknowledged, so the record at
+    /// fault is refused alone.
+    isolate_until: Option<Lsn>,
     /// The transaction of the event that stopped the last session, if one was rejected.
     rejected: Option<RejectedTxn>,
     /// Whether the last session's server was a standby (the way out of a dropped publication
@@ -279,6 +285,7 @@ impl Relay {
             progress_at: None,
             confirmed_commit_time: None,
             rejected: None,
+            isolate_until: None,
             on_standby: false,
             time_column: None,
         }
@@ -585,6 +592,7 @@ impl Relay {
             eos,
             drained: false,
             start_record_pending: false,
+            isolated: false,
         };
         // Nothing is streamed before the slot is on record in the progress topic (exactly-once
         // mode writes that record in a transaction of its own).

@@ -30,7 +30,7 @@ impl Relay {
         let status_interval = self.settings.postgres.status_interval;
         let mut status_tick = tokio::time::interval(status_interval);
         status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let max_in_flight = self.settings.relay.max_in_flight;
+        let configured_window = self.settings.relay.max_in_flight;
         // Once shutdown is requested, intake continues only to the end of the open transaction
         // (bounded by `relay.shutdown_timeout`): its acknowledged events are then confirmed and
         // not sent again after the restart.
@@ -39,6 +39,7 @@ impl Relay {
         loop {
             // Exactly-once: a commit whose events are all acknowledged goes to its thread.
             self.drive_commit(s).await?;
+            let max_in_flight = self.window(s, configured_window);
             let reading = intake_open(s, max_in_flight);
             if !reading {
                 // Not reading (the broker is behind): silence is walbox's own doing.
@@ -226,7 +227,26 @@ impl Relay {
             Err(error) => {
                 self.metrics.delivery_errors.inc();
                 let failed = ack.failed.unwrap_or_default();
-                if kafka_error(&error) == Class::Rejected {
+                if is_batch_refusal(&error) {
+                    if s.isolated {
+                        // Produced alone: this record's own timestamp was refused.
+                        if let Some(outcome) =
+                            self.on_rejected_delivery(s, ack.seq, ack.route, &failed, &error)
+                        {
+                            return outcome;
+                        }
+                    } else {
+                        // The broker refuses a whole batch for one record's timestamp: every
+                        // record of the batch reports it. The next session produces one record
+                        // at a time past this one, so the record at fault is told apart.
+                        let at = failed.lsn.parse().unwrap_or(Lsn::ZERO);
+                        self.isolate_until = Some(self.isolate_until.unwrap_or(Lsn::ZERO).max(at));
+                        tracing::warn!(
+                            event_id = %failed.id, lsn = %failed.lsn, error = %error,
+                            "the broker refused a batch for a record's timestamp; producing one record at a time up to this one to find which"
+                        );
+                    }
+                } else if kafka_error(&error) == Class::Rejected {
                     if let Some(outcome) =
                         self.on_rejected_delivery(s, ack.seq, ack.route, &failed, &error)
                     {
@@ -238,6 +258,7 @@ impl Relay {
                     lsn: failed.lsn,
                     topic: failed.topic,
                     error,
+                    alone: s.isolated,
                 })))
             }
         }
@@ -484,6 +505,37 @@ fn in_flight(s: &Session) -> usize {
         Some(t) => s.outstanding + t.buffered(),
         None => s.checkpoint.in_flight(),
     }
+}
+
+impl Relay {
+    /// The in-flight window: `configured`, or 1 while the records up to
+    /// [`Relay::isolate_until`] are produced one at a time (after a batch refused for one of its
+    /// records); marks the session's records as produced alone meanwhile.
+    fn window(&mut self, s: &mut Session, configured: usize) -> usize {
+        match self.isolate_until {
+            Some(until) if s.checkpoint.frontier() <= until => {
+                if !s.isolated {
+                    tracing::info!(until = %until, "producing one record at a time");
+                    s.isolated = true;
+                }
+                1
+            }
+            Some(_) => {
+                self.isolate_until = None;
+                s.isolated = false;
+                tracing::info!("producing in batches again");
+                configured
+            }
+            None => configured,
+        }
+    }
+}
+
+/// Whether `error` is a broker's refusal of a whole batch for one record of it
+/// (`INVALID_TIMESTAMP`: a timestamp further from the broker's clock than the topic allows):
+/// every record of the batch reports it, the one at fault and the others alike.
+fn is_batch_refusal(error: &rdkafka::error::KafkaError) -> bool {
+    error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::InvalidTimestamp)
 }
 
 /// Whether WAL is read: fewer than `max_in_flight` events in flight, and in exactly-once mode

@@ -132,6 +132,12 @@ pub fn describe_delivery_error(e: &KafkaError) -> String {
         KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition) => {
             NO_SUCH_PARTITION.to_owned()
         }
+        KafkaError::MessageProduction(RDKafkaErrorCode::InvalidTimestamp) => format!(
+            "the broker refused the record's timestamp ({e}): the row's outbox.columns.timestamp \
+             lies further from the broker's clock than the topic allows \
+             (message.timestamp.after.max.ms, one hour ahead by default on Kafka 4; \
+             message.timestamp.before.max.ms behind)"
+        ),
         e => e.to_string(),
     }
 }
