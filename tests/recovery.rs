@@ -9,21 +9,21 @@ use walbox::sandbox::broker::{ConsumedRecord, TopicReader};
 
 use crate::support::{self, since_in, wait_until, walbox_cmd, walbox_env, TestDb, Walbox, WAIT};
 
-fn insert(db: &TestDb, topic: &str, n: usize) {
+pub(crate) fn insert(db: &TestDb, topic: &str, n: usize) {
     db.sql(&format!(
         "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
          SELECT 'a' || (g % 3), '{topic}', 'x', jsonb_build_object('g', g) FROM generate_series(1, {n}) g;"
     ));
 }
 
-fn table_ids(db: &TestDb) -> BTreeSet<String> {
+pub(crate) fn table_ids(db: &TestDb) -> BTreeSet<String> {
     db.sql("SELECT id FROM outbox ORDER BY id")
         .lines()
         .map(str::to_owned)
         .collect()
 }
 
-fn ids(records: &[ConsumedRecord]) -> BTreeSet<String> {
+pub(crate) fn ids(records: &[ConsumedRecord]) -> BTreeSet<String> {
     records
         .iter()
         .filter_map(|r| r.header_str("id").map(str::to_owned))

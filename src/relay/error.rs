@@ -10,12 +10,17 @@ use crate::failure::{kafka_error, Classify, Failure};
 use crate::lsn::Lsn;
 use crate::outbox::{OutboxError, OutboxEvent};
 use crate::sink::kafka::SinkError;
-use crate::sink::progress::{republish_command, ProgressError, ProgressRecord};
+use crate::sink::progress::{
+    republish_command, ProgressError, ProgressRecord, REPUBLISH_MARGIN_MICROS,
+};
 use crate::sink::topics::TopicError;
 use crate::sink::transaction::TxnError;
 use crate::source::pgoutput::DecodeError;
 use crate::source::replication::ReplicationError;
 use crate::source::session::OpenError;
+use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros};
+
+use super::coverage::Change;
 
 /// Why a session ended with an error.
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +157,91 @@ pub enum RelayError {
         /// The column `walbox republish --since` compares (`source::catalog::time_column`).
         time_column: Option<String>,
     },
+    /// The publication watch cannot read the publication, so nothing more is confirmed: the
+    /// session ends and the supervisor reconnects (`relay::coverage`).
+    #[error("cannot read publication {publication:?} to know it still covers the outbox ({error}); nothing past {confirmed} is confirmed until it can be read")]
+    Unwatched {
+        /// The publication.
+        publication: String,
+        /// The last reading's error.
+        error: String,
+        /// The most walbox confirms.
+        confirmed: Lsn,
+    },
+    /// The publication does not cover an outbox table any more: found by the publication
+    /// watch while streaming (`relay::coverage`), or at start on a slot walbox streamed from.
+    #[error(transparent)]
+    Uncovered(Box<Uncovered>),
+}
+
+/// The publication stopped covering an outbox table: what changed, how far walbox confirmed,
+/// and how to get back the rows PostgreSQL no longer decodes.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.message())]
+pub struct Uncovered {
+    /// The publication.
+    pub publication: String,
+    /// The slot.
+    pub slot: String,
+    /// What changed.
+    pub change: Change,
+    /// The slot's confirmed position (while streaming: the most walbox confirms).
+    pub confirmed: Lsn,
+    /// Found while streaming (else at start).
+    pub streaming: bool,
+    /// When the window starts (PostgreSQL microseconds), and what that time is.
+    pub since: Option<(i64, &'static str)>,
+    /// The column `walbox republish --since` compares (`source::catalog::time_column`).
+    pub time_column: Option<String>,
+}
+
+impl Uncovered {
+    fn message(&self) -> String {
+        let what = self.change.describe(&self.publication);
+        let decoded = "PostgreSQL decodes each change with the catalog as of that change, so the rows inserted since";
+        let found = if self.streaming {
+            format!(
+                "the publication stopped covering an outbox table while walbox streamed: {what}. {decoded} after the change are not decoded, and covering the table again does not bring them back. walbox confirmed nothing past {}, the last position at which the publication still covered it",
+                self.confirmed
+            )
+        } else {
+            format!(
+                "the publication does not cover an outbox table: {what}; slot {:?} is confirmed up to {}. {decoded} the table stopped being covered are not decoded, and covering it again does not bring them back",
+                self.slot, self.confirmed
+            )
+        };
+        format!(
+            "{found}. Way out: {}start walbox, then {} (runbook \"Publication changed\")",
+            self.change.fix(&self.publication),
+            republish_window(self.since, self.time_column.as_deref())
+        )
+    }
+}
+
+impl Classify for Uncovered {
+    /// The publication is configuration of the database: exit 5.
+    fn failure(&self) -> Option<Failure> {
+        Some(Failure::Schema)
+    }
+}
+
+/// How to republish what was not relayed since `since` (PostgreSQL microseconds, and what that
+/// time is): the command with a `--since` [`REPUBLISH_MARGIN_MICROS`] before it.
+pub(super) fn republish_window(since: Option<(i64, &str)>, time_column: Option<&str>) -> String {
+    match since {
+        Some((t, what)) => format!(
+            "republish the window from the outbox table with {} (10 minutes before {what} at {}; consumers deduplicate by id)",
+            republish_command(
+                &rfc3339_micros(pg_micros_to_unix_micros(t) - REPUBLISH_MARGIN_MICROS, 0),
+                time_column
+            ),
+            rfc3339_micros(pg_micros_to_unix_micros(t), 3)
+        ),
+        None => format!(
+            "republish the rows inserted since walbox last confirmed (walbox_confirmed_flush_lsn stopped moving) with {}; consumers deduplicate by id",
+            republish_command("<time>", time_column)
+        ),
+    }
 }
 
 impl Classify for RelayError {
@@ -169,6 +259,7 @@ impl Classify for RelayError {
             // Refused rights are fatal (exit 9, 4 for credentials); anything else is retried.
             RelayError::ProgressWrite { error, .. } => kafka_error(error).fatal(),
             RelayError::StreamEnded | RelayError::Undrained { .. } => None,
+            RelayError::Unwatched { .. } => None,
             RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
             RelayError::Protocol(_) => Some(Failure::Internal),
@@ -177,6 +268,7 @@ impl Classify for RelayError {
             RelayError::Transaction(e) => e.failure(),
             RelayError::SlotGone { .. } | RelayError::SlotLost { .. } => Some(Failure::SlotLost),
             RelayError::Undecodable { .. } => Some(Failure::EventRejected),
+            RelayError::Uncovered(u) => u.failure(),
         }
     }
 }
@@ -198,10 +290,17 @@ impl RelayError {
     }
 
     /// Whether the server stopped decoding because the publication does not exist (SQLSTATE
-    /// 42704 from the walsender, e.g. after `DROP PUBLICATION` while streaming).
+    /// 42704 from the walsender, e.g. after `DROP PUBLICATION` while streaming), or the
+    /// publication watch found it gone.
     pub fn publication_missing(&self) -> bool {
-        matches!(self, RelayError::Replication(e)
-            if e.sqlstate() == Some("42704") && e.to_string().contains("publication"))
+        match self {
+            RelayError::Replication(e) => {
+                e.sqlstate() == Some("42704") && e.to_string().contains("publication")
+            }
+            // The publication watch saw it first.
+            RelayError::Uncovered(u) => u.change == Change::Dropped,
+            _ => false,
+        }
     }
 }
 

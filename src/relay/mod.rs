@@ -54,6 +54,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub mod checkpoint;
+mod coverage;
 mod error;
 mod exactly_once;
 mod kafka_txn;
@@ -61,7 +62,8 @@ mod lineage;
 mod publish;
 mod stream;
 
-pub use error::{DeliveryFailure, RelayError, SendFailure};
+pub use coverage::Change;
+pub use error::{DeliveryFailure, RelayError, SendFailure, Uncovered};
 
 use crate::config::{Config, KafkaConfig, OutboxConfig, PostgresConfig, RelayConfig};
 use crate::failure::{Classify, Failure, FatalError};
@@ -84,7 +86,7 @@ use crate::source::replication::{
 };
 use crate::source::session::{self, OpenError};
 use crate::source::standby::Role;
-use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros};
+use crate::timestamp::unix_micros_to_pg_micros;
 use checkpoint::Checkpoint;
 use error::{Recurrence, RejectedTxn, PERMANENT_AFTER};
 
@@ -160,6 +162,8 @@ struct Session {
     start_record_pending: bool,
     /// Records are produced one at a time ([`Relay::isolate_until`]).
     isolated: bool,
+    /// How far the publication is known to cover the outbox: nothing past it is confirmed.
+    coverage: coverage::Gate,
 }
 
 /// Shortest gap between status updates sent because the frontier moved (the periodic ones
@@ -373,21 +377,52 @@ impl Relay {
     /// How to republish what this process has not confirmed: the command with a `--since`
     /// [`progress::REPUBLISH_MARGIN_MICROS`] before the newest confirmed commit.
     fn republish_hint(&self) -> String {
-        let column = self.time_column.as_deref();
-        match self.confirmed_commit_time {
-            Some(t) => format!(
-                "republish the window from the outbox table with {} (10 minutes before the newest confirmed commit at {}; consumers deduplicate by id)",
-                progress::republish_command(
-                    &rfc3339_micros(pg_micros_to_unix_micros(t) - progress::REPUBLISH_MARGIN_MICROS, 0),
-                    column
-                ),
-                rfc3339_micros(pg_micros_to_unix_micros(t), 3)
-            ),
-            None => format!(
-                "republish the rows inserted since walbox last confirmed (walbox_confirmed_flush_lsn stopped moving) with {}; consumers deduplicate by id",
-                progress::republish_command("<time>", column)
-            ),
-        }
+        error::republish_window(
+            self.confirmed_commit_time
+                .map(|t| (t, "the newest confirmed commit")),
+            self.time_column.as_deref(),
+        )
+    }
+
+    /// The error for a publication found at session start not to cover an outbox table
+    /// (`cause`): when the slot exists (walbox may have streamed from it while the table was
+    /// covered), with its confirmed position, the newest confirmed commit from the progress
+    /// record and the republish command; else `cause` itself, whose fix is then the whole way.
+    async fn uncovered_at_start(&self, cause: CatalogError) -> RelayError {
+        let pg = &self.settings.postgres;
+        let change = match &cause {
+            CatalogError::InsertsNotPublished(_) => Change::InsertsOff,
+            CatalogError::TableNotPublished { table, .. } => Change::NotPublished {
+                table: table.clone(),
+            },
+            _ => return OpenError::from(cause).into(),
+        };
+        let Ok(client) = connect_control(&pg.conn).await else {
+            return OpenError::from(cause).into();
+        };
+        let Ok(Some(slot)) = catalog::slot_state(&client, &pg.slot).await else {
+            return OpenError::from(cause).into();
+        };
+        let time_column = catalog::time_column(&client, &self.settings.outbox)
+            .await
+            .ok()
+            .flatten();
+        let record =
+            health::evidence::last_progress(&pg.conn, &pg.slot, &self.settings.kafka).await;
+        RelayError::Uncovered(Box::new(Uncovered {
+            publication: pg.publication.clone(),
+            slot: pg.slot.clone(),
+            change,
+            confirmed: slot.confirmed_flush_lsn,
+            streaming: false,
+            since: record.and_then(|r| r.confirmed_commit_time_us).map(|t| {
+                (
+                    unix_micros_to_pg_micros(t),
+                    "the newest confirmed commit (progress topic)",
+                )
+            }),
+            time_column,
+        }))
     }
 
     /// The error for a slot found lost at session start, with the progress record's newest
@@ -460,6 +495,9 @@ impl Relay {
                 confirmed,
                 cause,
             })) => return Err(self.slot_lost(slot, confirmed, cause).await),
+            Err(OpenError::Catalog(
+                e @ (CatalogError::TableNotPublished { .. } | CatalogError::InsertsNotPublished(_)),
+            )) => return Err(self.uncovered_at_start(e).await),
             Err(e) => return Err(e.into()),
         };
         self.on_standby = open.role == Role::Standby;
@@ -593,6 +631,13 @@ impl Relay {
             drained: false,
             start_record_pending: false,
             isolated: false,
+            coverage: coverage::Gate::start(
+                &pg.conn,
+                &pg.publication,
+                coverage::watched(&self.settings.outbox),
+                pg.status_interval,
+                start,
+            ),
         };
         // Nothing is streamed before the slot is on record in the progress topic (exactly-once
         // mode writes that record in a transaction of its own).

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::error::{DeliveryFailure, RelayError};
+use super::error::{DeliveryFailure, RelayError, Uncovered};
 use super::kafka_txn::commit_returned;
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
 use crate::config::OnChange;
@@ -99,9 +99,10 @@ impl Relay {
                     self.start_idle_commit(s);
                 }
                 // Confirm progress promptly (releasing WAL sooner), but at most every
-                // EAGER_STATUS_GAP: never a status update per event.
+                // EAGER_STATUS_GAP: never a status update per event (nor one per wake-up
+                // while the publication watch holds the frontier back).
                 _ = tokio::time::sleep_until((s.last_status_at + EAGER_STATUS_GAP).into()),
-                    if s.checkpoint.frontier() > s.last_status =>
+                    if s.coverage.confirmable(s.checkpoint.frontier()) > s.last_status =>
                 {
                     self.send_status(s, false).await?;
                 }
@@ -413,12 +414,14 @@ impl Relay {
         Ok(())
     }
 
+    /// Sends the frontier as far as the publication watch released it (`relay::coverage`),
+    /// then ends the session if the watch found the publication changed, or cannot read it.
     pub(super) async fn send_status(
         &mut self,
         s: &mut Session,
         reply: bool,
     ) -> Result<(), RelayError> {
-        let frontier = s.checkpoint.frontier();
+        let frontier = s.coverage.confirmable(s.checkpoint.frontier());
         self.update_gauges(s);
         if frontier == Lsn::ZERO {
             return Ok(());
@@ -438,14 +441,51 @@ impl Relay {
             s.last_status = frontier;
         }
         self.write_progress(frontier, false);
-        Ok(())
+        if let Some((change, read_at)) = s.coverage.change() {
+            return Err(self.uncovered(s, change, read_at));
+        }
+        match s.coverage.unreadable() {
+            Some(error) => Err(RelayError::Unwatched {
+                publication: self.settings.postgres.publication.clone(),
+                error,
+                confirmed: frontier,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The error for a publication that stopped covering the outbox while streaming. The
+    /// window starts at the newest confirmed commit, or at the last reading that found the
+    /// table covered when that is earlier (the checkpoint may have passed the change).
+    fn uncovered(
+        &mut self,
+        s: &Session,
+        change: crate::relay::Change,
+        read_at: Option<i64>,
+    ) -> RelayError {
+        let since = match (self.confirmed_commit_time, read_at) {
+            (Some(t), Some(at)) if at < t => Some((at, "the last reading that found it covered")),
+            (Some(t), _) => Some((t, "the newest confirmed commit")),
+            (None, at) => at.map(|at| (at, "the last reading that found it covered")),
+        };
+        // The session's last progress record carries the same start of the window.
+        self.confirmed_commit_time = since.map(|(t, _)| t);
+        RelayError::Uncovered(Box::new(Uncovered {
+            publication: self.settings.postgres.publication.clone(),
+            slot: self.settings.postgres.slot.clone(),
+            change,
+            confirmed: s.coverage.confirmable(s.checkpoint.frontier()),
+            streaming: true,
+            since,
+            time_column: self.time_column.clone(),
+        }))
     }
 
     fn update_gauges(&self, s: &Session) {
         let m = &self.metrics;
         m.inflight.set(s.checkpoint.in_flight() as i64);
         m.confirmed_flush_lsn
-            .set(s.checkpoint.frontier().as_u64() as i64);
+            .set(s.coverage.confirmable(s.checkpoint.frontier()).as_u64() as i64);
         let lag = if s.checkpoint.is_idle() {
             0.0
         } else {
@@ -489,11 +529,14 @@ impl Relay {
         }
         self.update_gauges(s);
         if connection_alive {
+            // The publication watch releases what is acknowledged before the last status.
+            s.coverage.settle(s.checkpoint.frontier()).await;
             if let Err(e) = self.send_status(s, false).await {
                 tracing::debug!(error = %e, "final status update failed");
             }
         }
-        tracing::info!(confirmed = %s.checkpoint.frontier(), "replication session ended");
+        let confirmed = s.coverage.confirmable(s.checkpoint.frontier());
+        tracing::info!(confirmed = %confirmed, "replication session ended");
     }
 }
 
