@@ -29,12 +29,14 @@
 //!                      connection, wire framing on postgres-protocol, authentication
 //! source/              WAL → LogicalMessage: opening a slot session (session.rs), start-up
 //!                      checks (catalog.rs), the replication connection and CopyBoth stream,
-//!                      the pgoutput decoder (crates/pgoutput), slot health readings
+//!                      the pgoutput decoder (crates/pgoutput), slot health readings, what
+//!                      the publication covers (publication.rs)
 //! outbox/              LogicalMessage → OutboxEvent: relation cache, mapping, envelopes, the
 //!                      relay's dead letters (dead_letter.rs)
 //! relay/               the session (mod.rs), the select loop (stream.rs), handing events to
 //!                      the producer (publish.rs), RelayError (error.rs), the checkpoint
-//!                      (flush LSN = end of the longest fully acknowledged prefix)
+//!                      (flush LSN = end of the longest fully acknowledged prefix), the
+//!                      publication watch (coverage.rs: never confirm past an uncovered table)
 //! sink/                Kafka producer, topics, progress records (the evidence a slot existed)
 //! health/              slot monitor, alert levels, webhook, catch-up estimate, what the
 //!                      progress topic says about a lost slot (evidence.rs)

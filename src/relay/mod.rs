@@ -19,7 +19,10 @@
 //! - The flush (and write/apply) position sent to PostgreSQL is always [`Checkpoint::frontier`]:
 //!   the commit end LSN of the longest prefix of transactions whose every event the broker
 //!   acknowledged. It starts at the slot's `confirmed_flush_lsn` (never 0/0: PostgreSQL 15 would
-//!   accept a lower value and move the slot backwards) and only grows.
+//!   accept a lower value and move the slot backwards) and only grows. What is sent is held
+//!   back to the position up to which the publication watch ([`coverage`]) found every outbox
+//!   table covered: rows inserted after the publication stops covering the table are never
+//!   decoded, so nothing past that point may be confirmed; the relay stops there with exit 5.
 //! - Status updates go out every `postgres.status_interval` (≤ 1 s), whenever the server asks,
 //!   and when acks move the frontier (at most every 20 ms), so confirmed WAL is released soon.
 //! - Sessions end three ways. Shutdown: finish reading the open transaction (bounded by

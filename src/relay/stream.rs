@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::watch;
 
+use super::coverage::Change;
 use super::error::{DeliveryFailure, RelayError, Uncovered};
 use super::kafka_txn::commit_returned;
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
@@ -457,12 +458,7 @@ impl Relay {
     /// The error for a publication that stopped covering the outbox while streaming. The
     /// window starts at the newest confirmed commit, or at the last reading that found the
     /// table covered when that is earlier (the checkpoint may have passed the change).
-    fn uncovered(
-        &mut self,
-        s: &Session,
-        change: crate::relay::Change,
-        read_at: Option<i64>,
-    ) -> RelayError {
+    fn uncovered(&mut self, s: &Session, change: Change, read_at: Option<i64>) -> RelayError {
         let since = match (self.confirmed_commit_time, read_at) {
             (Some(t), Some(at)) if at < t => Some((at, "the last reading that found it covered")),
             (Some(t), _) => Some((t, "the newest confirmed commit")),
@@ -474,7 +470,7 @@ impl Relay {
             publication: self.settings.postgres.publication.clone(),
             slot: self.settings.postgres.slot.clone(),
             change,
-            confirmed: s.coverage.confirmable(s.checkpoint.frontier()),
+            confirmed: s.coverage.bound(),
             streaming: true,
             since,
             time_column: self.time_column.clone(),
