@@ -34,13 +34,14 @@
 //! - On a change nothing more is released: the relay stops with exit 5, confirming at most the
 //!   last released position ([`crate::relay::RelayError::Uncovered`]).
 //! - A change is: the publication is gone; it does not publish INSERTs; it does not include an
-//!   outbox table; or the table of that name is not the one the watch first read (its OID) and
+//!   outbox table; or the table of that name is not the one the session started with (its OID) and
 //!   the publication does not cover it implicitly. `FOR ALL TABLES` and `FOR TABLES IN SCHEMA`
 //!   cover a table from its creation, so a replacement under them misses nothing and is not a
 //!   change.
-//! - The OID compared is the one of the first reading (the table the session decodes), not the
-//!   one in each pgoutput Relation message: a session that resumes from before a replacement
-//!   decodes the old table's rows under the same name, which were covered when written.
+//! - The OID compared is the one read on the session's control connection before it streams
+//!   (the table the session decodes), not the one in each pgoutput Relation message: a session
+//!   that resumes from before a replacement decodes the old table's rows under the same name,
+//!   which were covered when written.
 //! - A reading that fails twice (the second time on a new connection) releases nothing and ends
 //!   the session (transient: the supervisor reconnects). Holding confirmation back instead
 //!   would hold a server's shutdown too: its walsender waits for the client to confirm the end
@@ -63,6 +64,7 @@ use crate::config::{OutboxConfig, RouteSource};
 use crate::lsn::Lsn;
 use crate::pg::control::connect_control;
 use crate::source::publication::{self, Coverage};
+use crate::source::session::{OpenError, OpenSession};
 
 /// Shortest round, and the wait between the position and the snapshot of a stop's last round.
 pub(super) const SETTLE: Duration = Duration::from_millis(100);
@@ -70,18 +72,12 @@ pub(super) const SETTLE: Duration = Duration::from_millis(100);
 /// How long a stop waits for its last round.
 const LAST_ROUND: Duration = Duration::from_secs(2);
 
-/// An outbox table the watch follows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Watched {
-    schema: String,
-    table: String,
-}
+/// An outbox table the watch follows: `(schema, table)`.
+pub(super) type Watched = (String, String);
 
-impl Watched {
-    /// `"schema"."table"`, as SQL names it.
-    fn sql(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.table))
-    }
+/// `"schema"."table"`, as SQL names it.
+fn sql_name((schema, table): &Watched) -> String {
+    format!("{}.{}", quote_ident(schema), quote_ident(table))
 }
 
 /// What no longer holds.
@@ -147,7 +143,7 @@ impl Change {
             Change::Replaced {
                 now: None, table, ..
             } => {
-                format!("create {table} again and run ALTER PUBLICATION {p} ADD TABLE {table}, ")
+                format!("create {table} again, then run ALTER PUBLICATION {p} ADD TABLE {table}, ")
             }
             Change::Replaced { .. } => String::new(),
         }
@@ -169,18 +165,39 @@ struct Verdict {
 }
 
 /// The outbox tables of `outbox` (the table-less outbox needs no publication entry).
-pub(super) fn watched(outbox: &OutboxConfig) -> Vec<Watched> {
+fn watched(outbox: &OutboxConfig) -> Vec<Watched> {
     outbox
         .tables
         .iter()
         .filter_map(|r| match &r.source {
-            RouteSource::Table { schema, table } => Some(Watched {
-                schema: schema.clone(),
-                table: table.clone(),
-            }),
+            RouteSource::Table { schema, table } => Some((schema.clone(), table.clone())),
             RouteSource::Messages { .. } => None,
         })
         .collect()
+}
+
+/// The tables the watch follows, and their OIDs when the session started.
+pub(super) struct Baseline {
+    tables: Vec<Watched>,
+    oids: Vec<Option<u32>>,
+}
+
+/// The first reading, on the session's control connection before it streams (a later one
+/// could miss a replacement made meanwhile): `None` when there is no outbox table to watch.
+pub(super) async fn baseline(
+    open: &OpenSession,
+    publication: &str,
+    outbox: &OutboxConfig,
+) -> Result<Option<Baseline>, OpenError> {
+    let tables = watched(outbox);
+    if tables.is_empty() {
+        return Ok(None);
+    }
+    let first = open.publication(publication, &tables).await?;
+    Ok(Some(Baseline {
+        oids: first.tables.iter().map(|t| t.oid).collect(),
+        tables,
+    }))
 }
 
 /// Whether `now` still covers `tables` as `first` found them (their OIDs); the change when not.
@@ -196,13 +213,13 @@ fn judge(tables: &[Watched], first: &[Option<u32>], now: &Coverage) -> Option<Ch
         match first {
             Some(was) if now.oid != Some(*was) && !implicit => {
                 return Some(Change::Replaced {
-                    table: t.sql(),
+                    table: sql_name(t),
                     was: *was,
                     now: now.oid,
                     published: now.member,
                 })
             }
-            _ if !now.member => return Some(Change::NotPublished { table: t.sql() }),
+            _ if !now.member => return Some(Change::NotPublished { table: sql_name(t) }),
             _ => {}
         }
     }
@@ -228,31 +245,27 @@ impl Drop for Watch {
 }
 
 impl Gate {
-    /// A gate for a session starting at `start`, watching `publication`'s coverage of
-    /// `tables` on connections to `conn`, a round every `interval` (at least [`SETTLE`]). With
-    /// no table to watch, it holds nothing back.
+    /// A gate for a session starting at `start`, watching `publication`'s coverage of the
+    /// tables of `baseline` on connections to `conn`, a round every `interval` (at least
+    /// [`SETTLE`]). With no table to watch, it holds nothing back.
     pub(super) fn start(
         conn: &ConnInfo,
         publication: &str,
-        tables: Vec<Watched>,
+        baseline: Option<Baseline>,
         interval: Duration,
         start: Lsn,
     ) -> Gate {
-        if tables.is_empty() {
+        let Some(Baseline { tables, oids }) = baseline else {
             return Gate { start, watch: None };
-        }
+        };
         let (tx, verdict) = watch::channel(Verdict::default());
         let (ask, asked) = mpsc::channel(1);
         let rounds = Rounds {
             conn: conn.clone(),
             publication: publication.to_owned(),
-            names: tables
-                .iter()
-                .map(|t| (t.schema.clone(), t.table.clone()))
-                .collect(),
             tables,
             client: None,
-            first: None,
+            first: oids,
             candidate: None,
         };
         let task = tokio::spawn(rounds.run(interval.max(SETTLE), tx, asked));
@@ -318,11 +331,9 @@ struct Rounds {
     conn: ConnInfo,
     publication: String,
     tables: Vec<Watched>,
-    /// `tables` as `(schema, table)`, as the reading asks for them.
-    names: Vec<(String, String)>,
     client: Option<tokio_postgres::Client>,
-    /// The tables' OIDs at the first reading.
-    first: Option<Vec<Option<u32>>>,
+    /// The tables' OIDs when the session started.
+    first: Vec<Option<u32>>,
     /// The position read by the previous round, and the server's clock then.
     candidate: Option<(Lsn, i64)>,
 }
@@ -396,13 +407,10 @@ impl Rounds {
             self.candidate = Some(now.map_err(|e| e.to_string())?);
             tokio::time::sleep(SETTLE).await;
         }
-        let now = publication::read(client, &self.publication, &self.names)
+        let now = publication::read(client, &self.publication, &self.tables)
             .await
             .map_err(|e| e.to_string())?;
-        let first = self
-            .first
-            .get_or_insert_with(|| now.tables.iter().map(|t| t.oid).collect());
-        if let Some(change) = judge(&self.tables, first, &now) {
+        if let Some(change) = judge(&self.tables, &self.first, &now) {
             return Ok(Round::Changed(change));
         }
         let released = self.candidate.take();
@@ -424,10 +432,7 @@ mod tests {
     use crate::source::publication::TableCoverage;
 
     fn outbox() -> Vec<Watched> {
-        vec![Watched {
-            schema: "public".into(),
-            table: "outbox".into(),
-        }]
+        vec![("public".into(), "outbox".into())]
     }
 
     fn reading(oid: Option<u32>, member: bool, listed: bool) -> Coverage {
@@ -500,11 +505,15 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_held_back_without_a_table_and_the_start_before_a_release() {
         let conn: ConnInfo = "postgresql://u@127.0.0.1:1/db".parse().unwrap();
-        let open = Gate::start(&conn, "p", Vec::new(), SETTLE, Lsn(100));
+        let open = Gate::start(&conn, "p", None, SETTLE, Lsn(100));
         assert_eq!(open.confirmable(Lsn(500)), Lsn(500));
         assert_eq!(open.change(), None);
         // Nothing answers on port 1: nothing is released past the session's start.
-        let held = Gate::start(&conn, "p", outbox(), SETTLE, Lsn(100));
+        let first = Baseline {
+            tables: outbox(),
+            oids: vec![Some(10)],
+        };
+        let held = Gate::start(&conn, "p", Some(first), SETTLE, Lsn(100));
         assert_eq!(held.confirmable(Lsn(500)), Lsn(100));
         assert_eq!(held.confirmable(Lsn(50)), Lsn(50));
     }

@@ -586,6 +586,7 @@ impl Relay {
         // Exactly-once trusts the last progress record only as far as it is of this history
         // and this slot (`lineage`).
         let server = self.settings.kafka.exactly_once.map(|_| server);
+        let covered = coverage::baseline(&open, &pg.publication, &self.settings.outbox).await?;
         let mut stream = open.start(pg, start, messages).await?;
         // Exactly-once: only once this process holds the slot does it fence the previous
         // producer and read what that one committed (a second process that cannot get the
@@ -637,7 +638,7 @@ impl Relay {
             coverage: coverage::Gate::start(
                 &pg.conn,
                 &pg.publication,
-                coverage::watched(&self.settings.outbox),
+                covered,
                 pg.status_interval,
                 start,
             ),

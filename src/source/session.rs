@@ -146,6 +146,18 @@ impl OpenSession {
             .flatten()
     }
 
+    /// What `publication` covers of `tables` (`(schema, table)`) now: the publication watch's
+    /// first reading ([`crate::source::publication`]), taken before streaming starts.
+    pub async fn publication(
+        &self,
+        publication: &str,
+        tables: &[(String, String)],
+    ) -> Result<crate::source::publication::Coverage, OpenError> {
+        crate::source::publication::read(&self.control, publication, tables)
+            .await
+            .map_err(|e| CatalogError::Query(e).into())
+    }
+
     /// The ancestors of the server's current timeline (see [`crate::source::timeline`]).
     pub async fn timeline_history(
         &mut self,
