@@ -1,7 +1,8 @@
 //! Exactly-once mode under faults, on Apache Kafka (`WALBOX_TEST_KAFKA=apache`, the real-Kafka
 //! lane): walbox SIGKILLed 20 times during 20,000 events, a broker restart, a partition leader
 //! killed in a three-node cluster, the PostgreSQL connection cut, PostgreSQL crashed after a
-//! walbox restart (taking the slot back below where the session found it). After each, a
+//! walbox restart (taking the slot back below where the session found it), a broker outage
+//! past the transaction timeout (a proxy that stops forwarding). After each, a
 //! `read_committed` consumer must see every committed event exactly once, in per-aggregate
 //! commit order; and a `read_uncommitted` one sees the records of an aborted Kafka transaction
 //! that a `read_committed` one never sees.
@@ -25,7 +26,7 @@ use crate::support::events::{
     stop_and_read_exactly, write_txn, write_txns,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
-use walbox::sandbox::proxy::Proxy;
+use walbox::sandbox::proxy::{Mode, Proxy};
 
 /// Partitions of each test topic.
 const PARTITIONS: i32 = 4;
@@ -477,4 +478,92 @@ fn a_crash_while_a_commit_is_in_flight_and_the_next_events_are_buffered_loses_an
     }
     let mut walbox = Walbox::spawn(&rig.env);
     rig.assert_exactly_once(&mut walbox, &mut reader);
+}
+
+/// Issue: a transaction timeout was inferred from the transaction's age alone, so a broker
+/// outage longer than `transaction.timeout.ms` while a large PostgreSQL transaction was being
+/// relayed stopped walbox with exit 3 ("raise the timeout"), which the shipped systemd unit
+/// does not restart. The coordinator times the transaction out here too (it runs on behind the
+/// blackholed proxy), but walbox could not reach it: a transient fault, after which walbox
+/// aborts, reconnects and relays the transaction again, each event once.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_broker_outage_past_the_transaction_timeout_mid_transaction_is_survived_exactly_once() {
+    if apache().is_none() {
+        return;
+    }
+    let (server, proxy) = KafkaServer::start_behind_proxy(KafkaServerOptions {
+        watchdog: true,
+        ..Default::default()
+    })
+    .expect("start a broker behind a proxy");
+    let rig = Rig::new("eosf_outage", &server.bootstrap_servers());
+    let mut env = rig.env.clone();
+    env.retain(|(k, _)| k != "WALBOX_KAFKA_BROKERS");
+    env.push((
+        "WALBOX_KAFKA_BROKERS".into(),
+        format!("127.0.0.1:{}", proxy.port()),
+    ));
+    let timeout = Duration::from_secs(10);
+    env.push((
+        "WALBOX_KAFKA_PROPERTY_TRANSACTION_TIMEOUT_MS".into(),
+        timeout.as_millis().to_string(),
+    ));
+    // A pause after the 1,000th event of the large transaction (its partitions are registered
+    // with the coordinator by then): the outage starts with the transaction half received.
+    env.push((
+        "FAILPOINTS".into(),
+        "relay::produced=1000*off->1*sleep(3000)->off".into(),
+    ));
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "walbox to stream", || rig.db.streaming(&rig.slot));
+    let rows = 50_000;
+    rig.db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload)
+         SELECT 'agg-' || (g % 100), '{}', 'bulk', jsonb_build_object('n', g)
+         FROM generate_series(1, {rows}) g",
+        rig.topic
+    ));
+    let mut uncommitted =
+        TopicReader::read_uncommitted(&rig.brokers, &[&rig.topic], WAIT).expect("reader");
+    assert!(
+        uncommitted.poll_until(WAIT, |r| r.len() >= 1_000),
+        "the transaction's first events never reached the broker; log:\n{}",
+        walbox.log()
+    );
+    proxy.set(Mode::Blackhole);
+    let cut = Instant::now();
+    // The coordinator (reachable on its direct listener, not by walbox) aborts the transaction
+    // once it is older than its timeout.
+    wait_until(
+        WAIT * 2,
+        "the coordinator to time the transaction out",
+        || {
+            std::fs::read_to_string(server.log_path())
+                .is_ok_and(|log| log.contains("due to timeout"))
+        },
+    );
+    // Fault injection: the outage lasts well past the timeout, as in the report (60–90 s
+    // against the 60 s default), so that every timer of the client fired meanwhile.
+    std::thread::sleep((timeout * 3).saturating_sub(cut.elapsed()));
+    assert!(
+        uncommitted.records.len() < rows,
+        "the outage began after the whole transaction was produced: it tests nothing"
+    );
+    assert!(
+        walbox.running(),
+        "walbox stopped during the outage:\n{}",
+        walbox.log()
+    );
+    proxy.set(Mode::Pass);
+    // More transactions after the outage.
+    let aggregates: Vec<String> = (0..20).map(|i| format!("agg-{i}")).collect();
+    write_txns(&rig.db, &rig.topic, &aggregates, 5);
+    let mut reader = rig.reader();
+    rig.assert_exactly_once(&mut walbox, &mut reader);
+    assert!(
+        !walbox.log().contains("transaction timed out"),
+        "{}",
+        walbox.log()
+    );
 }

@@ -54,9 +54,11 @@
 //! - An aborted transaction confirms nothing; the session ends and the next one starts over from
 //!   the slot and the progress record. A fenced producer stops the process: as a takeover by
 //!   another walbox, unless the session's transaction had been open `transaction.timeout.ms`,
-//!   in which case the coordinator aborted it and walbox stops as a timed-out transaction (the
-//!   configuration cannot relay that PostgreSQL transaction; `kafka.transaction_interval` is
-//!   always shorter than the timeout).
+//!   in which case the coordinator aborted it ([`Relay::judge_fenced`]). If the brokers' silence
+//!   during its life accounts for the excess, they were unreachable: the session ends as a
+//!   transient fault, with a new producer for the next one. Otherwise walbox stops as a
+//!   timed-out transaction (the configuration cannot relay that PostgreSQL transaction;
+//!   `kafka.transaction_interval` is always shorter than the timeout).
 //! - Intake is bounded by records not yet delivered (`relay.max_in_flight`), not by records not
 //!   yet committed, so a PostgreSQL transaction larger than the cap streams through; the
 //!   checkpoint keeps one byte per uncommitted event.
@@ -71,7 +73,7 @@ use super::kafka_txn::{
     TXN_CALL_TIMEOUT,
 };
 use super::lineage::{self, ServerHistory, Trust};
-use super::{Relay, Session};
+use super::{Relay, Session, SessionEnd};
 use crate::config::ExactlyOnce;
 use crate::failure::Classify;
 use crate::fault::crash_point;
@@ -79,7 +81,7 @@ use crate::lsn::Lsn;
 use crate::outbox::OutboxEvent;
 use crate::sink::kafka::{AckQueue, KafkaSink, SinkError};
 use crate::sink::progress::{self, ProgressKey};
-use crate::sink::transaction::{classify_txn, transactional_id, TxnError};
+use crate::sink::transaction::{self, classify_txn, transactional_id, OpenTxn, TxnError};
 
 impl Relay {
     /// Starts exactly-once mode for a session on `key`'s slot: a transactional producer (the
@@ -579,6 +581,42 @@ impl Relay {
             }
         }
         self.abort_kafka_txn(s).await
+    }
+
+    /// The session's `result` once its Kafka transactions ended, judged when the producer was
+    /// fenced while the transaction `open` had been open at least its timeout: the coordinator
+    /// aborted it ([`transaction::timed_out_or`]). When that was an outage of the brokers, the
+    /// session ends as a transient fault and the fenced producer, which can never be used
+    /// again, is replaced by a fresh one for the next session (which makes its own
+    /// transactional producer): its fatal error would otherwise stop walbox as a takeover, and
+    /// the delivery reports its records still owe will never come (an aborted transaction
+    /// confirms nothing: they are not awaited).
+    pub(super) fn judge_fenced(
+        &mut self,
+        s: &mut Session,
+        result: Result<SessionEnd, RelayError>,
+        open: Option<OpenTxn>,
+    ) -> Result<SessionEnd, RelayError> {
+        let (e, open) = match (result, open) {
+            (Err(RelayError::Transaction(e)), Some(open)) => (e, open),
+            (result, _) => return result,
+        };
+        let e = transaction::timed_out_or(e, open, &self.sink);
+        if let TxnError::Interrupted { .. } = e {
+            let acks = Arc::new(AckQueue::default());
+            match KafkaSink::new(&self.settings.kafka, acks.clone()) {
+                Ok(sink) => {
+                    let fenced = std::mem::replace(&mut self.sink, sink);
+                    self.acks = acks;
+                    s.outstanding = 0;
+                    crate::sink::close_in_background("producer-close", fenced);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "a new kafka producer could not be made; the next session tries again")
+                }
+            }
+        }
+        Err(RelayError::Transaction(e))
     }
 
     /// Writes the session's first progress record in a transaction of its own (exactly-once

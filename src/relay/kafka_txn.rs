@@ -22,7 +22,7 @@ use crate::fault::crash_point;
 use crate::lsn::Lsn;
 use crate::outbox::OutboxEvent;
 use crate::sink::kafka::KafkaSink;
-use crate::sink::transaction::{classify_txn, TxnError};
+use crate::sink::transaction::{classify_txn, OpenTxn, TxnError};
 
 /// How long one `init_transactions`, `commit_transaction` or `abort_transaction` call may take,
 /// and how long a commit waits for its events' delivery reports.
@@ -210,14 +210,12 @@ impl KafkaTxn {
         self.started + self.bounds.interval
     }
 
-    /// How long the transaction open in the producer has been open (`None` when none is).
-    pub(super) fn open_for(&self) -> Option<Duration> {
-        self.open.then(|| self.opened_at.elapsed())
-    }
-
-    /// `transaction.timeout.ms`.
-    pub(super) fn timeout(&self) -> Duration {
-        self.bounds.timeout
+    /// The transaction open in the producer, if one is: when it was begun, and its timeout.
+    pub(super) fn open_txn(&self) -> Option<OpenTxn> {
+        self.open.then_some(OpenTxn {
+            since: self.opened_at,
+            timeout: self.bounds.timeout,
+        })
     }
 
     /// Whether a transaction is open, holds a whole PostgreSQL transaction, and no commit is

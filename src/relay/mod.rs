@@ -81,7 +81,7 @@ use crate::sink::progress::{
     self, Lineage, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL,
 };
 use crate::sink::topics::Topics;
-use crate::sink::transaction::{self, is_fencing, transactional_id, TxnError};
+use crate::sink::transaction::{is_fencing, transactional_id, TxnError};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::pgoutput::{self, LogicalMessage};
 use crate::source::replication::{
@@ -649,19 +649,15 @@ impl Relay {
             Ok(()) => self.stream_loop(&mut session, shutdown).await,
             Err(e) => Err(e),
         };
-        let open_txn = session.eos.as_ref().map(|t| (t.open_for(), t.timeout()));
+        let open_txn = session.eos.as_ref().and_then(|t| t.open_txn());
         let result = match self.end_kafka_txn(&mut session, result.is_ok()).await {
             // Fenced (or worse): that is why nothing more can be relayed.
             Err(e) => Err(e),
             Ok(()) => result,
         };
-        // Fenced with a transaction open past its timeout: the coordinator aborted it.
-        let result = match (result, open_txn) {
-            (Err(RelayError::Transaction(e)), Some((age, timeout))) => Err(
-                RelayError::Transaction(transaction::timed_out_or(e, age, timeout)),
-            ),
-            (result, _) => result,
-        };
+        // Fenced with a transaction open past its timeout: the coordinator aborted it, after
+        // an outage of the brokers or because it was held open too long.
+        let result = self.judge_fenced(&mut session, result, open_txn);
         self.health.set_ready(false);
         self.metrics.streaming.set(0);
         let connection_alive = !matches!(

@@ -18,6 +18,8 @@
 //!   `StandardAuthorizer`, `allow.everyone.if.no.acl.found=false`): the PLAINTEXT listener's
 //!   `User:ANONYMOUS` (the broker's own connections, the tests' admin clients) is a super user,
 //!   and a SCRAM user may do only what [`KafkaServer::create_acls`] granted it.
+//! - [`KafkaServer::start_behind_proxy`] adds a listener reached only through a [`Proxy`], for
+//!   network faults between a client and a broker that keeps running.
 
 use std::fs;
 use std::io::{self, Write};
@@ -31,6 +33,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use tempfile::TempDir;
 
+use super::proxy::Proxy;
 use super::tls::issue_cert;
 
 /// The Kafka version `scripts/install-kafka.sh` installs (the Kafka that Debezium 3.6.1.Final
@@ -177,6 +180,27 @@ impl KafkaServer {
         let mut server = Self::spawn_node(opts, &node)?;
         server.wait_ready()?;
         Ok(server)
+    }
+
+    /// [`KafkaServer::start`], with a second listener that advertises the returned [`Proxy`]: a
+    /// client bootstrapped from the proxy's port reaches the broker through it only, so a
+    /// blackhole of the proxy cuts that client off while the broker runs on (and, say, times
+    /// out its transactions); the PLAINTEXT listener ([`KafkaServer::bootstrap_servers`]) stays
+    /// direct.
+    pub fn start_behind_proxy(opts: KafkaServerOptions) -> Result<(KafkaServer, Proxy)> {
+        let listen = free_port()?;
+        let proxy = Proxy::start(([127, 0, 0, 1], listen).into())
+            .map_err(io_err("starting the broker's proxy"))?;
+        let node = Node {
+            id: 1,
+            plaintext: free_port()?,
+            controller: free_port()?,
+            voters: None,
+            external: Some((listen, proxy.port())),
+        };
+        let mut server = Self::spawn_node(opts, &node)?;
+        server.wait_ready()?;
+        Ok((server, proxy))
     }
 
     /// Formats a fresh storage for `node` and starts its JVM, without waiting for it to answer

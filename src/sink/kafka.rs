@@ -39,6 +39,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::{ClientContext, Message};
 use tokio::sync::Notify;
 
+use super::silence::Silences;
 use crate::config::KafkaConfig;
 use crate::failure::{kafka_error, Class, Classify, Failure};
 use crate::outbox::OutboxEvent;
@@ -210,6 +211,8 @@ pub(super) struct SinkContext {
     /// The last client error logged and when: librdkafka repeats connection errors many times a
     /// second while a broker is down, and one line per change (or per minute) is enough.
     last_error: Mutex<HashMap<String, Instant>>,
+    /// How long the brokers left this producer waiting (records handed over, delivery reports).
+    silences: Silences,
 }
 
 /// How often an unchanged client error is logged again.
@@ -295,6 +298,7 @@ impl ProducerContext for SinkContext {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
+        self.silences.answered();
         let (result, failed) = match result {
             Ok(_) => (Ok(()), None),
             Err((err, msg)) => {
@@ -463,6 +467,7 @@ impl KafkaSink {
         let producer = cc.create_with_context(SinkContext {
             lanes,
             last_error: Mutex::new(HashMap::new()),
+            silences: Silences::default(),
         })?;
         Ok(KafkaSink { producer, lane: 0 })
     }
@@ -489,13 +494,7 @@ impl KafkaSink {
         if let Some(p) = event.partition {
             record = record.partition(p);
         }
-        match self.producer.send(record) {
-            Ok(()) => Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                Err(SinkError::QueueFull)
-            }
-            Err((e, _)) => Err(SinkError::Send(e)),
-        }
+        self.hand_over(record)
     }
 
     /// Hands one progress record to the producer; its [`Ack`] arrives with route
@@ -505,13 +504,43 @@ impl KafkaSink {
             BaseRecord::with_opaque_to(topic, pack_opaque(0, self.lane, PROGRESS_ROUTE))
                 .key(key)
                 .payload(value);
-        match self.producer.send(record) {
+        self.hand_over(record)
+    }
+
+    /// Hands `record` to librdkafka; from then on it is outstanding until its delivery report.
+    fn hand_over<K: rdkafka::message::ToBytes + ?Sized>(
+        &self,
+        record: BaseRecord<'_, K, [u8], usize>,
+    ) -> Result<(), SinkError> {
+        // Counted before the send: its report may come before `send` returns.
+        let silences = &self.producer.context().silences;
+        silences.waiting();
+        let result = self.producer.send(record);
+        if result.is_err() {
+            silences.withdrawn();
+        }
+        match result {
             Ok(()) => Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 Err(SinkError::QueueFull)
             }
             Err((e, _)) => Err(SinkError::Send(e)),
         }
+    }
+
+    /// How long the brokers left this producer waiting since `from` (see [`Silences`]).
+    pub fn silent_since(&self, from: Instant) -> Duration {
+        self.producer.context().silences.since(from)
+    }
+
+    /// Runs `call`, a blocking request to the brokers, counted as outstanding in [`Silences`]
+    /// until it returns.
+    pub(super) fn waiting_on<T>(&self, call: impl FnOnce() -> T) -> T {
+        let silences = &self.producer.context().silences;
+        silences.waiting();
+        let result = call();
+        silences.answered();
+        result
     }
 
     /// Whether the cluster knows `topic` (blocking, up to `timeout`). `Err` when the cluster
@@ -649,6 +678,7 @@ mod tests {
         let context = SinkContext {
             lanes: lanes.clone(),
             last_error: Mutex::new(HashMap::new()),
+            silences: Silences::default(),
         };
         context.error(
             KafkaError::MessageProduction(RDKafkaErrorCode::BrokerTransportFailure),

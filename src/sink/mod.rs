@@ -1,5 +1,6 @@
 //! Where events go: Kafka ([`kafka`]), its topics ([`topics`]), walbox's own progress
-//! records ([`progress`]), and Kafka transactions for exactly-once mode ([`transaction`]).
+//! records ([`progress`]), and Kafka transactions for exactly-once mode ([`transaction`]), with
+//! how long the brokers left the producer waiting ([`silence`]).
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,7 @@ use crate::config::KafkaConfig;
 
 pub mod kafka;
 pub mod progress;
+pub mod silence;
 pub mod topics;
 pub mod transaction;
 

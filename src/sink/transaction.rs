@@ -14,6 +14,15 @@
 //! - A fenced producer is never used again: the process stops with exit status 15, because
 //!   another walbox process now relays this slot (never retried: retrying would fence the
 //!   newer one in turn).
+//! - The coordinator's abort of a transaction older than `transaction.timeout.ms` fences the
+//!   producer exactly as a takeover does (PRODUCER_FENCED on AddPartitionsToTxn and EndTxn,
+//!   INVALID_PRODUCER_EPOCH on Produce and on older EndTxn versions; librdkafka reports both as
+//!   fenced, and negotiates none of the later protocol's distinct errors). So a fenced
+//!   transaction at least that old is judged by what the producer saw ([`timed_out_or`]): if
+//!   the brokers' silence during its life ([`super::silence`]) accounts for the excess, they
+//!   could not be reached, and the session ends as a transient fault that relays the
+//!   transaction again ([`TxnError::Interrupted`]); otherwise walbox held it open too long,
+//!   and stops as a configuration error ([`TxnError::TimedOut`], exit status 3).
 
 use std::time::{Duration, Instant};
 
@@ -60,6 +69,19 @@ pub enum TxnError {
         /// `transaction.timeout.ms`.
         timeout: Duration,
     },
+    /// The coordinator aborted the transaction after `transaction.timeout.ms`, but the brokers
+    /// had left the producer without an answer for long enough that, had they answered, it
+    /// would have stayed within the timeout: an outage, not a transaction too large for the
+    /// timeout. Transient: the next session relays the transaction again.
+    #[error("kafka transaction aborted by its coordinator: it was open {:.1} s, longer than transaction.timeout.ms ({} ms), {:.1} s of them waiting for brokers that did not answer. Nothing of it is confirmed; it is relayed again once the brokers answer", age.as_secs_f64(), timeout.as_millis(), silent.as_secs_f64())]
+    Interrupted {
+        /// How long the transaction had been open.
+        age: Duration,
+        /// How long of that the brokers did not answer.
+        silent: Duration,
+        /// `transaction.timeout.ms`.
+        timeout: Duration,
+    },
     /// librdkafka refused the transactional producer's configuration.
     #[error("kafka transactional producer configuration refused: {0} (in exactly-once mode message.timeout.ms must not exceed transaction.timeout.ms, and neither may be 0)")]
     Config(KafkaError),
@@ -77,7 +99,7 @@ pub enum TxnError {
 impl Classify for TxnError {
     fn failure(&self) -> Option<Failure> {
         match self {
-            TxnError::Retriable(_) | TxnError::Abortable(_) => None,
+            TxnError::Retriable(_) | TxnError::Abortable(_) | TxnError::Interrupted { .. } => None,
             // Retried, unless the brokers refused the principal.
             TxnError::Progress(e) => e.failure(),
             TxnError::Config(_) | TxnError::TimedOut { .. } => Some(Failure::Config),
@@ -94,15 +116,42 @@ pub fn is_fencing(code: RDKafkaErrorCode) -> bool {
     kafka(code) == Class::Fatal(Failure::Fenced)
 }
 
-/// `e`, or [`TxnError::TimedOut`] when it says fenced while the session's transaction had
-/// been open `age`, at least `timeout`: the coordinator's abort of a timed-out transaction
-/// fences the producer the same way a newer walbox does.
-pub fn timed_out_or(e: TxnError, age: Option<Duration>, timeout: Duration) -> TxnError {
-    match (e, age) {
-        (TxnError::Fenced { .. }, Some(age)) if age >= timeout => {
-            TxnError::TimedOut { age, timeout }
+/// The Kafka transaction a session had open when it ended: when it was begun, and its
+/// `transaction.timeout.ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenTxn {
+    /// When `begin_transaction` opened it.
+    pub since: Instant,
+    /// `transaction.timeout.ms`.
+    pub timeout: Duration,
+}
+
+/// `e`, or what a fenced producer means when `open` had been open at least its timeout: the
+/// coordinator aborted it (see the module docs), after an outage of the brokers
+/// ([`TxnError::Interrupted`]) when their silence since it opened, as `sink` measured it,
+/// accounts for the excess, else because walbox held it open too long
+/// ([`TxnError::TimedOut`]).
+pub fn timed_out_or(e: TxnError, open: OpenTxn, sink: &KafkaSink) -> TxnError {
+    verdict(
+        e,
+        open.since.elapsed(),
+        open.timeout,
+        sink.silent_since(open.since),
+    )
+}
+
+/// [`timed_out_or`] for a transaction open `age`, of which the brokers were silent `silent`.
+fn verdict(e: TxnError, age: Duration, timeout: Duration, silent: Duration) -> TxnError {
+    match e {
+        TxnError::Fenced { .. } if age >= timeout && age.saturating_sub(silent) < timeout => {
+            TxnError::Interrupted {
+                age,
+                silent,
+                timeout,
+            }
         }
-        (e, _) => e,
+        TxnError::Fenced { .. } if age >= timeout => TxnError::TimedOut { age, timeout },
+        e => e,
     }
 }
 
@@ -169,13 +218,15 @@ impl KafkaSink {
     }
 
     /// `commit_transaction` (blocking): flushes every record of the transaction, then commits.
+    /// The coordinator's silence meanwhile counts ([`super::silence`]).
     pub fn commit_transaction(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.producer().commit_transaction(timeout)
+        self.waiting_on(|| self.producer().commit_transaction(timeout))
     }
 
-    /// `abort_transaction` (blocking): purges what is queued and aborts.
+    /// `abort_transaction` (blocking): purges what is queued and aborts. The coordinator's
+    /// silence meanwhile counts ([`super::silence`]).
     pub fn abort_transaction(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.producer().abort_transaction(timeout)
+        self.waiting_on(|| self.producer().abort_transaction(timeout))
     }
 
     /// librdkafka's fatal error, if one was raised.
@@ -223,16 +274,54 @@ mod tests {
             id: "walbox/x".into(),
             error: KafkaError::Global(RDKafkaErrorCode::Fenced),
         };
-        let timeout = Duration::from_secs(10);
-        let late = timed_out_or(fenced(), Some(Duration::from_secs(11)), timeout);
+        let (timeout, s) = (Duration::from_secs(10), Duration::from_secs);
+        // Open 11 s with the brokers answering throughout: walbox held it open too long.
+        let late = verdict(fenced(), s(11), timeout, Duration::ZERO);
         assert_eq!(late.failure(), Some(Failure::Config));
         assert!(late.to_string().contains("transaction timed out"), "{late}");
-        let early = timed_out_or(fenced(), Some(Duration::from_secs(9)), timeout);
+        assert!(!late.to_string().contains("took over"), "{late}");
+        // Younger than the timeout: the coordinator did not abort it, another producer won.
+        let early = verdict(fenced(), s(9), timeout, Duration::ZERO);
         assert_eq!(early.failure(), Some(Failure::Fenced));
-        assert_eq!(
-            timed_out_or(fenced(), None, timeout).failure(),
-            Some(Failure::Fenced)
+    }
+
+    /// Issue: a transaction the coordinator timed out during a broker outage stopped walbox
+    /// with exit status 3 and "raise the timeout", which the shipped systemd unit does not
+    /// restart.
+    #[test]
+    fn a_timeout_the_brokers_silence_accounts_for_is_transient() {
+        let fenced = || TxnError::Fenced {
+            id: "walbox/x".into(),
+            error: KafkaError::Global(RDKafkaErrorCode::Fenced),
+        };
+        let (timeout, s) = (Duration::from_secs(10), Duration::from_secs);
+        // 2 s of relaying, then 28 s without an answer.
+        let outage = verdict(fenced(), s(30), timeout, s(28));
+        assert_eq!(outage.failure(), None, "{outage}");
+        let text = outage.to_string();
+        assert!(
+            text.contains("did not answer") && text.contains("relayed again"),
+            "{text}"
         );
+        assert!(
+            !text.contains("took over") && !text.contains("raise"),
+            "{text}"
+        );
+        // 12 s of relaying with the brokers answering, plus a 1 s silence: too long anyway.
+        let slow = verdict(fenced(), s(13), timeout, s(1));
+        assert_eq!(slow.failure(), Some(Failure::Config), "{slow}");
+        // Any other error stays what it is.
+        let other = verdict(
+            TxnError::Abortable(KafkaError::Global(RDKafkaErrorCode::MessageTimedOut)),
+            s(30),
+            timeout,
+            s(28),
+        );
+        assert!(matches!(other, TxnError::Abortable(_)), "{other}");
+    }
+
+    #[test]
+    fn configuration_errors_name_the_timeout() {
         let refused = TxnError::Config(KafkaError::ClientCreation("message.timeout.ms".into()));
         assert_eq!(refused.failure(), Some(Failure::Config));
         assert!(
