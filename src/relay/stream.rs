@@ -493,11 +493,18 @@ impl Relay {
         m.replication_lag.set(lag);
     }
 
-    /// Stops intake, waits (bounded) for outstanding delivery reports, and — when the
-    /// connection is still usable — sends a final status update and ends the stream.
+    /// Stops intake, waits (bounded) for outstanding delivery reports (none from a producer
+    /// with a fatal error), and — when the connection is still usable — sends a final status
+    /// update and ends the stream.
     pub(super) async fn wind_down(&mut self, s: &mut Session, connection_alive: bool) {
         let deadline = Instant::now() + self.settings.relay.shutdown_timeout;
         loop {
+            if self.acks.fatal().is_some() {
+                // The producer can deliver nothing more, and its reports are not taken: the
+                // session's error says why (a takeover, a transaction the coordinator aborted),
+                // here it would only be repeated, in words that may not fit.
+                break;
+            }
             if let Err(e) = self.take_acks(s) {
                 tracing::warn!(error = %e, "delivery failed while stopping; the event will be sent again after restart");
             }

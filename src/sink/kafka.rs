@@ -230,8 +230,14 @@ impl ClientContext for SinkContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if let Class::Fatal(_) = kafka_error(&error) {
-            tracing::error!(error = %error, reason, "kafka producer error");
+        if let Class::Fatal(failure) = kafka_error(&error) {
+            if failure == Failure::Fenced {
+                // librdkafka says "fenced by a newer instance" for the coordinator's abort of a
+                // transaction past its timeout too (see `transaction`).
+                tracing::error!(error = %error, reason, "kafka producer fenced, by a newer producer with its transactional.id or by the coordinator's abort of its transaction (the session's end says which)");
+            } else {
+                tracing::error!(error = %error, reason, "kafka producer error");
+            }
             // Delivery reports would never come (records wait for the brokers forever): stop
             // every relay the producer serves.
             for lane in &self.lanes {
