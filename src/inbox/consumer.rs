@@ -33,6 +33,8 @@
 //!   (a cooperative assignment adds, an eager one replaces after revoking all), and each
 //!   rebalance is logged with its partitions (`list`) and, on assignment, what this member owns
 //!   (`owned`): a member that keeps a partition through a rebalance never logs it revoked.
+//! - A client or consumer error is logged the first time it comes, then at most once a minute
+//!   with how often it came meanwhile ([`super::throttle`]).
 //! - `walbox_inbox_consumer_lag_records` counts, per partition, the records from where the group
 //!   would start again to the end of the log: the committed offset, or, for a partition the
 //!   group never committed, the start `auto.offset.reset` implies (the log start under
@@ -57,12 +59,17 @@ use crate::failure::{kafka_error, Class, FatalError};
 use super::config::InboxKafka;
 use super::effect::Record;
 use super::metrics::InboxMetrics;
+use super::throttle::Throttle;
 use super::worker::{self, Progress, WorkerEnv};
 use crate::metrics::Health;
 
 /// Records queued per partition for its worker, at least: the queue holds two batches, so the
 /// next one is fetched and waiting while the current one commits.
 const QUEUE: usize = 64;
+
+/// How often a client or consumer error that keeps coming is logged again (a broker outage
+/// repeats the same error for every connection attempt and poll).
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// A partition's backlog at which it is paused (records)…
 pub const PAUSE_RECORDS: usize = 4096;
@@ -200,6 +207,8 @@ struct Shared {
     env: Arc<WorkerEnv>,
     metrics: Arc<InboxMetrics>,
     state: Mutex<State>,
+    /// The client's and the consumer's errors logged (see [`Shared::warn`]).
+    errors: Mutex<Throttle>,
 }
 
 struct Ctx(Arc<Shared>);
@@ -221,7 +230,7 @@ impl ClientContext for Ctx {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(error = %error, reason, "kafka client error");
+        self.0.warn("kafka client error", &error, reason);
     }
 }
 
@@ -293,6 +302,16 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A poisoned lock means a panic elsewhere; the state itself stays consistent.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Logs `what`: `error` (with librdkafka's `reason`, if any) the first time, then at most
+    /// once per [`ERROR_LOG_INTERVAL`] with how often it came meanwhile ([`Throttle`]).
+    fn warn(&self, what: &str, error: &KafkaError, reason: &str) {
+        let key = format!("{what}: {error}");
+        let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(repeats) = errors.admit(&key, Instant::now()) {
+            tracing::warn!(%error, reason, repeats, "{what} (repeats are logged once a minute, with their count)");
+        }
     }
 
     /// Cancels the workers of `tps`, waits for their current transactions, commits their
@@ -549,6 +568,7 @@ impl ConsumerLoop {
             env,
             metrics,
             state: Mutex::new(State::default()),
+            errors: Mutex::new(Throttle::new(ERROR_LOG_INTERVAL)),
         });
         let consumer: BaseConsumer<Ctx> = cc.create_with_context(Ctx(shared.clone()))?;
         let topics: Vec<&str> = kafka.topics.iter().map(String::as_str).collect();
@@ -594,7 +614,7 @@ impl ConsumerLoop {
                         let _ = fatal.send(FatalError::new(failure, message));
                         break;
                     }
-                    _ => tracing::warn!(error = %e, "kafka consumer error"),
+                    _ => self.shared.warn("kafka consumer error", &e, ""),
                 },
                 None => {}
             }

@@ -38,6 +38,7 @@ pub mod effect;
 pub mod metrics;
 pub mod retention;
 pub mod store;
+pub mod throttle;
 pub mod worker;
 
 use std::future::Future;

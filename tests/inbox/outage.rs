@@ -9,7 +9,8 @@ use super::{
     assert_applied_in_order, assert_exactly_once, effects, free_port, inbox_db, inbox_env, produce,
     rec, wait_metric, Rec,
 };
-use crate::support::{self, Walbox, WAIT};
+use crate::support::{self, TestDb, Walbox, WAIT};
+use walbox::sandbox::broker::Broker;
 
 /// `n` records numbered from `from`, on 12 keys, each key's payload counting 1, 2, 3, ….
 fn records(from: usize, n: usize) -> Vec<Rec> {
@@ -24,24 +25,40 @@ fn records(from: usize, n: usize) -> Vec<Rec> {
         .collect()
 }
 
-#[test]
-fn a_broker_outage_while_records_arrive_stalls_nothing_after_it() {
-    let db = inbox_db("inbox_outage");
+/// An inbox on a mock cluster of its own (database, broker, topic of 6 partitions, bootstrap
+/// servers, the inbox), once it processed the `first` records produced before it started;
+/// `None` (saying why) on an external broker.
+fn consuming(tag: &str, first: usize) -> Option<(TestDb, Broker, String, String, Walbox)> {
+    let db = inbox_db(tag);
     let broker = support::broker();
-    let Some(mock) = broker.mock_cluster() else {
+    if broker.mock_cluster().is_none() {
         eprintln!("external broker: a broker outage needs the mock cluster; skipped");
-        return;
-    };
+        return None;
+    }
     let topic = format!("t_{}", db.name);
     broker.create_topic(&topic, 6).expect("topic");
     let brokers = broker.bootstrap_servers();
-    produce(&brokers, &topic, &records(0, 600));
+    produce(&brokers, &topic, &records(0, first));
     let port = free_port();
-    let mut w = Walbox::spawn_subcommand(
+    let w = Walbox::spawn_subcommand(
         "inbox",
         &inbox_env(&db, &brokers, &format!("g_{}", db.name), &topic, port, &[]),
     );
-    wait_metric(port, "walbox_inbox_records_consumed_total", 600.0, &w);
+    wait_metric(
+        port,
+        "walbox_inbox_records_consumed_total",
+        first as f64,
+        &w,
+    );
+    Some((db, broker, topic, brokers, w))
+}
+
+#[test]
+fn a_broker_outage_while_records_arrive_stalls_nothing_after_it() {
+    let Some((db, broker, topic, brokers, mut w)) = consuming("inbox_outage", 600) else {
+        return;
+    };
+    let mock = broker.mock_cluster().expect("a mock cluster");
     // The outage: longer than the session timeout (3 s), so the group's membership lapses.
     mock.broker_down(1).expect("broker 1 down");
     let producer = {
@@ -75,4 +92,41 @@ fn a_broker_outage_while_records_arrive_stalls_nothing_after_it() {
     assert!(w.wait_exit(WAIT).success(), "{}", w.log());
     assert_exactly_once(&db, 1200);
     assert_applied_in_order(&db);
+}
+
+/// Issue: the inbox logged every repeat of a broker-down error (librdkafka reports one per
+/// connection attempt and per poll: about 190 lines per member for a 3 s outage). Each error
+/// is logged when it first comes, and its repeats are summarised.
+#[test]
+fn a_broker_outage_is_logged_once_per_error_not_once_per_retry() {
+    let Some((db, broker, topic, brokers, mut w)) = consuming("inbox_outage_log", 120) else {
+        return;
+    };
+    let mock = broker.mock_cluster().expect("a mock cluster");
+    for b in 1..=support::MOCK_BROKERS {
+        mock.broker_down(b).expect("broker down");
+    }
+    // Fault injection: every broker away for 3 s.
+    std::thread::sleep(Duration::from_secs(3));
+    for b in 1..=support::MOCK_BROKERS {
+        mock.broker_up(b).expect("broker up");
+    }
+    produce(&brokers, &topic, &records(120, 120));
+    support::wait_until(WAIT, "every record applied after the outage", || {
+        effects(&db) >= 240
+    });
+    let log = w.log();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("kafka client error") || l.contains("kafka consumer error"))
+        .collect();
+    assert!(!errors.is_empty(), "the outage was not logged:\n{log}");
+    assert!(
+        errors.len() <= 6,
+        "{} error lines for a 3 s outage:\n{}",
+        errors.len(),
+        errors.join("\n")
+    );
+    w.terminate();
+    assert!(w.wait_exit(WAIT).success(), "{}", w.log());
 }
