@@ -171,16 +171,28 @@ fn message_the_broker_refuses_as_too_large_exits_8_naming_the_broker_limits() {
     };
     broker.create_topic(&topic, 1).unwrap();
     db.create_slot_and_publication(&slot);
-    db.sql(&format!(
-        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', '{topic}', 'x', '{{}}')"
-    ));
-    // The broker answers the first produce requests as a broker over its size limit would (the
-    // first may carry only walbox's progress record, which is refused harmlessly).
+    let progress = support::own_progress_topic(&broker, &slot);
+    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
+    set(&mut env, "WALBOX_KAFKA_PROGRESS_TOPIC", &progress);
+    // walbox streams once its first progress record is acknowledged.
+    let mut walbox = Walbox::spawn(&env);
+    let mut records = TopicReader::new(&broker.bootstrap_servers(), &[&progress], WAIT).unwrap();
+    assert!(
+        records.poll_until(WAIT, |r| !r.is_empty()),
+        "{}",
+        walbox.log()
+    );
+    // The broker answers the next produce requests as a broker over its size limit would (the
+    // first may carry only a later progress record, which is refused harmlessly).
     mock.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE; 2],
     );
-    let (code, line) = run_to_exit(&walbox_env(&db, &slot, &broker.bootstrap_servers()));
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', '{topic}', 'x', '{{}}')"
+    ));
+    let code = walbox.wait_exit(WAIT).code().unwrap_or(-1);
+    let line = walbox.last_line();
     mock.clear_request_errors(RDKafkaApiKey::Produce);
     assert_eq!(code, 8, "{line}");
     assert!(
