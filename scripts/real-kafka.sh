@@ -13,7 +13,8 @@
 # three-node cluster, cut PostgreSQL connections), `walbox check`'s
 # transactions probe, the
 # inbox's consumer group (rebalances, restarts, the retention guard), the
-# progress topic and the start-up decision read from it, `walbox audit`,
+# progress topic and the start-up decision read from it (also grown to
+# millions of records: progress_topic::), `walbox audit`,
 # SASL/SCRAM handshakes (plain and over TLS), every command on a cluster
 # with ACLs (kafka_acls::), routing with topic creation,
 # the progress topic's cleanup policy in `walbox check`, the Debezium
@@ -36,7 +37,7 @@ bash scripts/install-debezium.sh >/dev/null
 whole_lane=false
 if [ "$#" -eq 0 ]; then
   whole_lane=true
-  set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: audit:: \
+  set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: progress_topic:: audit:: \
     kafka_security:: kafka_acls:: routing:: debezium:: debezium_migration:: \
     relay::sigkill_at_random_points failures::a_timestamp_the_broker \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \

@@ -259,3 +259,102 @@ fn the_progress_topic_must_be_compacted() {
     );
     assert!(!run.stdout.contains(policy), "{}", run.stdout);
 }
+
+/// Issue 42, item 4: a progress topic with the broker's segment defaults (1 GiB, 7 days) is
+/// compacted only once a segment rolls, and keeps commit markers a day after: its uncompacted
+/// end grows with every Kafka transaction. walbox creates the topic with small segments; the
+/// check warns about one without them, with the command that sets walbox's values, and passes
+/// once it ran. Apache Kafka only (the mock cluster does not answer DescribeConfigs).
+#[test]
+fn the_progress_topic_needs_small_segments_and_walbox_creates_it_so() {
+    use crate::support::{wait_until, Walbox, WAIT};
+    let Some(server) = support::kafka::apache() else {
+        eprintln!("needs Apache Kafka (WALBOX_TEST_KAFKA=apache): the mock cluster does not answer DescribeConfigs; skipped");
+        return;
+    };
+    let broker = walbox::sandbox::broker::Broker::External(server.bootstrap_servers());
+    let db = TestDb::new("check_segments");
+    db.create_slot_and_publication(&db.name);
+    let env = walbox_env(&db, &db.name, &broker.bootstrap_servers());
+    let segments = "progress topic segments";
+
+    // Made by hand, compacted, with the broker's defaults.
+    let by_hand = format!("progress_defaults_{}", db.name);
+    broker
+        .create_topic_with(&by_hand, 1, &[("cleanup.policy", "compact")])
+        .unwrap();
+    let by_hand_env = with(env.clone(), "WALBOX_KAFKA_PROGRESS_TOPIC", &by_hand);
+    let run = check(&by_hand_env, &[]);
+    run.expect("progress topic cleanup.policy", "ok", &[]);
+    run.expect(
+        segments,
+        "WARN",
+        &[
+            "segment.ms=604800000",
+            "segment.bytes=1073741824",
+            "delete.retention.ms=86400000",
+            "reads back through all of it at start-up",
+            &format!("--alter --entity-type topics --entity-name {by_hand} --add-config segment.ms=600000,segment.bytes=16777216,min.cleanable.dirty.ratio=0.1,delete.retention.ms=600000"),
+        ],
+    );
+    // The fix, as printed.
+    let line = run.line(segments).to_owned();
+    let configs = line
+        .split("--add-config ")
+        .nth(1)
+        .expect("the fix names the settings");
+    alter_topic(&broker.bootstrap_servers(), &by_hand, configs);
+    wait_until(WAIT, "the altered settings to pass the check", || {
+        check(&by_hand_env, &[]).line(segments).starts_with("ok")
+    });
+
+    // Created by walbox.
+    let created = format!("progress_created_{}", db.name);
+    let created_env = with(
+        with(env, "WALBOX_KAFKA_PROGRESS_TOPIC", &created),
+        "WALBOX_KAFKA_CREATE_TOPICS",
+        "true",
+    );
+    let mut walbox = Walbox::spawn(&created_env);
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    let run = check(&created_env, &[]);
+    run.expect("progress topic cleanup.policy", "ok", &["compact"]);
+    run.expect(
+        segments,
+        "ok",
+        &[
+            "segment.ms=600000",
+            "segment.bytes=16777216",
+            "delete.retention.ms=600000",
+        ],
+    );
+}
+
+/// Sets `configs` (`key=value,…`, as kafka-configs.sh --add-config takes them) on `topic`.
+fn alter_topic(brokers: &str, topic: &str, configs: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let mut alter = AlterConfig::new(ResourceSpecifier::Topic(topic));
+    // AlterConfigs replaces the whole set: the policy too.
+    alter = alter.set("cleanup.policy", "compact");
+    for pair in configs.trim().split(',') {
+        let (k, v) = pair.split_once('=').expect("key=value");
+        alter = alter.set(k, v);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let results = rt
+        .block_on(admin.alter_configs([&alter], &AdminOptions::new()))
+        .unwrap();
+    for r in results {
+        r.unwrap_or_else(|e| panic!("alter {topic}: {e:?}"));
+    }
+}

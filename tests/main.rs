@@ -28,6 +28,7 @@ mod kafka_security;
 mod layout;
 mod manual;
 mod progress;
+mod progress_topic;
 mod publication;
 mod recovery;
 mod relay;

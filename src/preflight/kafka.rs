@@ -20,6 +20,14 @@
 //! records forever warns (the topic then grows by every record), a configuration it cannot read
 //! warns with the command that shows it.
 //!
+//! The same DescribeConfigs gives the progress topic's segments. Compaction never touches a
+//! topic's active segment, and keeps commit markers `delete.retention.ms` after it compacted
+//! their records; in exactly-once mode every Kafka transaction adds a record and a marker. A
+//! slot that was idle while others wrote reads back through all of that at start-up. A
+//! `segment.ms`, `segment.bytes` or `delete.retention.ms` over a few times what walbox creates
+//! the topic with (`sink::topics::PROGRESS_TOPIC_CONFIG`) warns with the command that sets
+//! walbox's values.
+//!
 //! What only a real cluster can show is left to it: the right to create topics (the check says
 //! that walbox will create them, not that it may) and topics rendered from row values, which
 //! are known only when their first event comes.
@@ -42,6 +50,7 @@ const BROKERS: &str = "kafka brokers";
 const IDEMPOTENCE: &str = "idempotent producer";
 const TRANSACTIONS: &str = "kafka transactions";
 const PROGRESS_POLICY: &str = "progress topic cleanup.policy";
+const PROGRESS_SEGMENTS: &str = "progress topic segments";
 
 /// The prefix of the transactional id the transactions check initialises (then `/<pid>`): under
 /// the `walbox/` prefix of the relay's own ids, so a prefixed ACL covers both.
@@ -76,30 +85,108 @@ pub async fn checks(config: &Config) -> Vec<Check> {
                 (vec![stopped], false)
             });
     if progress_exists {
-        out.push(progress_policy(&config.kafka).await);
+        out.extend(progress_config(&config.kafka).await);
     }
     out
 }
 
-/// The progress topic's `cleanup.policy` (see the module docs).
-async fn progress_policy(kafka: &KafkaConfig) -> Check {
+/// The progress topic's configuration: its `cleanup.policy` and its segments (see the module
+/// docs), read with one DescribeConfigs.
+async fn progress_config(kafka: &KafkaConfig) -> Vec<Check> {
+    let topic = kafka.progress_topic.as_str();
+    let names = [
+        "cleanup.policy",
+        "retention.ms",
+        "segment.ms",
+        "segment.bytes",
+        "delete.retention.ms",
+    ];
+    match topic_config(kafka, topic, &names).await {
+        Ok(values) => vec![
+            progress_policy(kafka, values[0].clone(), values[1].clone()),
+            progress_segments(kafka, &values[2..]),
+        ],
+        Err(e) => vec![Check::warn(
+            PROGRESS_POLICY,
+            format!("cannot read the configuration of topic {topic:?} (DescribeConfigs): {e}"),
+            format!("check it is compact (kafka-configs.sh --bootstrap-server {} --describe --entity-type topics --entity-name {topic}), or grant walbox's principal DescribeConfigs on it", kafka.brokers),
+        )],
+    }
+}
+
+/// The largest `segment.ms`, `segment.bytes` and `delete.retention.ms` of a progress topic
+/// that does not warn: a few times what walbox creates it with
+/// ([`crate::sink::topics::PROGRESS_TOPIC_CONFIG`]).
+const SEGMENT_LIMITS: [(&str, u64); 3] = [
+    ("segment.ms", 3_600_000),
+    ("segment.bytes", 104_857_600),
+    ("delete.retention.ms", 3_600_000),
+];
+
+/// The progress topic's segments: compaction never reaches the active segment, so the
+/// uncompacted end of the topic is as long as a segment may grow, and commit markers stay
+/// `delete.retention.ms` after compaction; start-up reads back through both to an idle slot's
+/// record. `values`: the topic's `segment.ms`, `segment.bytes` and `delete.retention.ms`.
+fn progress_segments(kafka: &KafkaConfig, values: &[Option<String>]) -> Check {
+    let topic = kafka.progress_topic.as_str();
+    let shown: Vec<String> = SEGMENT_LIMITS
+        .iter()
+        .zip(values)
+        .map(|((name, _), v)| format!("{name}={}", v.as_deref().unwrap_or("?")))
+        .collect();
+    let shown = shown.join(", ");
+    let over: Vec<&str> = SEGMENT_LIMITS
+        .iter()
+        .zip(values)
+        .filter(|((_, limit), v)| {
+            v.as_deref()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .is_some_and(|v| v > *limit)
+        })
+        .map(|((name, _), _)| *name)
+        .collect();
+    if over.is_empty() {
+        return Check::ok(
+            PROGRESS_SEGMENTS,
+            format!("{shown}: compaction keeps the topic's end short"),
+        );
+    }
+    let settings: Vec<String> = crate::sink::topics::PROGRESS_TOPIC_CONFIG
+        .iter()
+        .filter(|(k, _)| *k != "cleanup.policy")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    Check::warn(
+        PROGRESS_SEGMENTS,
+        format!("{shown} ({} above {}): compaction never touches the active segment and keeps commit markers for delete.retention.ms, so the topic's uncompacted end grows with every Kafka transaction (a record and a marker each, in exactly-once mode), and a slot that was idle meanwhile reads back through all of it at start-up", over.join(", "), limits_text()),
+        format!(
+            "kafka-configs.sh --bootstrap-server {} --alter --entity-type topics --entity-name {topic} --add-config {}",
+            kafka.brokers,
+            settings.join(",")
+        ),
+    )
+}
+
+/// [`SEGMENT_LIMITS`] in words.
+fn limits_text() -> String {
+    SEGMENT_LIMITS
+        .iter()
+        .map(|(name, limit)| format!("{name} {limit}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The progress topic's `cleanup.policy`, given it and `retention.ms` (see the module docs).
+fn progress_policy(
+    kafka: &KafkaConfig,
+    policy: Option<String>,
+    retention: Option<String>,
+) -> Check {
     let topic = kafka.progress_topic.as_str();
     let fix = format!(
         "kafka-configs.sh --bootstrap-server {} --alter --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact",
         kafka.brokers
     );
-    let (policy, retention) = match topic_config(kafka, topic, &["cleanup.policy", "retention.ms"])
-        .await
-    {
-        Ok(values) => (values[0].clone(), values[1].clone()),
-        Err(e) => {
-            return Check::warn(
-                PROGRESS_POLICY,
-                format!("cannot read the configuration of topic {topic:?} (DescribeConfigs): {e}"),
-                format!("check it is compact (kafka-configs.sh --bootstrap-server {} --describe --entity-type topics --entity-name {topic}), or grant walbox's principal DescribeConfigs on it", kafka.brokers),
-            )
-        }
-    };
     // The broker's default when it names none.
     let policy = policy.unwrap_or_else(|| "delete".into());
     let has = |p: &str| policy.split(',').any(|v| v.trim() == p);

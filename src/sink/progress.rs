@@ -241,13 +241,27 @@ fn acl_advice(error: &KafkaError, topic: &str) -> String {
     }
 }
 
-/// The newest committed record for `key` in the progress topic (blocking; reads every
-/// partition from the beginning to its end, at most `timeout`; records of aborted or open
-/// transactions are not read, and a partition is read until its committed view reaches the
-/// high watermark it had at the start, so that another producer's open transaction cannot
-/// hide this slot's newer records: the read then waits for that transaction to end, and
-/// times out when it outlives `timeout`). `Ok(None)` only when the topic was read completely and holds no
-/// record for `key`.
+/// How many offsets the first step of a backwards read covers; each further step (further
+/// back) covers twice as many as the one before.
+const FIRST_STEP: i64 = 1024;
+
+/// The newest committed record for `key` in the progress topic (blocking, at most `timeout`).
+/// `Ok(None)` only when the topic was read completely and holds no record for `key`.
+///
+/// Each partition is read from its end backwards, in steps: the newest record of `key` is the
+/// last one in the first step (from the end) that holds any. The first step covers the last
+/// [`FIRST_STEP`] offsets, each further one twice as many as the one before, so the read
+/// costs what lies between the end and the key's newest record (at most twice that), never
+/// what lies before it. A slot writing to the topic finds its record in the first step; an
+/// idle slot's record lies further back, behind the records written since, of which
+/// compaction leaves one per key once their segment rolled (see docs/operations.md for the
+/// topic settings that keep the uncompacted end small).
+///
+/// Records of aborted or open transactions are not read. A step ends once the committed
+/// view reached its end; for the step at the end that is the high watermark read at the
+/// start, so that another producer's open transaction cannot hide this slot's newer records:
+/// the read then waits for that transaction to end, and times out when it outlives `timeout`.
+/// Across partitions (a topic that gained partitions) the newest by record timestamp wins.
 pub fn read_last(
     config: &KafkaConfig,
     key: &ProgressKey,
@@ -269,6 +283,8 @@ pub fn read_last(
         // broker holds `fetch.wait.max.ms` (500 ms by default) for new records: start-up would
         // wait that long per partition with a committed transaction's marker at its end.
         .set("fetch.wait.max.ms", "10")
+        // A step stops reading at its end; what librdkafka fetched beyond it is dropped.
+        .set("queued.min.messages", "10000")
         .set("allow.auto.create.topics", "false");
     let consumer: BaseConsumer<ReaderContext> =
         cc.create_with_context(ReaderContext).map_err(kafka)?;
@@ -277,117 +293,189 @@ pub fn read_last(
     cc.set("isolation.level", "read_uncommitted");
     let watermarks: BaseConsumer<ReaderContext> =
         cc.create_with_context(ReaderContext).map_err(kafka)?;
-    let read = read_from(&consumer, &watermarks, topic, key, timeout);
+    let started = Instant::now();
+    let mut read = Read {
+        consumer: &consumer,
+        topic,
+        wanted: key.record_key(),
+        deadline: started + timeout,
+        records: 0,
+        waiting: false,
+    };
+    let found = read.newest(&watermarks, key);
+    if let Ok(found) = &found {
+        tracing::info!(
+            topic,
+            records_read = read.records,
+            found = found.is_some(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "read the progress topic from its end"
+        );
+    }
     crate::sink::close_in_background("progress-reader-close", (consumer, watermarks));
-    read
+    found
 }
 
-/// [`read_last`]'s read, with its two clients: `consumer` reads `read_committed`, `watermarks`
-/// answers with high watermarks.
-fn read_from(
-    consumer: &BaseConsumer<ReaderContext>,
-    watermarks: &BaseConsumer<ReaderContext>,
-    topic: &str,
-    key: &ProgressKey,
-    timeout: Duration,
-) -> Result<Option<ProgressRecord>, ProgressError> {
-    let kafka = |error| ProgressError::Kafka {
-        topic: topic.to_owned(),
-        error,
-    };
-    let deadline = Instant::now() + timeout;
-    let left = || deadline.saturating_duration_since(Instant::now());
-    let md = consumer
-        .fetch_metadata(Some(topic), left())
-        .map_err(kafka)?;
-    let partitions: Vec<i32> = md
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic && t.error().is_none())
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    if partitions.is_empty() {
-        return Err(ProgressError::MissingTopic(topic.to_owned()));
+/// A record of the key: its timestamp (milliseconds) and its value.
+type Found = (i64, Option<Vec<u8>>);
+
+/// One backwards read of the progress topic ([`read_last`]): `consumer` reads
+/// `read_committed`.
+struct Read<'a> {
+    consumer: &'a BaseConsumer<ReaderContext>,
+    topic: &'a str,
+    /// The record key looked for.
+    wanted: String,
+    deadline: Instant,
+    /// Records delivered so far (any key).
+    records: u64,
+    /// Whether the wait for another producer's open transaction was logged.
+    waiting: bool,
+}
+
+impl Read<'_> {
+    fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
     }
-    // Read [low, high) of every partition; the key always lands in the same partition, so the
-    // last matching record read is the newest.
-    let mut tpl = TopicPartitionList::new();
-    let mut pending = Vec::new();
-    for p in partitions {
-        let (low, high) = watermarks
-            .fetch_watermarks(topic, p, left())
-            .map_err(kafka)?;
-        if high > low {
-            tpl.add_partition_offset(topic, p, Offset::Offset(low))
-                .map_err(kafka)?;
-            pending.push((p, high));
+
+    fn kafka(&self, error: KafkaError) -> ProgressError {
+        ProgressError::Kafka {
+            topic: self.topic.to_owned(),
+            error,
         }
     }
-    if pending.is_empty() {
-        return Ok(None);
-    }
-    consumer.assign(&tpl).map_err(kafka)?;
-    let wanted = key.record_key();
-    let mut found = None;
-    let mut waiting = false;
-    while !pending.is_empty() {
-        if left().is_zero() {
-            return Err(ProgressError::Timeout(topic.to_owned()));
+
+    /// The newest record of the key in any partition; `watermarks` answers with high
+    /// watermarks (read_uncommitted).
+    fn newest(
+        &mut self,
+        watermarks: &BaseConsumer<ReaderContext>,
+        key: &ProgressKey,
+    ) -> Result<Option<ProgressRecord>, ProgressError> {
+        let topic = self.topic;
+        let md = self
+            .consumer
+            .fetch_metadata(Some(topic), self.left())
+            .map_err(|e| self.kafka(e))?;
+        let partitions: Vec<i32> = md
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            return Err(ProgressError::MissingTopic(topic.to_owned()));
         }
-        match consumer.poll(left().min(Duration::from_millis(200))) {
-            Some(Ok(m)) => {
-                if m.key() == Some(wanted.as_bytes()) {
-                    match m.payload().map(serde_json::from_slice::<ProgressRecord>) {
-                        Some(Ok(r)) => found = Some(r),
-                        // A record we cannot read still proves the slot existed.
-                        _ => {
-                            found = Some(ProgressRecord {
-                                slot: key.slot.clone(),
-                                database: key.database.clone(),
-                                system_identifier: key.system_identifier.clone(),
-                                confirmed_lsn: Lsn::ZERO,
-                                confirmed_commit_time_us: None,
-                                written_at: "unknown".into(),
-                                timeline: None,
-                                slot_floor: None,
-                            })
-                        }
-                    }
-                }
-                let (p, offset) = (m.partition(), m.offset());
-                pending.retain(|(q, high)| !(*q == p && offset + 1 >= *high));
-            }
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                // Under read_committed the end is the last stable offset: an open transaction
-                // of another producer (another shard or deployment) hides every record after
-                // its first one, this slot's newer ones included. Done only once the
-                // committed view reached the high watermark read at the start.
-                let at = position_of(consumer, topic, p);
-                match pending.iter().find(|(q, _)| *q == p) {
-                    Some((_, high)) if at < *high => {
-                        if !waiting {
-                            waiting = true;
-                            tracing::info!(
-                                topic, partition = p, committed_up_to = at, high_watermark = high,
-                                "an open kafka transaction of another producer hides newer records of the progress topic; waiting for it to end (at most transaction.timeout.ms)"
-                            );
-                        }
-                    }
-                    _ => pending.retain(|(q, _)| *q != p),
+        let mut newest: Option<(i64, ProgressRecord)> = None;
+        for p in partitions {
+            let (low, high) = watermarks
+                .fetch_watermarks(topic, p, self.left())
+                .map_err(|e| self.kafka(e))?;
+            if let Some((at, value)) = self.last_in(p, low, high)? {
+                if newest.as_ref().is_none_or(|(t, _)| at > *t) {
+                    newest = Some((at, parse(value.as_deref(), key)));
                 }
             }
-            Some(Err(e)) if is_unused_group_refusal(&e) => {
-                tracing::debug!(error = %e, "the progress reader's group is refused; it uses none");
+        }
+        Ok(newest.map(|(_, r)| r))
+    }
+
+    /// The last record of the key in partition `p` between `low` and `high` (the high
+    /// watermark): its timestamp and value. Steps back from `high`, each step twice as long.
+    fn last_in(&mut self, p: i32, low: i64, high: i64) -> Result<Option<Found>, ProgressError> {
+        let (mut end, mut step) = (high, FIRST_STEP);
+        while end > low {
+            let start = end.saturating_sub(step).max(low);
+            if let Some(found) = self.step(p, start, end)? {
+                return Ok(Some(found));
             }
-            Some(Err(e)) => return Err(kafka(e)),
-            // The transaction ended with nothing more to deliver (aborted, say).
-            None if waiting => {
-                pending.retain(|(q, high)| position_of(consumer, topic, *q) < *high);
+            end = start;
+            step = step.saturating_mul(2);
+        }
+        Ok(None)
+    }
+
+    /// Reads partition `p` from `start` until the committed view reaches `end`; the last
+    /// record of the key below `end`.
+    fn step(&mut self, p: i32, start: i64, end: i64) -> Result<Option<Found>, ProgressError> {
+        let topic = self.topic;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, p, Offset::Offset(start))
+            .map_err(|e| self.kafka(e))?;
+        self.consumer.assign(&tpl).map_err(|e| self.kafka(e))?;
+        let mut found = None;
+        loop {
+            if self.left().is_zero() {
+                return Err(ProgressError::Timeout(topic.to_owned()));
             }
-            None => {}
+            match self
+                .consumer
+                .poll(self.left().min(Duration::from_millis(200)))
+            {
+                Some(Ok(m)) if m.partition() == p => {
+                    if m.offset() >= end {
+                        return Ok(found);
+                    }
+                    self.records += 1;
+                    if m.key() == Some(self.wanted.as_bytes()) {
+                        let at = m.timestamp().to_millis().unwrap_or(0);
+                        found = Some((at, m.payload().map(<[u8]>::to_vec)));
+                    }
+                    if m.offset() + 1 >= end {
+                        return Ok(found);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(KafkaError::PartitionEOF(q))) if q == p => {
+                    // Under read_committed the end is the last stable offset: an open
+                    // transaction of another producer (another shard or deployment) hides
+                    // every record after its first one, this slot's newer ones included. Done
+                    // only once the committed view reached the step's end.
+                    let at = position_of(self.consumer, topic, p);
+                    if at >= end {
+                        return Ok(found);
+                    }
+                    if !self.waiting {
+                        self.waiting = true;
+                        tracing::info!(
+                            topic, partition = p, committed_up_to = at, high_watermark = end,
+                            "an open kafka transaction of another producer hides newer records of the progress topic; waiting for it to end (at most transaction.timeout.ms)"
+                        );
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => {}
+                Some(Err(e)) if is_unused_group_refusal(&e) => {
+                    tracing::debug!(error = %e, "the progress reader's group is refused; it uses none");
+                }
+                Some(Err(e)) => return Err(self.kafka(e)),
+                // Markers, or a transaction that ended with nothing more to deliver (aborted,
+                // say), move the position without a record.
+                None => {
+                    if position_of(self.consumer, topic, p) >= end {
+                        return Ok(found);
+                    }
+                }
+            }
         }
     }
-    Ok(found)
+}
+
+/// `key`'s record from its stored `value`. A record that cannot be read still proves the slot
+/// existed: it counts as one at position 0/0, of no known lineage.
+fn parse(value: Option<&[u8]>, key: &ProgressKey) -> ProgressRecord {
+    match value.map(serde_json::from_slice::<ProgressRecord>) {
+        Some(Ok(r)) => r,
+        _ => ProgressRecord {
+            slot: key.slot.clone(),
+            database: key.database.clone(),
+            system_identifier: key.system_identifier.clone(),
+            confirmed_lsn: Lsn::ZERO,
+            confirmed_commit_time_us: None,
+            written_at: "unknown".into(),
+            timeline: None,
+            slot_floor: None,
+        },
+    }
 }
 
 /// Writes `key`'s progress record at `at` outside any transaction (visible to every reader at
@@ -500,6 +588,61 @@ mod tests {
         assert!(default.contains("PartitionEOF"), "{default}");
         let reader = logged_reading_to_the_end(ReaderContext);
         assert!(!reader.contains("PartitionEOF"), "{reader}");
+    }
+
+    /// The backwards steps find each key's newest record wherever it lies: at the end, far
+    /// back (several steps, each twice as long), in the first record; and a key the topic
+    /// does not hold only after the whole partition was read.
+    #[test]
+    fn the_newest_record_of_a_key_is_found_stepping_back_from_the_end() {
+        use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+        let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+        mock.create_topic("progress", 1, 1).unwrap();
+        let producer: BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", mock.bootstrap_servers())
+            .create()
+            .unwrap();
+        let key = |slot: &str| ProgressKey {
+            system_identifier: "1".into(),
+            database: "app".into(),
+            slot: slot.into(),
+        };
+        let lineage = Lineage::default();
+        const RECORDS: u64 = 20_000;
+        for n in 0..RECORDS {
+            // "first" at offset 0 only; "far" at 10 and 3,000; "busy" at every other offset;
+            // "last" at the last one.
+            let slot = match n {
+                0 => "first",
+                10 | 3_000 => "far",
+                n if n == RECORDS - 1 => "last",
+                n if n % 2 == 0 => "busy",
+                _ => "other",
+            };
+            let record = ProgressRecord::new(&key(slot), lineage, Lsn(n), None);
+            let value = serde_json::to_vec(&record).unwrap();
+            producer
+                .send(
+                    BaseRecord::to("progress")
+                        .key(&key(slot).record_key())
+                        .payload(&value),
+                )
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+        producer.flush(Duration::from_secs(30)).unwrap();
+        let mut config = KafkaConfig::for_brokers(mock.bootstrap_servers());
+        config.progress_topic = "progress".into();
+        let found = |slot: &str| {
+            read_last(&config, &key(slot), Duration::from_secs(30))
+                .unwrap()
+                .map(|r| r.confirmed_lsn)
+        };
+        assert_eq!(found("last"), Some(Lsn(RECORDS - 1)));
+        assert_eq!(found("busy"), Some(Lsn(RECORDS - 2)));
+        assert_eq!(found("far"), Some(Lsn(3_000)));
+        assert_eq!(found("first"), Some(Lsn(0)));
+        assert_eq!(found("never"), None);
     }
 
     #[test]

@@ -35,6 +35,25 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a failed lookup is remembered; see the module docs.
 pub const RETRY_AFTER: Duration = Duration::from_secs(10);
 
+/// The configuration walbox creates the progress topic with (one partition). Compacted: one
+/// record per slot is all that matters. Compaction never touches a topic's active segment,
+/// and in exactly-once mode each Kafka transaction adds a record and a commit marker (about
+/// 450 bytes, ~45 kB/s per slot at the default interval), so the segments roll early
+/// (10 minutes or 16 MiB): the uncompacted end stays a few minutes long, and start-up reads
+/// back through at most that much to an idle slot's record. The cleaner takes a segment once
+/// a tenth of the topic is uncompacted: the compacted part is tiny (one record per slot), so
+/// cleaning is cheap and starts soon. Commit markers (and tombstones, which walbox never
+/// writes) outlive compaction by `delete.retention.ms`: 10 minutes instead of a day, so a day
+/// of markers does not pile up in front of an idle slot's record. `walbox check` warns about a
+/// progress topic whose settings let the uncompacted end grow (see `preflight::kafka`).
+pub const PROGRESS_TOPIC_CONFIG: &[(&str, &str)] = &[
+    ("cleanup.policy", "compact"),
+    ("segment.ms", "600000"),
+    ("segment.bytes", "16777216"),
+    ("min.cleanable.dirty.ratio", "0.1"),
+    ("delete.retention.ms", "600000"),
+];
+
 /// The topic cache; see the module docs.
 pub struct Topics {
     known: HashSet<String>,
@@ -144,7 +163,7 @@ impl Topics {
     }
 
     /// Makes sure the progress topic exists; when walbox creates it, it has one partition and
-    /// `cleanup.policy=compact` (one record per slot is all that matters).
+    /// [`PROGRESS_TOPIC_CONFIG`].
     pub async fn ensure_progress(
         &mut self,
         sink: &KafkaSink,
@@ -153,8 +172,8 @@ impl Topics {
         self.ensure_as(sink, topic, Some(1)).await
     }
 
-    /// [`Topics::ensure`]; `compacted_partitions` creates a compacted topic of that many
-    /// partitions instead of one with the configured defaults.
+    /// [`Topics::ensure`]; `compacted_partitions` creates a topic of that many partitions
+    /// with [`PROGRESS_TOPIC_CONFIG`] instead of one with the configured defaults.
     async fn ensure_as(
         &mut self,
         sink: &KafkaSink,
@@ -223,8 +242,9 @@ impl Topics {
         }
     }
 
-    /// Creates the missing `topic` when `kafka.create_topics` is on (compacted, with
-    /// `compacted_partitions` partitions, when given); otherwise says it is missing.
+    /// Creates the missing `topic` when `kafka.create_topics` is on (with
+    /// [`PROGRESS_TOPIC_CONFIG`] and `compacted_partitions` partitions, when given); otherwise
+    /// says it is missing.
     async fn create_missing(
         &mut self,
         topic: &str,
@@ -236,7 +256,9 @@ impl Topics {
         let partitions = compacted_partitions.unwrap_or(partitions);
         let mut spec = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
         if compacted_partitions.is_some() {
-            spec = spec.set("cleanup.policy", "compact");
+            for (key, value) in PROGRESS_TOPIC_CONFIG {
+                spec = spec.set(key, value);
+            }
         }
         let options = AdminOptions::new()
             .request_timeout(Some(self.lookup_timeout))

@@ -254,12 +254,12 @@ pub fn broker() -> Broker {
     if !external {
         if let Some(server) = kafka::apache() {
             let broker = Broker::External(server.bootstrap_servers());
-            // As walbox creates it: compacted.
+            // As walbox creates it.
             broker
                 .create_topic_with(
                     walbox::config::DEFAULT_PROGRESS_TOPIC,
                     1,
-                    &[("cleanup.policy", "compact")],
+                    walbox::sink::topics::PROGRESS_TOPIC_CONFIG,
                 )
                 .expect("create the progress topic on the Apache Kafka broker");
             return broker;
@@ -295,15 +295,15 @@ pub fn topic_on_broker(db: &TestDb, partitions: i32) -> (String, Broker) {
     (topic, broker)
 }
 
-/// A progress topic of the test's own on `broker` (`progress.<slot>`, one partition,
-/// compacted, as walbox creates it), for `WALBOX_KAFKA_PROGRESS_TOPIC`. A test that reads the
+/// A progress topic of the test's own on `broker` (`progress.<slot>`, one partition, with the
+/// configuration walbox creates it with), for `WALBOX_KAFKA_PROGRESS_TOPIC`. A test that reads the
 /// progress records back needs one: under `read_committed` the shared `walbox.progress` ends,
 /// for a reader, at the first record of any other test's open Kafka transaction (a walbox
 /// killed mid-transaction leaves one open until its next session or the transaction timeout).
 pub fn own_progress_topic(broker: &Broker, slot: &str) -> String {
     let topic = format!("progress.{slot}");
     broker
-        .create_topic_with(&topic, 1, &[("cleanup.policy", "compact")])
+        .create_topic_with(&topic, 1, walbox::sink::topics::PROGRESS_TOPIC_CONFIG)
         .expect("create the test's progress topic");
     topic
 }
