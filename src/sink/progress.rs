@@ -49,7 +49,11 @@
 //!   ([`crate::sink::kafka::PROGRESS_ROUTE`]); they never enter the checkpoint, and a failed one
 //!   only costs a warning (the next one replaces it; in exactly-once mode it fails its Kafka
 //!   transaction).
-//! - At start-up, a missing slot is created only when the topic was read to its end and holds
+//! - The topic is read backwards from its end ([`read_last`]), so the read costs what was
+//!   written after the slot's newest record, never the topic's size. The newest record is the
+//!   last one of the first step back that holds the key (across partitions, the newest by
+//!   record timestamp).
+//! - At start-up, a missing slot is created only when the topic was read whole and holds
 //!   no record for it. A record found means the slot existed and is gone: walbox stops as for a
 //!   lost slot. A topic that cannot be read is a transient error: walbox never creates a slot
 //!   on a guess. A principal the brokers refuse (credentials, a missing ACL) stops walbox
