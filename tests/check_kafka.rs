@@ -358,3 +358,45 @@ fn alter_topic(brokers: &str, topic: &str, configs: &str) {
         r.unwrap_or_else(|e| panic!("alter {topic}: {e:?}"));
     }
 }
+
+/// Issue 42, item 12: with a wrong SCRAM password the brokers refuse the handshake, and the
+/// check said "no answer … BrokerTransportFailure", sending the operator to the network. It
+/// now says the authentication failed (as `walbox run`'s exit 4 does), without the password.
+#[test]
+fn a_wrong_scram_password_fails_the_brokers_check_as_authentication() {
+    let Some(server) = support::kafka::apache() else {
+        eprintln!(
+            "needs Apache Kafka (WALBOX_TEST_KAFKA=apache): the mock cluster has no SCRAM; skipped"
+        );
+        return;
+    };
+    let db = TestDb::new("check_scram");
+    db.create_slot_and_publication(&db.name);
+    let servers = server.sasl_plaintext_servers().expect("a SASL listener");
+    let secret = "not-the-scram-password-4e1b";
+    let mut env = walbox_env(&db, &db.name, &servers);
+    for (key, value) in [
+        ("WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL", "SASL_PLAINTEXT"),
+        ("WALBOX_KAFKA_PROPERTY_SASL_MECHANISMS", "SCRAM-SHA-256"),
+        (
+            "WALBOX_KAFKA_PROPERTY_SASL_USERNAME",
+            support::kafka::SCRAM_USER.0,
+        ),
+        ("WALBOX_KAFKA_PROPERTY_SASL_PASSWORD", secret),
+    ] {
+        env = with(env, key, value);
+    }
+    let run = check(&env, &[]);
+    run.failed();
+    run.expect(
+        "kafka brokers",
+        "FAIL",
+        &["authentication failed", "sasl.username and sasl.password"],
+    );
+    assert!(
+        !run.line("kafka brokers").contains("no answer"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret));
+}

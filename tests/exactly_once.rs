@@ -274,6 +274,45 @@ fn a_transaction_open_past_the_transaction_timeout_is_reported_as_timed_out() {
     assert!(t.db.confirmed(&t.slot) < written.after_commit);
 }
 
+/// Issue 42, item 12: a `transaction.timeout.ms` above the brokers' `transaction.max.timeout.ms`
+/// (15 minutes) is a configuration error: exit 3 naming that setting, no ACL advice (it was
+/// exit 9, "check the ACLs"). `walbox check` says the same. Apache Kafka only (the mock
+/// cluster has no maximum).
+#[test]
+fn a_transaction_timeout_above_the_brokers_maximum_exits_3_naming_it() {
+    let Some(t) = setup("eos_max_timeout") else {
+        return;
+    };
+    if t.broker.mock_cluster().is_some() {
+        eprintln!(
+            "the mock cluster has no transaction.max.timeout.ms: needs a real broker; skipped"
+        );
+        return;
+    }
+    let mut env = eos_env(&t.db, &t.slot, &t.broker.bootstrap_servers(), "10ms");
+    env.push((
+        "WALBOX_KAFKA_PROPERTY_TRANSACTION_TIMEOUT_MS".into(),
+        "1000000".into(),
+    ));
+    let mut walbox = Walbox::spawn(&env);
+    let status = walbox.wait_exit(WAIT);
+    let last = walbox.last_line();
+    assert_eq!(status.code(), Some(3), "{}", walbox.log());
+    assert!(last.contains("transaction.max.timeout.ms"), "{last}");
+    assert!(!last.contains("ACL"), "{last}");
+    let run = crate::check::check(&env, &[]);
+    run.expect(
+        "kafka transactions",
+        "FAIL",
+        &["transaction.timeout.ms", "transaction.max.timeout.ms"],
+    );
+    assert!(
+        !run.line("kafka transactions").contains("ACL"),
+        "{}",
+        run.stdout
+    );
+}
+
 /// Issue: under read_committed the progress topic ends at its last stable offset, so another
 /// producer's open transaction on it (another shard's, another deployment's) hid this slot's
 /// newer record, and start-up read an older one and sent events twice.

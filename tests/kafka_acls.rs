@@ -286,3 +286,32 @@ fn the_inbox_consumes_with_exactly_the_documented_acls() {
     inbox.terminate();
     assert!(inbox.wait_exit(WAIT).success(), "{}", inbox.log());
 }
+
+/// Issue 42, item 12: a progress topic the principal may not describe is left out of the
+/// cluster's topic list, as if it did not exist; `walbox check` said it did not exist. It now
+/// says the principal is not authorized, and which ACL to grant.
+#[test]
+fn check_names_the_acl_of_a_progress_topic_the_principal_may_not_describe() {
+    let Some(server) = acl_broker() else { return };
+    let admin = Broker::External(server.bootstrap_servers());
+    let db = TestDb::new("acl_check");
+    db.create_slot_and_publication(&db.name);
+    // It exists, and walbox's principal has no right on it.
+    let progress = support::own_progress_topic(&admin, &db.name);
+    let run = crate::check::check(&env_as_user(&db, server, &progress), &[]);
+    run.failed();
+    run.expect(
+        &format!("topic {progress}"),
+        "FAIL",
+        &[
+            "not authorized to describe",
+            &format!("--operation Write --operation Read --topic {progress}"),
+        ],
+    );
+    assert!(
+        !run.line(&format!("topic {progress}"))
+            .contains("does not exist"),
+        "{}",
+        run.stdout
+    );
+}

@@ -201,6 +201,36 @@ fn missing_topics_are_created_when_asked() {
     assert_eq!(text(&recs[0].key), "a");
 }
 
+/// Issue 42, item 12: Kafka refuses to create a topic whose name differs from an existing one
+/// only in '.' and '_' (`col.x` next to `col_x`: their metric names would collide), and the
+/// message said only "Broker: Invalid topic". It now keeps the reason: which topic it collides
+/// with. Needs CreateTopics (the real-Kafka lane).
+#[test]
+fn a_topic_name_colliding_with_an_existing_one_says_with_which() {
+    let broker = crate::support::broker();
+    if broker.mock_cluster().is_some() {
+        eprintln!("mock cluster: it does not implement CreateTopics; skipped");
+        return;
+    }
+    let bs = broker.bootstrap_servers();
+    let db = TestDb::new("collide");
+    let existing = format!("col_x_{}", db.name);
+    let colliding = format!("col.x_{}", db.name);
+    broker.create_topic(&existing, 1).unwrap();
+    let (mut w, _f) = walbox_with(&db, &bs, "[kafka]\ncreate_topics = true\n");
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', '{colliding}', 'x', '{{}}')"
+    ));
+    assert_eq!(w.wait_exit(WAIT).code(), Some(8), "{}", w.log());
+    let line = w.last_line();
+    assert!(
+        line.contains(&format!("cannot create topic {colliding:?}"))
+            && line.contains(&format!("collides with existing topic {existing:?}")),
+        "{line}"
+    );
+}
+
 #[test]
 fn json_and_protobuf_envelopes_and_tombstones() {
     let db = TestDb::new("formats");

@@ -5,7 +5,13 @@
 //! The client is configured exactly like the relay's producer (`sink::kafka::DEFAULT_PROPERTIES`
 //! and the user's `kafka.properties`), so it authenticates and connects the same way. Nothing is
 //! produced: the idempotent producer asks for a producer id (InitProducerId) when it starts,
-//! and its statistics say when one was assigned.
+//! and its statistics say when one was assigned. Brokers that refuse the SASL credentials fail
+//! the brokers check as "authentication failed" (what `walbox run` stops on with exit 4), not
+//! as an unanswered request.
+//!
+//! A metadata request for every topic leaves out the topics the principal may not describe, as
+//! if they did not exist; a topic missing from it is asked for by name, and the cluster's
+//! TOPIC_AUTHORIZATION_FAILED fails its check with the ACL to grant.
 //!
 //! The transactions check starts a short-lived transactional producer and waits for
 //! `init_transactions` (InitProducerId with a transactional id, answered by the transaction
@@ -243,10 +249,14 @@ async fn topic_config(
         .collect())
 }
 
-/// Keeps what the producer's statistics say about its producer id.
+/// Keeps what the producer's statistics say about its producer id, and whether the brokers
+/// refused its credentials.
+#[derive(Default)]
 struct Probe {
     /// The idempotent producer's state (`Assigned` once it has an id) and the id.
     eos: Mutex<Option<(String, i64)>>,
+    /// The brokers' refusal of the credentials (SASL authentication), when one came.
+    refused: Mutex<Option<String>>,
 }
 
 impl ClientContext for Probe {
@@ -265,6 +275,13 @@ impl ClientContext for Probe {
 
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::debug!(error = %error, reason, "kafka client error");
+        if crate::failure::kafka_error(&error)
+            == crate::failure::Class::Fatal(crate::failure::Failure::Auth)
+        {
+            if let Ok(mut refused) = self.refused.lock() {
+                *refused = Some(reason.to_owned());
+            }
+        }
     }
 }
 
@@ -297,9 +314,7 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> (Vec<Check>, bool)
         cc.set(k, v);
     }
     cc.set("statistics.interval.ms", "100");
-    let producer: BaseProducer<Probe> = match cc.create_with_context(Probe {
-        eos: Mutex::new(None),
-    }) {
+    let producer: BaseProducer<Probe> = match cc.create_with_context(Probe::default()) {
         Ok(p) => p,
         Err(e) => {
             out.push(Check::fail(
@@ -313,6 +328,19 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> (Vec<Check>, bool)
     };
     let metadata = match producer.client().fetch_metadata(None, METADATA_TIMEOUT) {
         Ok(md) => md,
+        Err(_) if refused(&producer).is_some() => {
+            out.push(Check::fail(
+                BROKERS,
+                format!(
+                    "authentication failed: the brokers at {} refused walbox's credentials ({})",
+                    kafka.brokers,
+                    refused(&producer).unwrap_or_default()
+                ),
+                "check sasl.mechanisms, sasl.username and sasl.password in kafka.properties against the principal the brokers know (walbox run stops with exit status 4 here)",
+            ));
+            skipped(&mut out);
+            return (out, false);
+        }
         Err(e) => {
             out.push(Check::fail(
                 BROKERS,
@@ -346,6 +374,23 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> (Vec<Check>, bool)
     for topic in topics {
         let name = topic_check(topic);
         let found = metadata.topics().iter().find(|t| t.name() == topic);
+        if found.is_none() && describe_refused(&producer, topic) {
+            out.push(Check::fail(
+                name,
+                format!("walbox's principal is not authorized to describe topic {topic:?} (TOPIC_AUTHORIZATION_FAILED): the cluster does not say whether it exists"),
+                format!(
+                    "grant it {} on the topic (they imply Describe): kafka-acls.sh --bootstrap-server {} --add --allow-principal User:<walbox> {} --topic {topic} (docs/operations.md, ACLs)",
+                    if *topic == kafka.progress_topic { "Write and Read" } else { "Write" },
+                    kafka.brokers,
+                    if *topic == kafka.progress_topic {
+                        "--operation Write --operation Read"
+                    } else {
+                        "--operation Write"
+                    },
+                ),
+            ));
+            continue;
+        }
         out.push(match found {
             Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
                 progress_exists |= *topic == kafka.progress_topic;
@@ -381,6 +426,30 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> (Vec<Check>, bool)
     (out, progress_exists)
 }
 
+/// The brokers' refusal of `producer`'s credentials, when one came (serving the client's
+/// pending error events first).
+fn refused(producer: &BaseProducer<Probe>) -> Option<String> {
+    producer.poll(Duration::from_millis(50));
+    producer.context().refused.lock().ok()?.clone()
+}
+
+/// Whether the cluster refuses to describe `topic` to walbox's principal. A metadata request
+/// for every topic leaves out the topics the principal may not describe, as if they did not
+/// exist; one that names the topic answers TOPIC_AUTHORIZATION_FAILED (whether it exists or
+/// not).
+fn describe_refused(producer: &BaseProducer<Probe>, topic: &str) -> bool {
+    producer
+        .client()
+        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+        .is_ok_and(|md| {
+            md.topics().iter().any(|t| {
+                t.name() == topic
+                    && t.error().map(RDKafkaErrorCode::from)
+                        == Some(RDKafkaErrorCode::TopicAuthorizationFailed)
+            })
+        })
+}
+
 /// Initialises a transactional producer of its own: the transaction coordinator must answer
 /// InitProducerId for a transactional id.
 fn transactions(base: &ClientConfig, brokers: usize) -> Check {
@@ -390,9 +459,7 @@ fn transactions(base: &ClientConfig, brokers: usize) -> Check {
         "transactional.id",
         format!("{PROBE_TRANSACTIONAL_ID}/{}", std::process::id()),
     );
-    let producer: BaseProducer<Probe> = match cc.create_with_context(Probe {
-        eos: Mutex::new(None),
-    }) {
+    let producer: BaseProducer<Probe> = match cc.create_with_context(Probe::default()) {
         Ok(p) => p,
         Err(e) => {
             return Check::fail(
@@ -417,7 +484,16 @@ fn transactions(base: &ClientConfig, brokers: usize) -> Check {
                         | RDKafkaErrorCode::ClusterAuthorizationFailed
                 )
             );
-            if denied {
+            if code == Some(RDKafkaErrorCode::InvalidTransactionTimeout)
+                || producer.client().fatal_error().map(|(c, _)| c)
+                    == Some(RDKafkaErrorCode::InvalidTransactionTimeout)
+            {
+                Check::fail(
+                    TRANSACTIONS,
+                    format!("the cluster refused transaction.timeout.ms: {e}"),
+                    "it must not exceed the brokers' transaction.max.timeout.ms (15 minutes by default): lower kafka.properties.transaction.timeout.ms, or raise transaction.max.timeout.ms on the brokers",
+                )
+            } else if denied {
                 Check::fail(
                     TRANSACTIONS,
                     format!("the cluster refused a transactional producer: {e}"),

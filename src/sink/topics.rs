@@ -272,6 +272,13 @@ impl Topics {
             match r {
                 Ok(_) => tracing::info!(topic, partitions, replication, "created topic"),
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code @ RDKafkaErrorCode::InvalidTopic)) => {
+                    let reason = invalid_topic(admin.clone(), topic, self.lookup_timeout).await;
+                    return Err(TopicError::Create(
+                        topic.to_owned(),
+                        format!("{code}: {reason}"),
+                    ));
+                }
                 Err((_, code)) => {
                     return Err(TopicError::Create(topic.to_owned(), code.to_string()))
                 }
@@ -280,6 +287,46 @@ impl Topics {
         self.known.insert(topic.to_owned());
         Ok(())
     }
+}
+
+/// Why the brokers refused to create `topic` as invalid. The broker says why (a name that
+/// collides with an existing topic's, an illegal character), but librdkafka's result as
+/// rust-rdkafka gives it keeps only the code: the reason is found again here. Kafka refuses a
+/// name that differs from an existing topic's only in '.' and '_' (their metric names would be
+/// the same).
+async fn invalid_topic(
+    admin: Arc<AdminClient<DefaultClientContext>>,
+    topic: &str,
+    timeout: Duration,
+) -> String {
+    let existing = tokio::task::spawn_blocking(move || {
+        admin.inner().fetch_metadata(None, timeout).map(|md| {
+            md.topics()
+                .iter()
+                .map(|t| t.name().to_owned())
+                .collect::<Vec<_>>()
+        })
+    })
+    .await;
+    let names = match existing {
+        Ok(Ok(names)) => names,
+        _ => Vec::new(),
+    };
+    match colliding(topic, &names) {
+        Some(other) => format!(
+            "topic {topic:?} collides with existing topic {other:?}: Kafka refuses two topic names that differ only in '.' and '_'"
+        ),
+        None => "a topic name has at most 249 characters, each a letter, a digit, '.', '_' or '-', and is not \".\" or \"..\"".to_owned(),
+    }
+}
+
+/// The topic of `existing` whose name differs from `topic` only in '.' and '_'.
+fn colliding<'a>(topic: &str, existing: &'a [String]) -> Option<&'a str> {
+    let unified = |name: &str| name.replace('.', "_");
+    existing
+        .iter()
+        .find(|name| name.as_str() != topic && unified(name) == unified(topic))
+        .map(String::as_str)
 }
 
 #[cfg(test)]
@@ -352,6 +399,15 @@ mod tests {
             topics.lookups, 2,
             "no lookup while the cluster is known unreachable"
         );
+    }
+
+    #[test]
+    fn a_name_differing_only_in_dots_and_underscores_collides() {
+        let existing = ["col_x".to_owned(), "orders".to_owned(), "a.b_c".to_owned()];
+        assert_eq!(colliding("col.x", &existing), Some("col_x"));
+        assert_eq!(colliding("a_b.c", &existing), Some("a.b_c"));
+        assert_eq!(colliding("col_x", &existing), None);
+        assert_eq!(colliding("col-x", &existing), None);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]

@@ -91,9 +91,27 @@ pub enum TxnError {
     /// The brokers do not implement Kafka transactions (KIP-98).
     #[error("the kafka brokers do not support transactions ({0}): exactly-once mode needs brokers that implement KIP-98 (Apache Kafka 0.11 or later); set kafka.exactly_once = false to relay at-least-once")]
     Unsupported(KafkaError),
-    /// The producer cannot continue (authorization refused, …).
-    #[error("kafka transactional producer cannot continue: {0} (check the ACLs: the principal needs Write and Describe on the transactional id, and IdempotentWrite on the cluster)")]
+    /// The brokers refused `transaction.timeout.ms`: it is above their
+    /// `transaction.max.timeout.ms`.
+    #[error("the kafka brokers refused transaction.timeout.ms ({0}): it is above the brokers' transaction.max.timeout.ms (15 minutes by default). Lower kafka.properties.transaction.timeout.ms, or raise transaction.max.timeout.ms on the brokers")]
+    TimeoutAboveMax(KafkaError),
+    /// The producer cannot continue (authorization refused, librdkafka's fatal error, …).
+    #[error("kafka transactional producer cannot continue: {error}{advice}", error = .0, advice = acl_advice(.0))]
     Fatal(KafkaError),
+}
+
+/// What to grant when `e` is an authorization refusal (empty otherwise).
+fn acl_advice(e: &KafkaError) -> &'static str {
+    use RDKafkaErrorCode as C;
+    match e.rdkafka_error_code() {
+        Some(
+            C::TransactionalIdAuthorizationFailed
+            | C::TopicAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::GroupAuthorizationFailed,
+        ) => " (check the ACLs: the principal needs Write and Describe on transactional ids prefixed walbox/, and Write on the topics; docs/operations.md, ACLs)",
+        _ => "",
+    }
 }
 
 impl Classify for TxnError {
@@ -102,7 +120,9 @@ impl Classify for TxnError {
             TxnError::Retriable(_) | TxnError::Abortable(_) | TxnError::Interrupted { .. } => None,
             // Retried, unless the brokers refused the principal.
             TxnError::Progress(e) => e.failure(),
-            TxnError::Config(_) | TxnError::TimedOut { .. } => Some(Failure::Config),
+            TxnError::Config(_) | TxnError::TimedOut { .. } | TxnError::TimeoutAboveMax(_) => {
+                Some(Failure::Config)
+            }
             TxnError::Fenced { .. } => Some(Failure::Fenced),
             TxnError::Unsupported(_) => Some(Failure::Kafka),
             // The code's class (`failure::kafka`): 4 for refused credentials, else 9.
@@ -169,6 +189,14 @@ pub fn classify_txn(sink: &KafkaSink, id: &str, e: KafkaError) -> TxnError {
             id: id.to_owned(),
             error: e,
         };
+    }
+    // A configuration the brokers refuse (librdkafka calls it fatal): exit 3, not 9.
+    let code = e
+        .rdkafka_error_code()
+        .filter(|c| *c != RDKafkaErrorCode::Fatal)
+        .or_else(|| sink.fatal_error().map(|(code, _)| code));
+    if code == Some(RDKafkaErrorCode::InvalidTransactionTimeout) {
+        return TxnError::TimeoutAboveMax(e);
     }
     // Fatal either way (`failure::kafka`); these two say why in words of transactions.
     if matches!(
@@ -327,6 +355,25 @@ mod tests {
         assert!(
             refused.to_string().contains("transaction.timeout.ms"),
             "{refused}"
+        );
+    }
+
+    #[test]
+    fn acl_advice_follows_only_an_authorization_refusal_and_a_timeout_over_the_maximum_is_config() {
+        let denied = TxnError::Fatal(KafkaError::Global(
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+        ));
+        assert!(denied.to_string().contains("check the ACLs"), "{denied}");
+        let other = TxnError::Fatal(KafkaError::Global(RDKafkaErrorCode::InvalidArgument));
+        assert!(!other.to_string().contains("ACL"), "{other}");
+        let too_long = TxnError::TimeoutAboveMax(KafkaError::Global(
+            RDKafkaErrorCode::InvalidTransactionTimeout,
+        ));
+        assert_eq!(too_long.failure(), Some(Failure::Config));
+        let message = too_long.to_string();
+        assert!(
+            message.contains("transaction.max.timeout.ms") && !message.contains("ACL"),
+            "{message}"
         );
     }
 }
