@@ -17,7 +17,8 @@
 # millions of records: progress_topic::), `walbox audit`,
 # SASL/SCRAM handshakes (plain and over TLS), every command on a cluster
 # with ACLs (kafka_acls::), routing with topic creation,
-# the progress topic's cleanup policy in `walbox check`, the Debezium
+# the progress topic's cleanup policy and segments in `walbox check`, a wrong
+# SCRAM password in `walbox check`, the Debezium
 # differential test (Kafka Connect standalone with the Debezium
 # PostgreSQL connector, from scripts/install-debezium.sh), the migration from
 # Debezium to walbox on its slot (debezium_migration::), and the core
@@ -41,7 +42,8 @@ if [ "$#" -eq 0 ]; then
     kafka_security:: kafka_acls:: routing:: debezium:: debezium_migration:: \
     relay::sigkill_at_random_points failures::a_timestamp_the_broker \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \
-    check_kafka::the_progress_topic_must_be_compacted check::everything_passes
+    check_kafka::the_progress_topic_must_be_compacted check_kafka::the_progress_topic_needs_small_segments \
+    check_kafka::a_wrong_scram_password check::everything_passes
 fi
 
 log=$(mktemp -t walbox-kafka-broker.XXXXXX.log)
