@@ -315,3 +315,69 @@ fn check_names_the_acl_of_a_progress_topic_the_principal_may_not_describe() {
         run.stdout
     );
 }
+
+/// Issue 42, item 6: without Write on the progress topic, `walbox check` says so, and `walbox
+/// run` (two shards) stops before any shard streams: no slot moves past a row, and once Write
+/// is granted every row arrives.
+#[test]
+fn without_write_on_the_progress_topic_check_and_run_refuse_and_nothing_is_lost() {
+    let Some(server) = acl_broker() else { return };
+    let admin = Broker::External(server.bootstrap_servers());
+    let db = TestDb::new("acl_nowrite");
+    let topic = format!("t_{}", db.name);
+    admin.create_topic(&topic, 2).unwrap();
+    let progress = support::own_progress_topic(&admin, &db.name);
+    // run's rights, but only Read and Describe on the progress topic.
+    let mut acls: Vec<Acl> = run_acls(&[&topic], &progress, false)
+        .into_iter()
+        .filter(|a| !(a.operation == Op::Write && a.name == progress))
+        .collect();
+    acls.push(Acl::allow(USER.0, Op::Describe, On::Topic, &progress));
+    acls.push(Acl::allow(
+        USER.0,
+        Op::DescribeConfigs,
+        On::Topic,
+        &progress,
+    ));
+    server.create_acls(&acls).unwrap();
+    await_described(server, &[&topic, &progress]);
+    let mut env = env_as_user(&db, server, &progress);
+    env.push(("WALBOX_POSTGRES_SHARDS".into(), "2".into()));
+
+    let out = support::walbox_output(&["check"], &env);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("progress topic write"))
+        .unwrap_or_else(|| panic!("no progress write check in:\n{stdout}"));
+    assert!(line.starts_with("FAIL"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "grant walbox's principal Write on topic {progress}"
+        )),
+        "{stdout}"
+    );
+
+    let aggregates: Vec<String> = (0..10).map(|i| format!("agg-{i}")).collect();
+    let mut walbox = Walbox::spawn(&env);
+    let status = walbox.wait_exit(WAIT);
+    assert_eq!(status.code(), Some(9), "{}", walbox.log());
+    assert!(
+        walbox
+            .last_line()
+            .contains("cannot write the progress record"),
+        "{}",
+        walbox.log()
+    );
+    // Rows committed now are ahead of every shard's slot.
+    write_txns(&db, &topic, &aggregates, 3);
+
+    server
+        .create_acls(&[Acl::allow(USER.0, Op::Write, On::Topic, &progress)])
+        .unwrap();
+    let mut reader = TopicReader::new(&admin.bootstrap_servers(), &[&topic], WAIT).unwrap();
+    let mut walbox = Walbox::spawn(&env);
+    let all = outbox_ids(&db);
+    await_distinct(&mut reader, all.len(), &walbox);
+    stop_and_read_exactly(&mut walbox, &mut reader, &all);
+}

@@ -34,6 +34,12 @@
 //! the topic with (`sink::topics::PROGRESS_TOPIC_CONFIG`) warns with the command that sets
 //! walbox's values.
 //!
+//! When the progress topic exists, the check writes to it: a tombstone (a record without a
+//! value) under a key of its own (`walbox-check/<pid>`), which no slot's record uses and
+//! compaction removes. walbox streams only once its session's first record there is
+//! acknowledged, so a principal without Write on the topic stops `walbox run`; the check says
+//! so first.
+//!
 //! What only a real cluster can show is left to it: the right to create topics (the check says
 //! that walbox will create them, not that it may) and topics rendered from row values, which
 //! are known only when their first event comes.
@@ -420,10 +426,86 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> (Vec<Check>, bool)
     }
 
     out.push(idempotence(&producer));
+    if progress_exists {
+        out.push(progress_write(&cc, &kafka.progress_topic));
+    }
     if kafka.exactly_once.is_some() {
         out.push(transactions(&cc, metadata.brokers().len()));
     }
     (out, progress_exists)
+}
+
+const PROGRESS_WRITE: &str = "progress topic write";
+
+/// How long the brokers have to acknowledge the check's record on the progress topic.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A producer's context that keeps the delivery report of its one record.
+#[derive(Default)]
+struct Delivery {
+    report: Mutex<Option<Result<(), KafkaError>>>,
+}
+
+impl ClientContext for Delivery {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        tracing::debug!(?level, fac, "librdkafka: {log_message}");
+    }
+}
+
+impl ProducerContext for Delivery {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+        if let Ok(mut report) = self.report.lock() {
+            *report = Some(result.as_ref().map(drop).map_err(|(e, _)| e.clone()));
+        }
+    }
+}
+
+/// Writes a tombstone to the progress topic under the check's own key (see the module docs).
+fn progress_write(base: &ClientConfig, topic: &str) -> Check {
+    let fail = |detail: String| {
+        Check::fail(
+            PROGRESS_WRITE,
+            detail,
+            format!("grant walbox's principal Write on topic {topic} (kafka-acls.sh --add --allow-principal User:<walbox> --operation Write --topic {topic}): walbox streams only once its slot is on record there"),
+        )
+    };
+    let producer: BaseProducer<Delivery> = match base.create_with_context(Delivery::default()) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("cannot create a Kafka client: {e}")),
+    };
+    let key = format!("walbox-check/{}", std::process::id());
+    let record = rdkafka::producer::BaseRecord::<str, [u8]>::to(topic).key(key.as_str());
+    if let Err((e, _)) = producer.send(record) {
+        return fail(format!("the record was refused before it was sent: {e}"));
+    }
+    let deadline = Instant::now() + WRITE_TIMEOUT;
+    loop {
+        producer.poll(Duration::from_millis(50));
+        let report = producer
+            .context()
+            .report
+            .lock()
+            .ok()
+            .and_then(|r| r.clone());
+        match report {
+            Some(Ok(())) => {
+                return Check::ok(
+                    PROGRESS_WRITE,
+                    format!("a record was written to {topic} (a tombstone under key {key})"),
+                )
+            }
+            Some(Err(e)) => return fail(format!("the brokers refused a record: {e}")),
+            None if Instant::now() >= deadline => {
+                return fail(format!(
+                    "no acknowledgement within {} s",
+                    WRITE_TIMEOUT.as_secs()
+                ))
+            }
+            None => {}
+        }
+    }
 }
 
 /// The brokers' refusal of `producer`'s credentials, when one came (serving the client's
