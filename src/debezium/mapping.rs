@@ -35,11 +35,13 @@ pub const KAFKA_PASSWORD_FILE: &str = "/run/secrets/walbox/kafka-password";
 
 const STRING_CONVERTER: &str = "org.apache.kafka.connect.storage.StringConverter";
 const HEADER_CONVERTER: &str = "org.apache.kafka.connect.storage.SimpleHeaderConverter";
+/// Debezium's converter that writes `BYTES` values (a bytea payload) as they are, and hands
+/// any other value to its `delegate.converter.type`.
+const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
 
 /// Settings that tune Debezium's own pipeline or its value conversions: they change nothing
 /// walbox writes for an outbox of text, JSON and integer columns.
 const NO_EFFECT: &[&str] = &[
-    "binary.handling.mode",
     "database.tcpKeepAlive",
     "decimal.handling.mode",
     "errors.max.retries",
@@ -360,7 +362,9 @@ fn outbox(s: &mut Settings) -> Result<Table, DebeziumError> {
 }
 
 /// `key.converter`, `value.converter`, `header.converter`: walbox writes what Connect's
-/// `StringConverter` and `SimpleHeaderConverter` write.
+/// `StringConverter` and `SimpleHeaderConverter` write, and, for values, what Debezium's
+/// `BinaryDataConverter` writes with a `StringConverter` delegate (a bytea payload's bytes, any
+/// other payload's text).
 fn converters(s: &mut Settings) {
     let mut unset = Vec::new();
     for (key, expected) in [
@@ -369,29 +373,51 @@ fn converters(s: &mut Settings) {
         ("header.converter", HEADER_CONVERTER),
     ] {
         let class = s.take(key);
+        let binary = key == "value.converter"
+            && class.as_deref().map(str::trim) == Some(BINARY_DATA_CONVERTER);
         let ok = match class.as_deref().map(str::trim) {
             None => {
                 unset.push(key);
                 true
             }
             Some(c) if c == expected => true,
+            Some(_) if binary => true,
             Some(c) => {
                 s.refuse(
                     key,
                     format!(
-                        "is {c}: walbox writes the bytes {} writes (with table.expand.json.payload \
-                         and a JsonConverter without schemas the JSON is the same, spaced as \
-                         PostgreSQL prints it)",
+                        "is {c}: walbox writes the bytes {} writes",
                         expected.rsplit('.').next().unwrap_or(expected)
                     ),
                 );
                 false
             }
         };
-        for (rest, _) in s.take_prefixed(&format!("{key}.")) {
-            if ok && rest != "schemas.enable" {
-                s.refuse(format!("{key}.{rest}"), "walbox has no converter settings");
+        let mut delegate = false;
+        for (rest, value) in s.take_prefixed(&format!("{key}.")) {
+            let setting = format!("{key}.{rest}");
+            match rest.as_str() {
+                "delegate.converter.type" if binary => match value.trim() {
+                    STRING_CONVERTER => delegate = true,
+                    other => s.refuse(
+                        setting,
+                        format!(
+                            "is {other}: walbox writes a payload that is not bytea as \
+                             StringConverter does"
+                        ),
+                    ),
+                },
+                "schemas.enable" => {}
+                _ if ok => s.refuse(setting, "walbox has no converter settings"),
+                _ => {}
             }
+        }
+        if binary && !delegate {
+            s.note(
+                format!("{key}.delegate.converter.type"),
+                "not set: Debezium's task fails on a payload that is not bytea; walbox writes its \
+                 text, as a StringConverter delegate would",
+            );
         }
     }
     if !unset.is_empty() {
@@ -511,6 +537,12 @@ fn leftovers(s: &mut Settings) {
             continue;
         }
         match key.as_str() {
+            "binary.handling.mode" if value.trim() == "bytes" => {}
+            "binary.handling.mode" => s.refuse(
+                key,
+                "walbox sends a bytea payload as its bytes (Debezium's bytes mode): set bytes, or \
+                 remove it if the outbox has no bytea column",
+            ),
             "errors.tolerance" if value.trim() == "none" => {}
             "errors.tolerance" => s.refuse(
                 key,

@@ -68,13 +68,15 @@ pub fn event_router(s: &mut Settings, name: &str, route: &mut Table) {
                 _ => s.refuse(key, "must be true or false"),
             },
             "table.fields.additional.placement" => placements(s, &key, &value, route),
-            "table.fields.additional.error.on.missing" => match value.trim() {
-                "true" => {}
-                _ => s.refuse(
+            "table.field.additional.missing" => match value.trim() {
+                "error" => {}
+                "ignore" => s.note(
                     key,
-                    "walbox refuses a missing column at start-up, and a row without it as \
-                     invalid (on_invalid): there is no silent skip",
+                    "walbox checks at start-up that every placed column exists and does not \
+                     start otherwise; a placed column dropped while it runs makes each row \
+                     invalid (on_invalid) instead of leaving its header out",
                 ),
+                _ => s.refuse(key, "must be error or ignore"),
             },
             "table.op.invalid.behavior" => {
                 let on_change = match value.trim() {

@@ -385,3 +385,66 @@ fn parsers_never_panic_on_garbage() {
         let _ = render(&text);
     }
 }
+
+#[test]
+fn the_routers_missing_field_behaviour_is_its_3_6_key() {
+    let r = render(&format!(
+        "{PROPERTIES}transforms.outbox.table.field.additional.missing=error\n"
+    ))
+    .unwrap();
+    assert!(r.unhonoured.is_empty(), "{:?}", r.unhonoured);
+    let r = render(&format!(
+        "{PROPERTIES}transforms.outbox.table.field.additional.missing=ignore\n"
+    ))
+    .unwrap();
+    assert!(r.unhonoured.is_empty(), "{:?}", r.unhonoured);
+    assert!(r
+        .notes
+        .iter()
+        .any(|n| n.key == "transforms.outbox.table.field.additional.missing"));
+    // Not an option of Debezium 3.6's router.
+    let r = render(&format!(
+        "{PROPERTIES}transforms.outbox.table.fields.additional.error.on.missing=true\n"
+    ))
+    .unwrap();
+    let refused: Vec<&str> = r.unhonoured.iter().map(|f| f.key.as_str()).collect();
+    assert_eq!(
+        refused,
+        ["transforms.outbox.table.fields.additional.error.on.missing"]
+    );
+}
+
+#[test]
+fn binary_data_converter_with_a_string_delegate_is_translated() {
+    let binary = "value.converter=io.debezium.converters.BinaryDataConverter\n";
+    let delegate =
+        "value.converter.delegate.converter.type=org.apache.kafka.connect.storage.StringConverter\n";
+    let r = render(&format!("{PROPERTIES}{binary}{delegate}")).unwrap();
+    assert!(r.unhonoured.is_empty(), "{:?}", r.unhonoured);
+    load(&r.toml);
+    let r = render(&format!("{PROPERTIES}{binary}")).unwrap();
+    assert!(r.unhonoured.is_empty(), "{:?}", r.unhonoured);
+    assert!(r
+        .notes
+        .iter()
+        .any(|n| n.key == "value.converter.delegate.converter.type"));
+    let r = render(&format!(
+        "{PROPERTIES}{binary}value.converter.delegate.converter.type=org.apache.kafka.connect.json.JsonConverter\n\
+         binary.handling.mode=base64\n"
+    ))
+    .unwrap();
+    let refused: Vec<&str> = r.unhonoured.iter().map(|f| f.key.as_str()).collect();
+    assert_eq!(
+        refused,
+        [
+            "value.converter.delegate.converter.type",
+            "binary.handling.mode"
+        ]
+    );
+    // On keys it is not translated: an aggregate id is no bytea.
+    let r = render(&format!(
+        "{PROPERTIES}key.converter=io.debezium.converters.BinaryDataConverter\n"
+    ))
+    .unwrap();
+    assert_eq!(r.unhonoured[0].key, "key.converter");
+}
