@@ -598,4 +598,32 @@ fn updates_deletes_and_schema_changes_of_the_outbox() {
         "{}",
         w.last_line()
     );
+
+    // `fail_update` (the Outbox Event Router's `table.op.invalid.behavior=fatal`): the
+    // insert-then-delete pattern flows, an UPDATE stops walbox.
+    let (mut w, _f) = walbox_with(
+        &db,
+        &bs,
+        "[outbox]\ntable = \"outbox\"\non_change = \"fail_update\"\n",
+    );
+    wait_until(WAIT, "walbox to stream", || db.streaming(&db.name));
+    db.sql(&format!("BEGIN; {}; DELETE FROM outbox; COMMIT;", ins("e")));
+    let mut r = TopicReader::new(&bs, &[&topic], WAIT).unwrap();
+    assert!(
+        r.poll_until(WAIT, |recs| recs.iter().any(|x| text(&x.key) == "e")),
+        "e is relayed past its DELETE; walbox log:\n{}",
+        w.log()
+    );
+    assert!(w.running(), "{}", w.log());
+    db.sql(&format!(
+        "{}; UPDATE outbox SET event_type = 'y';",
+        ins("f")
+    ));
+    assert_eq!(w.wait_exit(WAIT).code(), Some(5));
+    assert!(
+        w.last_line()
+            .contains("UPDATE on outbox table public.outbox"),
+        "{}",
+        w.last_line()
+    );
 }

@@ -59,7 +59,7 @@ pub struct RawRoute {
     pub on_invalid: Option<String>,
     /// Dead-letter topic.
     pub dead_letter_topic: Option<String>,
-    /// What an UPDATE/DELETE/TRUNCATE of the table does: `warn` or `fail`.
+    /// What an UPDATE/DELETE/TRUNCATE of the table does: `warn`, `fail` or `fail_update`.
     pub on_change: Option<String>,
     /// `walbox` (default) or `debezium`: whose record layout the route writes.
     pub compat: Option<String>,
@@ -179,6 +179,21 @@ pub enum OnChange {
     Warn,
     /// Stop: the publication publishes changes an outbox must not.
     Fail,
+    /// Stop on an UPDATE; warn about a DELETE or TRUNCATE and ignore it, as Debezium's Outbox
+    /// Event Router does with `table.op.invalid.behavior=fatal` (its documented pattern deletes
+    /// each row right after inserting it).
+    FailOnUpdate,
+}
+
+impl OnChange {
+    /// Whether `op` (`UPDATE`, `DELETE` or `TRUNCATE`) stops walbox.
+    pub fn fails(self, op: &str) -> bool {
+        match self {
+            OnChange::Warn => false,
+            OnChange::Fail => true,
+            OnChange::FailOnUpdate => op == "UPDATE",
+        }
+    }
 }
 
 /// Names of the mapped columns (or JSON keys, for messages).
@@ -421,9 +436,10 @@ impl RawRoute {
         let on_change = match self.on_change.as_deref().unwrap_or("warn") {
             "warn" => OnChange::Warn,
             "fail" => OnChange::Fail,
+            "fail_update" => OnChange::FailOnUpdate,
             other => {
                 return Err(invalid(format!(
-                    "{what}.on_change {other:?} must be \"warn\" or \"fail\""
+                    "{what}.on_change {other:?} must be \"warn\", \"fail\" or \"fail_update\""
                 )))
             }
         };

@@ -81,7 +81,8 @@ pub fn event_router(s: &mut Settings, name: &str, route: &mut Table) {
             "table.op.invalid.behavior" => {
                 let on_change = match value.trim() {
                     "warn" | "error" => "warn",
-                    "fatal" => "fail",
+                    // The router fails on an UPDATE only: it skips every DELETE.
+                    "fatal" => "fail_update",
                     _ => {
                         s.refuse(key, "must be warn, error or fatal");
                         continue;

@@ -174,7 +174,7 @@ fn router_settings_map_to_columns_routing_and_expansion() {
     assert_eq!(c.timestamp.as_deref(), Some("created_at"));
     assert_eq!(c.partition.as_deref(), Some("shard"));
     assert!(route.tombstones);
-    assert_eq!(route.on_change, crate::config::OnChange::Fail);
+    assert_eq!(route.on_change, crate::config::OnChange::FailOnUpdate);
     assert_eq!(
         config.slot.heartbeat_interval,
         Some(std::time::Duration::from_secs(30))

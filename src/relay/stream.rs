@@ -10,7 +10,6 @@ use super::coverage::Change;
 use super::error::{DeliveryFailure, RelayError, Uncovered};
 use super::kafka_txn::commit_returned;
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
-use crate::config::OnChange;
 use crate::failure::{kafka_error, Class};
 use crate::fault::crash_point;
 use crate::health::monitor::HEARTBEAT_PREFIX;
@@ -397,7 +396,7 @@ impl Relay {
             return Ok(());
         };
         let r = s.mapper.route(route);
-        if r.on_change == OnChange::Fail {
+        if r.on_change.fails(op) {
             return Err(RelayError::Change {
                 op,
                 table: r.name.to_string(),
