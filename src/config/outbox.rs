@@ -18,8 +18,11 @@
 //! header converter): the column defaults become the router's (`id`, `aggregateid`,
 //! `aggregatetype`, `type`, `payload`), no topic column is read unless `columns.topic` names one,
 //! no `event_type` header is added (the router places none unless told to), and a header column
-//! that is NULL is sent as a header with a null value instead of being left out. walbox's own
-//! `walbox.*` headers stay. docs/migrating.md lists what still differs.
+//! that is NULL is sent as a header with a null value instead of being left out, a NULL key
+//! column is a null key instead of an invalid row, and with `tombstones` a payload that is
+//! blank (empty, or only characters up to U+0020, as Java's `trim` sees it; not bytea) is a
+//! tombstone as a NULL one is. walbox's own `walbox.*` headers stay. docs/migrating.md lists
+//! what still differs.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -14,8 +14,9 @@
 //!   gives the same record, so a transaction replayed after a restart produces identical events.
 //! - A row that cannot be mapped is an [`OutboxError::InvalidEvent`] that carries the table,
 //!   the event id, the LSN and the original payload, for the route's `on_invalid` policy. Causes
-//!   include a NULL key, id or payload (without `tombstones`), a NULL routing value without
-//!   `fallback_topic`, an invalid topic name, and a mapped column dropped or renamed mid-stream.
+//!   include a NULL key (outside `compat = "debezium"`), id or payload (without `tombstones`),
+//!   a NULL routing value without `fallback_topic`, an invalid topic name, and a mapped column
+//!   dropped or renamed mid-stream.
 //!   Such a row is never skipped silently.
 //! - Raw values are zero-copy slices of the replication buffer. The exceptions are bytea
 //!   payloads (decoded from hex text) and envelopes, which are built per event.
@@ -518,8 +519,13 @@ impl OutboxMapper {
         let Some(id) = row.id.clone() else {
             return Err(fail(&row, format!("{:?} (event id) is NULL", c.id)));
         };
-        let Some(key) = row.key.clone() else {
-            return Err(fail(&row, format!("{:?} (key) is NULL", c.aggregate_id)));
+        // The router sends a NULL key column as a null key; walbox's own layout refuses it.
+        let key = match (row.key.clone(), r.compat) {
+            (Some(k), _) => Some(k),
+            (None, Compat::Debezium) => None,
+            (None, Compat::Walbox) => {
+                return Err(fail(&row, format!("{:?} (key) is NULL", c.aggregate_id)))
+            }
         };
         if row.payload.is_none() && !r.tombstones {
             return Err(fail(
@@ -626,13 +632,14 @@ impl OutboxMapper {
         ));
         let value = match (&row.payload, r.format) {
             (None, _) => None,
+            (Some(p), _) if r.tombstones && r.compat == Compat::Debezium && router_blank(p) => None,
             (Some(p), crate::config::ValueFormat::Raw) => Some(p.bytes.clone()),
             (Some(p), format) => {
                 let env = envelope::Envelope {
                     id: &id,
                     event_type: row.event_type.as_deref(),
                     aggregate_type: row.aggregate_type,
-                    aggregate_id: &key,
+                    aggregate_id: key.as_deref().unwrap_or_default(),
                     payload: p,
                     expand_json: r.expand_json_payload,
                     commit_lsn: std::str::from_utf8(&lsn_text).unwrap_or_default(),
@@ -671,7 +678,9 @@ impl OutboxMapper {
                 HeaderName::Static("ce_time"),
                 Bytes::from(timestamp::rfc3339_ms(timestamp_ms)),
             ));
-            headers.push(valued(HeaderName::Static("ce_subject"), key.clone()));
+            if let Some(key) = &key {
+                headers.push(valued(HeaderName::Static("ce_subject"), key.clone()));
+            }
             headers.push(valued(
                 HeaderName::Static("content-type"),
                 Bytes::from_static(content_type.as_bytes()),
@@ -688,7 +697,7 @@ impl OutboxMapper {
         Ok(OutboxEvent {
             topic,
             partition,
-            key: Some(key),
+            key,
             value,
             headers,
             timestamp_ms,
@@ -697,6 +706,15 @@ impl OutboxMapper {
             source: r.name.clone(),
         })
     }
+}
+
+/// Whether the Outbox Event Router (`route.tombstone.on.empty.payload=true`) takes `p` for an
+/// empty payload and sends a tombstone: its rule is `payload.toString().trim().isEmpty()`, and
+/// Java's `trim` strips every character up to U+0020 from both ends. A bytea payload reaches it
+/// as a byte array, whose `toString()` is never empty; any other column as its text (jsonb
+/// and json never print blank).
+fn router_blank(p: &Payload) -> bool {
+    p.kind != PayloadKind::Bytes && p.bytes.iter().all(|b| *b <= b' ')
 }
 
 /// A header with a value.

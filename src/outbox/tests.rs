@@ -427,3 +427,103 @@ fn debezium_compat_writes_the_event_routers_layout() {
     assert_eq!(header(&e, "event_type"), Some(&b"order.placed"[..]));
     assert!(e.headers.iter().all(|(k, _)| k.as_str() != "tenant"));
 }
+
+/// Debezium's table with a text payload (the router's blank-payload rule reads it as text).
+const DEBEZIUM_TEXT_PAYLOAD: &[(&str, u32)] = &[
+    ("id", 2950),
+    ("aggregatetype", 1043),
+    ("aggregateid", 1043),
+    ("type", 1043),
+    ("payload", 25),
+];
+
+#[test]
+fn debezium_compat_tombstones_blank_payloads_as_the_router_does() {
+    let mut m = OutboxMapper::new(&outbox(
+        "[outbox]\ncompat = \"debezium\"\ntombstones = true",
+    ));
+    m.relation(&relation(1, "outbox", DEBEZIUM_TEXT_PAYLOAD));
+    let value = |payload: Option<&str>| {
+        m.map_insert(
+            &insert(
+                1,
+                &[Some("0b6e"), Some("order"), Some("o-1"), Some("t"), payload],
+            ),
+            POS,
+        )
+        .unwrap()
+        .unwrap()
+        .value
+    };
+    for blank in [None, Some(""), Some("   "), Some("\t\r\n \u{1f}")] {
+        assert_eq!(value(blank), None, "{blank:?} is a tombstone");
+    }
+    // Java's trim keeps U+00A0 and other non-ASCII blanks.
+    for kept in [" x ", "\u{a0}", " \u{3000} "] {
+        assert_eq!(value(Some(kept)).as_deref(), Some(kept.as_bytes()));
+    }
+    // A bytea payload reaches the router as bytes, never blank.
+    let bytea: Vec<(&str, u32)> = DEBEZIUM_TEXT_PAYLOAD
+        .iter()
+        .map(|&(n, t)| (n, if n == "payload" { BYTEA_OID } else { t }))
+        .collect();
+    m.relation(&relation(2, "outbox", &bytea));
+    let e = m
+        .map_insert(
+            &insert(
+                2,
+                &[
+                    Some("0b6e"),
+                    Some("order"),
+                    Some("o-1"),
+                    Some("t"),
+                    Some("\\x20"),
+                ],
+            ),
+            POS,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.value.as_deref(), Some(&b" "[..]));
+    // Without tombstones, or in walbox's own layout, a blank payload is sent as it is.
+    for toml in [
+        "[outbox]\ncompat = \"debezium\"",
+        "[outbox]\ntombstones = true\n[outbox.columns]\naggregate_id = \"aggregateid\"\naggregate_type = \"aggregatetype\"",
+    ] {
+        let mut m = OutboxMapper::new(&outbox(toml));
+        m.relation(&relation(1, "outbox", DEBEZIUM_TEXT_PAYLOAD));
+        let e = m
+            .map_insert(
+                &insert(
+                    1,
+                    &[
+                        Some("0b6e"),
+                        Some("order"),
+                        Some("o-1"),
+                        Some("t"),
+                        Some("  "),
+                    ],
+                ),
+                POS,
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.value.as_deref(), Some(&b"  "[..]), "{toml}");
+    }
+}
+
+#[test]
+fn debezium_compat_sends_a_null_key_column_as_a_null_key() {
+    let row = [Some("0b6e"), Some("order"), None, Some("t"), Some("{}")];
+    let mut m = OutboxMapper::new(&outbox("[outbox]\ncompat = \"debezium\""));
+    m.relation(&relation(1, "outbox", DEBEZIUM_TEXT_PAYLOAD));
+    let e = m.map_insert(&insert(1, &row), POS).unwrap().unwrap();
+    assert_eq!(e.key, None);
+    assert_eq!(e.value.as_deref(), Some(&b"{}"[..]));
+    // walbox's own layout refuses it.
+    let mut m = OutboxMapper::new(&outbox("[outbox.columns]\naggregate_id = \"aggregateid\""));
+    m.relation(&relation(1, "outbox", DEBEZIUM_TEXT_PAYLOAD));
+    assert!(invalid(m.map_insert(&insert(1, &row), POS))
+        .reason
+        .contains("(key) is NULL"));
+}
