@@ -91,10 +91,10 @@ pub fn event_router(s: &mut Settings, name: &str, route: &mut Table) {
                 route.insert("on_change".into(), Value::String(on_change.into()));
             }
             "table.expand.json.payload" if value.trim() == "false" => {}
-            "table.expand.json.payload" => s.note(
+            "table.expand.json.payload" => s.refuse(
                 key,
-                "walbox's value is the payload's JSON as PostgreSQL prints it, the document the \
-                 router expands; a JsonConverter prints the same JSON without spaces",
+                "with StringConverter the router writes the expanded Connect struct's toString() \
+                 (Struct{a=1}), not JSON, and walbox does not reproduce it: set it to false",
             ),
             "table.json.payload.null.behavior" => s.note(
                 key,

@@ -153,7 +153,6 @@ fn router_settings_map_to_columns_routing_and_expansion() {
          transforms.outbox.route.by.field=category\n\
          transforms.outbox.route.tombstone.on.empty.payload=true\n\
          transforms.outbox.table.op.invalid.behavior=fatal\n\
-         transforms.outbox.table.expand.json.payload=true\n\
          transforms.outbox.table.fields.additional.placement=type:header:eventType,shard:partition\n\
          heartbeat.interval.ms=30000\n"
     );
@@ -179,10 +178,23 @@ fn router_settings_map_to_columns_routing_and_expansion() {
         config.slot.heartbeat_interval,
         Some(std::time::Duration::from_secs(30))
     );
-    assert!(r
-        .notes
-        .iter()
-        .any(|n| n.key == "transforms.outbox.table.expand.json.payload"));
+}
+
+#[test]
+fn json_expansion_is_refused_with_the_reason() {
+    let r = render(&format!(
+        "{PROPERTIES}transforms.outbox.table.expand.json.payload=true\n"
+    ))
+    .unwrap();
+    assert_eq!(r.unhonoured.len(), 1, "{:?}", r.unhonoured);
+    let f = &r.unhonoured[0];
+    assert_eq!(f.key, "transforms.outbox.table.expand.json.payload");
+    assert!(f.reason.contains("toString()"), "{f:?}");
+    let r = render(&format!(
+        "{PROPERTIES}transforms.outbox.table.expand.json.payload=false\n"
+    ))
+    .unwrap();
+    assert!(r.unhonoured.is_empty(), "{:?}", r.unhonoured);
 }
 
 #[test]
