@@ -8,8 +8,9 @@
 //! named list [`RELAY_HEADERS`] that docs/migrating.md documents), and the order within each
 //! partition, hence per key. Two connector configurations: the router's defaults with header
 //! placements, and custom columns with a text payload, tombstones on empty payloads,
-//! `table.op.invalid.behavior=fatal` under inserts each deleted in their transaction, NULL keys
-//! and a partition column. Runs only with `WALBOX_TEST_KAFKA=apache` (scripts/real-kafka.sh).
+//! `table.op.invalid.behavior=fatal` under inserts each deleted in their transaction, NULL keys,
+//! a partition column and a payload over librdkafka's default size limit. Runs only with
+//! `WALBOX_TEST_KAFKA=apache` (scripts/real-kafka.sh).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -487,6 +488,13 @@ fn custom_columns_blank_payloads_deletes_and_null_keys_match_the_router() {
         ));
         committed += rows;
     }
+    // Over librdkafka's default message.max.bytes (1,000,000), under Connect's producer limit
+    // (max.request.size, 1,048,576), which from-debezium carries over.
+    db.sql(
+        "INSERT INTO outbox (event_id, category, stream_key, kind, body, shard, tenant) \
+         VALUES (gen_random_uuid(), 'order', 'order-large', 'order.large', repeat('x', 1010000), 1, 't')",
+    );
+    committed += 1;
     let dbz = read_side(&bootstrap, DBZ, committed, "Debezium");
     let wbx = read_side(&bootstrap, WBX, committed, "walbox");
     assert_same_records(&dbz, &wbx, &walbox);
@@ -497,6 +505,11 @@ fn custom_columns_blank_payloads_deletes_and_null_keys_match_the_router() {
         tombstones >= 3 * committed / 8 && null_keys >= committed / 5,
         "the workload has tombstones ({tombstones}) and null keys ({null_keys})"
     );
+    let large = records
+        .iter()
+        .filter(|r| r.payload.as_ref().is_some_and(|p| p.len() == 1_010_000))
+        .count();
+    assert_eq!(large, 1, "the 1,010,000-byte payload went through");
     assert!(walbox.running(), "{}", walbox.log());
     drop(connect);
 }

@@ -35,6 +35,9 @@ pub const KAFKA_PASSWORD_FILE: &str = "/run/secrets/walbox/kafka-password";
 
 const STRING_CONVERTER: &str = "org.apache.kafka.connect.storage.StringConverter";
 const HEADER_CONVERTER: &str = "org.apache.kafka.connect.storage.SimpleHeaderConverter";
+/// Kafka's producer default `max.request.size`, which Connect's producer applies unless the
+/// worker or the connector overrides it.
+const CONNECT_MAX_REQUEST_SIZE: &str = "1048576";
 /// Debezium's converter that writes `BYTES` values (a bytea payload) as they are, and hands
 /// any other value to its `delegate.converter.type`.
 const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
@@ -429,7 +432,8 @@ fn converters(s: &mut Settings) {
     }
 }
 
-/// `producer.override.*`: the brokers, the security protocol and SASL (its password as a file).
+/// `producer.override.*`: the brokers, the security protocol and SASL (its password as a file),
+/// the producer settings librdkafka has too; and Connect's record size limit.
 fn kafka(s: &mut Settings) -> Table {
     let mut kafka = Table::new();
     let mut properties = Table::new();
@@ -465,6 +469,28 @@ fn kafka(s: &mut Settings) -> Table {
                      by hand (docs/configuration.md, \"Kafka security\")",
                 ),
             },
+            "max.request.size" => {
+                properties.insert("message.max.bytes".into(), Value::String(value));
+            }
+            // The same names and values in librdkafka.
+            "compression.type"
+            | "linger.ms"
+            | "batch.size"
+            | "client.id"
+            | "request.timeout.ms"
+            | "delivery.timeout.ms"
+            | "retries"
+            | "retry.backoff.ms"
+            | "max.in.flight.requests.per.connection" => {
+                properties.insert(rest, Value::String(value));
+            }
+            "acks" if matches!(value.trim(), "all" | "-1") => {}
+            "enable.idempotence" if value.trim() == "true" => {}
+            "acks" | "enable.idempotence" => s.refuse(
+                key,
+                "walbox always produces with acks=all and idempotence: it relays no event it \
+                 could lose or reorder",
+            ),
             r if r.starts_with("ssl.") => s.refuse(
                 key,
                 "librdkafka reads PEM files, not Java key stores: set ssl.ca.location (and \
@@ -477,9 +503,20 @@ fn kafka(s: &mut Settings) -> Table {
             ),
         }
     }
-    if !properties.is_empty() {
-        kafka.insert("properties".into(), Value::Table(properties));
+    // Connect's producer takes a record up to max.request.size (1,048,576 bytes unless
+    // overridden); librdkafka's own limit is 1,000,000.
+    if !properties.contains_key("message.max.bytes") {
+        properties.insert(
+            "message.max.bytes".into(),
+            Value::String(CONNECT_MAX_REQUEST_SIZE.into()),
+        );
+        s.note(
+            "max.request.size",
+            "Connect's producer default (1048576 bytes) is kafka.properties.\"message.max.bytes\": \
+             if the worker sets producer.max.request.size, use its value",
+        );
     }
+    kafka.insert("properties".into(), Value::Table(properties));
     if !kafka.contains_key("brokers") {
         s.note(
             "bootstrap.servers",

@@ -460,3 +460,50 @@ fn binary_data_converter_with_a_string_delegate_is_translated() {
     .unwrap();
     assert_eq!(r.unhonoured[0].key, "key.converter");
 }
+
+#[test]
+fn producer_overrides_with_a_librdkafka_equivalent_are_translated() {
+    // Without overrides: Connect's producer limit, not librdkafka's 1,000,000 bytes.
+    let config = load(&render(PROPERTIES).unwrap().toml);
+    let p = &config.kafka.properties;
+    assert_eq!(
+        p.get("message.max.bytes").map(String::as_str),
+        Some("1048576")
+    );
+    let text = format!(
+        "{PROPERTIES}\
+         producer.override.max.request.size=2097152\n\
+         producer.override.compression.type=zstd\n\
+         producer.override.linger.ms=20\n\
+         producer.override.batch.size=65536\n\
+         producer.override.acks=all\n\
+         producer.override.enable.idempotence=true\n\
+         producer.override.delivery.timeout.ms=120000\n"
+    );
+    let r = render(&text).unwrap();
+    assert!(r.unhonoured.is_empty(), "{:?}", r.unhonoured);
+    let config = load(&r.toml);
+    let p = &config.kafka.properties;
+    for (k, v) in [
+        ("message.max.bytes", "2097152"),
+        ("compression.type", "zstd"),
+        ("linger.ms", "20"),
+        ("batch.size", "65536"),
+        ("delivery.timeout.ms", "120000"),
+    ] {
+        assert_eq!(p.get(k).map(String::as_str), Some(v), "{k}");
+    }
+    // Weaker delivery is refused, by name.
+    let r = render(&format!(
+        "{PROPERTIES}producer.override.acks=1\nproducer.override.enable.idempotence=false\n"
+    ))
+    .unwrap();
+    let refused: Vec<&str> = r.unhonoured.iter().map(|f| f.key.as_str()).collect();
+    assert_eq!(
+        refused,
+        [
+            "producer.override.acks",
+            "producer.override.enable.idempotence"
+        ]
+    );
+}
