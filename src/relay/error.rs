@@ -58,8 +58,9 @@ pub enum RelayError {
         /// The cause.
         error: TopicError,
     },
-    /// The publication sends UPDATE/DELETE/TRUNCATE of an outbox table with `on_change = "fail"`.
-    #[error("{op} on outbox table {table}: an outbox is insert-only (on_change = \"fail\"); publish only inserts: ALTER PUBLICATION … SET (publish = 'insert')")]
+    /// The publication sends UPDATE/DELETE/TRUNCATE of an outbox table with `on_change = "fail"`
+    /// (an UPDATE with `"fail_update"`).
+    #[error("{op} on outbox table {table}: an outbox is insert-only (outbox.on_change); publish only inserts: ALTER PUBLICATION … SET (publish = 'insert')")]
     Change {
         /// The operation.
         op: &'static str,
