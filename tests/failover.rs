@@ -693,6 +693,17 @@ fn tagged_keys(records: &[walbox::sandbox::broker::ConsumedRecord], tag: &str) -
 
 #[test]
 fn a_walbox_that_stays_up_through_a_promotion_onto_a_lagging_standby_relays_every_new_commit() {
+    stays_up_through_a_lagging_promotion(false);
+}
+
+#[test]
+fn exactly_once_stays_up_through_a_promotion_onto_a_lagging_standby_and_relays_every_new_commit() {
+    stays_up_through_a_lagging_promotion(true);
+}
+
+/// walbox (at-least-once, or `exactly_once`) keeps running while a standby that lags what it
+/// acknowledged is promoted: every commit of the new primary reaches Kafka.
+fn stays_up_through_a_lagging_promotion(exactly_once: bool) {
     let Some(major) = failover_major() else {
         return;
     };
@@ -706,6 +717,12 @@ fn a_walbox_that_stays_up_through_a_promotion_onto_a_lagging_standby_relays_ever
     let mut env = standby_first_env(&db, &slot, &broker, primary.port(), standby.port());
     set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
     set(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "5s".into());
+    if exactly_once {
+        if !crate::exactly_once::transactions_supported(&broker) {
+            return;
+        }
+        set(&mut env, "WALBOX_KAFKA_EXACTLY_ONCE", "true".into());
+    }
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "walbox to stream from the primary", || {
         db.streaming(&slot)
