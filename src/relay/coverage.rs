@@ -3,10 +3,11 @@
 //!
 //! # Why the catalog must be watched
 //! PostgreSQL decodes each change with the catalog as of that change. After `ALTER PUBLICATION
-//! … DROP TABLE outbox`, `… SET TABLE other`, `… SET (publish = 'update, delete')`, or a table
-//! replaced under its name (`ALTER TABLE outbox RENAME TO …` or `DROP TABLE outbox`, then
-//! `CREATE TABLE outbox …`), the rows inserted later are not decoded at all: nothing in the
-//! stream says so (keepalives and other tables go on), and covering the table again does not
+//! … DROP TABLE outbox`, `… SET TABLE other`, `… SET (publish = 'update, delete')`, `… SET
+//! (publish_via_partition_root = false)` for a partitioned outbox, or a table replaced under its
+//! name (`ALTER TABLE outbox RENAME TO …` or `DROP TABLE outbox`, then
+//! `CREATE TABLE outbox …`), the rows inserted later never reach walbox as the outbox's:
+//! nothing in the stream says so (keepalives and other tables go on), and covering the table again does not
 //! bring them back. The only trace is the catalog, and the only thing walbox can still do is
 //! not confirm past the change, then stop and say how to republish them.
 //!
@@ -20,7 +21,9 @@
 //!    `pg_last_wal_replay_lsn()`): the candidate the next round releases.
 //!
 //! The relay sends PostgreSQL `min(checkpoint frontier, released)` ([`Gate::confirmable`]), so
-//! acknowledged events and keepalives wait at most two rounds to be confirmed.
+//! acknowledged events and keepalives wait one to two rounds to be confirmed. A round costs two
+//! short queries on one connection (membership is asked of `pg_publication_rel` first, see
+//! [`crate::source::publication`]).
 //!
 //! # Invariants
 //! - The position sent to PostgreSQL is never past the last released position, or the
@@ -34,10 +37,11 @@
 //! - On a change nothing more is released: the relay stops with exit 5, confirming at most the
 //!   last released position ([`crate::relay::RelayError::Uncovered`]).
 //! - A change is: the publication is gone; it does not publish INSERTs; it does not include an
-//!   outbox table; or the table of that name is not the one the session started with (its OID) and
-//!   the publication does not cover it implicitly. `FOR ALL TABLES` and `FOR TABLES IN SCHEMA`
-//!   cover a table from its creation, so a replacement under them misses nothing and is not a
-//!   change.
+//!   outbox table, or publishes a partitioned one's rows under its partitions' names (which
+//!   are no outbox table's); or the table of that name is not the one the session started with (its
+//!   OID) and the publication does not cover it implicitly. `FOR ALL TABLES` and `FOR TABLES
+//!   IN SCHEMA` cover a table from its creation, so a replacement under them misses nothing and
+//!   is not a change.
 //! - The OID compared is the one read on the session's control connection before it streams
 //!   (the table the session decodes), not the one in each pgoutput Relation message: a session
 //!   that resumes from before a replacement decodes the old table's rows under the same name,
@@ -47,7 +51,9 @@
 //!   would hold a server's shutdown too: its walsender waits for the client to confirm the end
 //!   of its WAL, and a server shutting down takes no new connection to read the catalog on.
 //! - A graceful stop asks for one last round ([`Gate::settle`]): a position, [`SETTLE`], a
-//!   snapshot, so the final status can confirm everything acknowledged.
+//!   snapshot, so the final status can confirm everything acknowledged (a stop is not delayed
+//!   by a whole round; a change still invisible a tenth of a second after it was written, right
+//!   before a stop, is the one this last round can miss).
 //!
 //! Not seen: a change undone within one round (a table dropped from the publication and added
 //! back a second later: the rows between are not decoded); a replacement made, and its new table
@@ -92,6 +98,12 @@ pub enum Change {
         /// `"schema"."table"`.
         table: String,
     },
+    /// The table is partitioned and the publication publishes its partitions' rows under their
+    /// own names, which are no outbox table's.
+    PartitionsByName {
+        /// `"schema"."table"`.
+        table: String,
+    },
     /// The table of that name is another one, or there is none.
     Replaced {
         /// `"schema"."table"`.
@@ -113,6 +125,9 @@ impl Change {
             Change::Dropped => format!("publication {p} was dropped"),
             Change::InsertsOff => format!("publication {p} does not publish inserts"),
             Change::NotPublished { table } => format!("publication {p} does not include {table}"),
+            Change::PartitionsByName { table } => format!(
+                "publication {p} publishes the rows of {table}'s partitions under the partitions' names"
+            ),
             Change::Replaced {
                 table, was, now, ..
             } => match now {
@@ -133,6 +148,9 @@ impl Change {
                 format!("CREATE PUBLICATION {p} FOR TABLE <outbox> WITH (publish = 'insert'), ")
             }
             Change::InsertsOff => format!("run ALTER PUBLICATION {p} SET (publish = 'insert'), "),
+            Change::PartitionsByName { .. } => {
+                format!("run ALTER PUBLICATION {p} SET (publish_via_partition_root = true), ")
+            }
             Change::NotPublished { table }
             | Change::Replaced {
                 table,
@@ -201,14 +219,14 @@ pub(super) async fn baseline(
 }
 
 /// Whether `now` still covers `tables` as `first` found them (their OIDs); the change when not.
-fn judge(tables: &[Watched], first: &[Option<u32>], now: &Coverage) -> Option<Change> {
-    if !now.exists {
+fn judge(tables: &[Watched], first: &[Option<u32>], c: &Coverage) -> Option<Change> {
+    if !c.exists {
         return Some(Change::Dropped);
     }
-    if !now.insert {
+    if !c.insert {
         return Some(Change::InsertsOff);
     }
-    for ((t, first), now) in tables.iter().zip(first).zip(&now.tables) {
+    for ((t, first), now) in tables.iter().zip(first).zip(&c.tables) {
         let implicit = now.member && !now.listed;
         match first {
             Some(was) if now.oid != Some(*was) && !implicit => {
@@ -220,6 +238,9 @@ fn judge(tables: &[Watched], first: &[Option<u32>], now: &Coverage) -> Option<Ch
                 })
             }
             _ if !now.member => return Some(Change::NotPublished { table: sql_name(t) }),
+            _ if now.partitioned && !c.via_root => {
+                return Some(Change::PartitionsByName { table: sql_name(t) })
+            }
             _ => {}
         }
     }
@@ -439,10 +460,12 @@ mod tests {
         Coverage {
             exists: true,
             insert: true,
+            via_root: false,
             tables: vec![TableCoverage {
                 oid,
                 member,
                 listed,
+                partitioned: false,
             }],
         }
     }
@@ -470,6 +493,17 @@ mod tests {
             ..reading(Some(10), false, false)
         };
         assert_eq!(judge(&t, &first, &gone), Some(Change::Dropped));
+        // A partitioned outbox whose partitions' rows come under their own names.
+        let mut by_name = reading(Some(10), true, true);
+        by_name.tables[0].partitioned = true;
+        assert_eq!(
+            judge(&t, &first, &by_name),
+            Some(Change::PartitionsByName {
+                table: table.clone()
+            })
+        );
+        by_name.via_root = true;
+        assert_eq!(judge(&t, &first, &by_name), None);
         // Renamed away (or dropped), then created again: unpublished, or published since.
         for published in [false, true] {
             assert_eq!(

@@ -398,6 +398,9 @@ impl Relay {
             CatalogError::TableNotPublished { table, .. } => Change::NotPublished {
                 table: table.clone(),
             },
+            CatalogError::PartitionsNotViaRoot { table, .. } => Change::PartitionsByName {
+                table: table.clone(),
+            },
             _ => return OpenError::from(cause).into(),
         };
         let Ok(client) = connect_control(&pg.conn).await else {
@@ -499,7 +502,9 @@ impl Relay {
                 cause,
             })) => return Err(self.slot_lost(slot, confirmed, cause).await),
             Err(OpenError::Catalog(
-                e @ (CatalogError::TableNotPublished { .. } | CatalogError::InsertsNotPublished(_)),
+                e @ (CatalogError::TableNotPublished { .. }
+                | CatalogError::InsertsNotPublished(_)
+                | CatalogError::PartitionsNotViaRoot { .. }),
             )) => return Err(self.uncovered_at_start(e).await),
             Err(e) => return Err(e.into()),
         };

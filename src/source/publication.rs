@@ -29,6 +29,8 @@ pub struct TableCoverage {
     /// Whether the publication lists it (`pg_publication_rel`), rather than covering it through
     /// `FOR ALL TABLES` or `FOR TABLES IN SCHEMA`, which cover a new table from its creation.
     pub listed: bool,
+    /// Whether it is a partitioned table.
+    pub partitioned: bool,
 }
 
 /// The publication as one reading found it.
@@ -38,6 +40,9 @@ pub struct Coverage {
     pub exists: bool,
     /// Whether it publishes INSERTs (`pubinsert`).
     pub insert: bool,
+    /// Whether it publishes a partitioned table's rows under the table's name
+    /// (`publish_via_partition_root`).
+    pub via_root: bool,
     /// The outbox tables, in the order asked.
     pub tables: Vec<TableCoverage>,
 }
@@ -56,29 +61,34 @@ pub async fn read(
                     c.oid IS NOT NULL AND p.oid IS NOT NULL AND (p.puballtables OR listed.yes \
                       OR EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname \
                                  AND t.schemaname = r.schema AND t.tablename = r.name)), \
-                    coalesce(listed.yes, false) \
+                    coalesce(listed.yes, false), coalesce(c.relkind = 'p', false), \
+                    coalesce(p.pubviaroot, false) \
              FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS r(schema, name, ord) \
              LEFT JOIN pg_publication p ON p.pubname = $1 \
              LEFT JOIN pg_namespace n ON n.nspname = r.schema \
              LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = r.name \
                                  AND c.relkind IN ('r', 'p') \
              LEFT JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr \
-                                WHERE pr.prpubid = p.oid AND pr.prrelid = c.oid) AS yes) listed ON true \
+                                WHERE pr.prpubid = p.oid AND pr.prrelid = c.oid) AS yes) listed \
+                       ON true \
              ORDER BY r.ord",
             &[&publication, &schemas, &names],
         )
         .await?;
     let exists = rows.first().is_some_and(|r| r.get(0));
     let insert = rows.first().is_some_and(|r| r.get(1));
+    let via_root = rows.first().is_some_and(|r| r.get(6));
     Ok(Coverage {
         exists,
         insert,
+        via_root,
         tables: rows
             .iter()
             .map(|r| TableCoverage {
                 oid: r.get(2),
                 member: r.get(3),
                 listed: r.get(4),
+                partitioned: r.get(5),
             })
             .collect(),
     })
