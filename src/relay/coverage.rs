@@ -122,7 +122,7 @@ impl Change {
     pub fn describe(&self, publication: &str) -> String {
         let p = quote_ident(publication);
         match self {
-            Change::Dropped => format!("publication {p} was dropped"),
+            Change::Dropped => format!("publication {p} was dropped (the publication watch saw it)"),
             Change::InsertsOff => format!("publication {p} does not publish inserts"),
             Change::NotPublished { table } => format!("publication {p} does not include {table}"),
             Change::PartitionsByName { table } => format!(
@@ -144,9 +144,8 @@ impl Change {
     pub fn fix(&self, publication: &str) -> String {
         let p = quote_ident(publication);
         match self {
-            Change::Dropped => {
-                format!("CREATE PUBLICATION {p} FOR TABLE <outbox> WITH (publish = 'insert'), ")
-            }
+            // Its way out is `Relay::into_fatal`'s (the slot must pass the re-creation).
+            Change::Dropped => String::new(),
             Change::InsertsOff => format!("run ALTER PUBLICATION {p} SET (publish = 'insert'), "),
             Change::PartitionsByName { .. } => {
                 format!("run ALTER PUBLICATION {p} SET (publish_via_partition_root = true), ")

@@ -199,6 +199,10 @@ pub struct Uncovered {
 impl Uncovered {
     fn message(&self) -> String {
         let what = self.change.describe(&self.publication);
+        if self.change == Change::Dropped {
+            // `Relay::into_fatal` gives the way out of a dropped publication.
+            return what;
+        }
         let decoded = "PostgreSQL decodes each change with the catalog as of that change, so the rows inserted since";
         let found = if self.streaming {
             format!(
