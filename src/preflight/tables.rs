@@ -337,6 +337,15 @@ pub(super) fn publication_check(
             "ALTER PUBLICATION {name} SET (publish_via_partition_root = true);"
         ));
     }
+    if !missing.is_empty() || !p.insert {
+        // Rows committed while the publication did not cover a table never reach the slot.
+        fixes.push(
+            "If walbox relayed these tables through its slot before, republish the rows \
+             committed meanwhile: walbox republish --since <when the publication stopped \
+             covering them>."
+                .to_owned(),
+        );
+    }
     if problems.is_empty() {
         Check::ok(
             PUBLICATION,

@@ -80,7 +80,7 @@ pub enum CatalogError {
     #[error("publication {0:?} does not exist: create it with CREATE PUBLICATION {0} FOR TABLE <outbox> WITH (publish = 'insert'), or set postgres.create_publication = true")]
     MissingPublication(String),
     /// The publication does not publish the outbox table.
-    #[error("publication {publication:?} does not include {table}: run ALTER PUBLICATION {publication} ADD TABLE {table}")]
+    #[error("publication {publication:?} does not include {table}: run ALTER PUBLICATION {publication} ADD TABLE {table}; if walbox relayed it before, the rows committed while it was not published never reach the slot: republish them afterwards (walbox republish --since <when it left the publication>)")]
     TableNotPublished {
         /// The publication.
         publication: String,
