@@ -22,7 +22,8 @@
 # differential test (Kafka Connect standalone with the Debezium
 # PostgreSQL connector, from scripts/install-debezium.sh), the migration from
 # Debezium to walbox on its slot (debezium_migration::), and the core
-# relay's SIGKILL test, and a timestamp the broker refuses. Ignored tests (those needing a real
+# relay's SIGKILL test, a timestamp the broker refuses, and exactly-once through a lagging
+# promotion (PostgreSQL 17). Ignored tests (those needing a real
 # broker) run too. Tests that inject broker faults need the mock cluster and
 # say "external broker: … skipped" here. The whole lane (no filters) ends with
 # the mixed-fault soak's short run (scripts/soak.sh: 50 faults on a
@@ -40,7 +41,7 @@ if [ "$#" -eq 0 ]; then
   whole_lane=true
   set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: progress_topic:: audit:: \
     kafka_security:: kafka_acls:: routing:: debezium:: debezium_migration:: \
-    relay::sigkill_at_random_points failures::a_timestamp_the_broker \
+    relay::sigkill_at_random_points failures::a_timestamp_the_broker promotion::exactly_once \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \
     check_kafka::the_progress_topic_must_be_compacted check_kafka::the_progress_topic_needs_small_segments \
     check_kafka::a_wrong_scram_password check::everything_passes

@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-FILTERS=(relay:: crash:: shards:: slot:: connection:: routing::table_less recovery::a_dropped_slot publication:: versions:: check:: failover::)
+FILTERS=(relay:: crash:: shards:: slot:: connection:: routing::table_less recovery::a_dropped_slot publication:: versions:: check:: failover:: promotion::)
 majors=("$@")
 [ "${#majors[@]}" -gt 0 ] || majors=(13 14 16 17 18)
 

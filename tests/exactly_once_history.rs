@@ -12,6 +12,7 @@ use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
 
 use crate::exactly_once::{eos_env, setup, transactions_supported, wait_for_all, Setup};
+use crate::failover::wait_for_synchronized_slot;
 use crate::support::events::{distinct_ids, outbox_ids, stop_and_read_exactly, write_txns};
 use crate::support::{self, wait_until, TestDb, Walbox, WAIT};
 
@@ -210,14 +211,7 @@ fn a_lagging_standby_promoted_after_a_crash_has_none_of_its_transactions_skipped
     let mut reader = TopicReader::new(&brokers, &[&topic], WAIT).unwrap();
     write_txns(&db, &topic, &aggregates, 2);
     wait_for_all(&mut reader, &db, &walbox);
-    wait_until(WAIT, "the standby to hold the synchronized slot", || {
-        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
-        replica
-            .try_sql(&format!(
-                "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '{slot}'"
-            ))
-            .is_ok_and(|v| v == "t")
-    });
+    wait_for_synchronized_slot(&db, &replica, &slot);
 
     // The standby stops receiving: from here on it lags.
     standby

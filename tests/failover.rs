@@ -10,7 +10,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use walbox::lsn::Lsn;
 use walbox::sandbox::broker::{read_topics, TopicReader};
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 use walbox::sandbox::standby::StandbyOptions;
@@ -21,7 +20,7 @@ use crate::support::{
     Walbox, WebhookReceiver, WAIT,
 };
 
-fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
+pub(crate) fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
     env.retain(|(k, _)| k != key);
     env.push((key.to_owned(), value));
 }
@@ -29,7 +28,7 @@ fn set(env: &mut Vec<(String, String)>, key: &str, value: String) {
 /// `db`'s URL naming the hosts on `ports`, in that order, with `attrs`.
 /// walbox's environment with `postgres.url` listing the standby first, then the primary,
 /// under `target_session_attrs=read-write`.
-fn standby_first_env(
+pub(crate) fn standby_first_env(
     db: &TestDb,
     slot: &str,
     broker: &walbox::sandbox::broker::Broker,
@@ -66,7 +65,7 @@ fn hosts_url(db: &TestDb, own_port: u16, ports: &[u16]) -> String {
 
 /// The major of the failover-slot tests: `WALBOX_TEST_PG` from 17 on, 17 by default; `None`
 /// (with the reason printed) on an older major, whose matrix run leaves them to 17 and 18.
-fn failover_major() -> Option<u32> {
+pub(crate) fn failover_major() -> Option<u32> {
     match support::test_major() {
         Some(m) if m < 17 => {
             println!("skipped on PostgreSQL {m}: failover slots need 17 (the matrix's 17 and 18 runs exercise this test)");
@@ -78,7 +77,7 @@ fn failover_major() -> Option<u32> {
 }
 
 /// A primary of `major` and a standby of it that synchronizes failover slots.
-fn synchronizing_pair(major: u32) -> (&'static PgCluster, &'static PgCluster) {
+pub(crate) fn synchronizing_pair(major: u32) -> (&'static PgCluster, &'static PgCluster) {
     let primary: &'static PgCluster =
         Box::leak(Box::new(support::start_cluster(PgClusterOptions {
             major: Some(major),
@@ -94,6 +93,48 @@ fn synchronizing_pair(major: u32) -> (&'static PgCluster, &'static PgCluster) {
             .expect("start the standby"),
     ));
     (primary, standby)
+}
+
+/// Waits until `replica` (the standby of `db`) holds `slot` synchronized and persistent: only
+/// then does it survive a promotion. Asks `db` for running-transactions records meanwhile.
+pub(crate) fn wait_for_synchronized_slot(db: &TestDb, replica: &TestDb, slot: &str) {
+    wait_until(WAIT, "the standby to hold the synchronized slot", || {
+        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
+        replica
+            .try_sql(&format!(
+                "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .is_ok_and(|v| v == "t")
+    });
+}
+
+/// A primary of `major` with its slot-synchronizing standby, a database on it named after `tag`
+/// (and the same on the standby), its slot name, and a topic of `partitions` on the broker.
+pub(crate) struct Pair {
+    pub primary: &'static PgCluster,
+    pub standby: &'static PgCluster,
+    pub db: TestDb,
+    pub replica: TestDb,
+    pub slot: String,
+    pub topic: String,
+    pub broker: walbox::sandbox::broker::Broker,
+}
+
+pub(crate) fn pair(major: u32, tag: &str, partitions: i32) -> Pair {
+    let (primary, standby) = synchronizing_pair(major);
+    let db = TestDb::on(primary, tag);
+    let replica = db.on_standby(standby);
+    let slot = db.name.clone();
+    let (topic, broker) = support::topic_on_broker(&db, partitions);
+    Pair {
+        primary,
+        standby,
+        db,
+        replica,
+        slot,
+        topic,
+        broker,
+    }
 }
 
 /// One outbox row per transaction, on whichever server `db` names; `None` when the commit
@@ -241,14 +282,7 @@ fn a_promoted_standby_carries_the_stream_on_with_nothing_missing_and_nothing_pha
     );
 
     // The slot survives a promotion only once the standby holds it synchronized and persisted.
-    wait_until(WAIT, "the standby to hold the synchronized slot", || {
-        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
-        replica
-            .try_sql(&format!(
-                "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '{slot}'"
-            ))
-            .is_ok_and(|v| v == "t")
-    });
+    wait_for_synchronized_slot(&db, &replica, &slot);
 
     let before = committed.lock().unwrap().len();
     primary.crash().expect("crash the primary");
@@ -479,11 +513,9 @@ fn both_hosts_without_session_attrs_reach_the_primary_and_the_synchronized_copy_
     let Some(major) = failover_major() else {
         return;
     };
-    let (primary, standby) = synchronizing_pair(major);
-    let db = TestDb::on(primary, "bothhosts");
-    let replica = db.on_standby(standby);
-    let slot = db.name.clone();
-    let (topic, broker) = support::topic_on_broker(&db, 1);
+    let p = pair(major, "bothhosts", 1);
+    let (primary, standby, db, replica) = (p.primary, p.standby, p.db, p.replica);
+    let (slot, topic, broker) = (p.slot, p.topic, p.broker);
     wait_until(WAIT, "the standby to replay the outbox table", || {
         replica.try_sql("SELECT count(*) FROM outbox").is_ok()
     });
@@ -521,14 +553,7 @@ fn both_hosts_without_session_attrs_reach_the_primary_and_the_synchronized_copy_
     relays_one_event(&db, &slot, &topic, &broker, &walbox, "the primary");
 
     // The standby holds a synchronized copy of the failover slot.
-    wait_until(WAIT, "the standby to synchronize the slot", || {
-        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
-        replica
-            .try_sql(&format!(
-                "SELECT synced FROM pg_replication_slots WHERE slot_name = '{slot}'"
-            ))
-            .is_ok_and(|v| v == "t")
-    });
+    wait_for_synchronized_slot(&db, &replica, &slot);
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 
@@ -662,244 +687,4 @@ fn a_stream_waiting_for_a_gone_standby_is_logged_alerted_and_named_then_relays_e
         metric(&scrape(), "walbox_slot_alert_level") == Some(0.0)
     });
     assert_eq!(distinct_ids(&reader.records), [id].into());
-}
-
-/// `n` single-row transactions on `db`, each keyed `{tag}-{i}`.
-fn insert_tagged(db: &TestDb, topic: &str, tag: &str, n: usize) {
-    let sql: String = (0..n)
-        .map(|i| {
-            format!(
-                "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
-                 VALUES ('{tag}-{i}', '{topic}', 'thing.happened', '{{}}');\n"
-            )
-        })
-        .collect();
-    db.sql(&sql);
-}
-
-/// The keys `{tag}-…` among `records`.
-fn tagged_keys(records: &[walbox::sandbox::broker::ConsumedRecord], tag: &str) -> Vec<String> {
-    let prefix = format!("{tag}-");
-    let mut keys: Vec<String> = records
-        .iter()
-        .filter_map(|r| r.key.as_deref())
-        .map(|k| String::from_utf8_lossy(k).into_owned())
-        .filter(|k| k.starts_with(&prefix))
-        .collect();
-    keys.sort();
-    keys.dedup();
-    keys
-}
-
-#[test]
-fn a_walbox_that_stays_up_through_a_promotion_onto_a_lagging_standby_relays_every_new_commit() {
-    stays_up_through_a_lagging_promotion(false);
-}
-
-#[test]
-fn exactly_once_stays_up_through_a_promotion_onto_a_lagging_standby_and_relays_every_new_commit() {
-    stays_up_through_a_lagging_promotion(true);
-}
-
-/// walbox (at-least-once, or `exactly_once`) keeps running while a standby that lags what it
-/// acknowledged is promoted: every commit of the new primary reaches Kafka.
-fn stays_up_through_a_lagging_promotion(exactly_once: bool) {
-    let Some(major) = failover_major() else {
-        return;
-    };
-    // No synchronized_standby_slots: the primary's walsender sends walbox commits the standby
-    // never receives, so what walbox acknowledged runs ahead of the standby's history.
-    let (primary, standby) = synchronizing_pair(major);
-    let db = TestDb::on(primary, "lagfail");
-    let replica = db.on_standby(standby);
-    let slot = db.name.clone();
-    let (topic, broker) = support::topic_on_broker(&db, 3);
-    let mut env = standby_first_env(&db, &slot, &broker, primary.port(), standby.port());
-    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
-    set(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "5s".into());
-    if exactly_once {
-        if !crate::exactly_once::transactions_supported(&broker) {
-            return;
-        }
-        set(&mut env, "WALBOX_KAFKA_EXACTLY_ONCE", "true".into());
-    }
-    let mut walbox = Walbox::spawn(&env);
-    wait_until(WAIT, "walbox to stream from the primary", || {
-        db.streaming(&slot)
-    });
-    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
-
-    insert_tagged(&db, &topic, "shared", 100);
-    assert!(
-        reader.poll_until(WAIT, |r| tagged_keys(r, "shared").len() == 100),
-        "the first 100 events; log:\n{}",
-        walbox.log()
-    );
-    wait_until(WAIT, "the standby to hold the synchronized slot", || {
-        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
-        replica
-            .try_sql(&format!(
-                "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '{slot}'"
-            ))
-            .is_ok_and(|v| v == "t")
-    });
-    wait_until(WAIT, "the standby to replay the first events", || {
-        replica.try_sql("SELECT count(*) FROM outbox") == Ok("100".into())
-    });
-
-    // The standby stops receiving; walbox relays and confirms 100 more on the primary.
-    standby.stop().expect("stop the standby");
-    insert_tagged(&db, &topic, "orphaned", 100);
-    let end = db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
-    assert!(
-        reader.poll_until(WAIT, |r| tagged_keys(r, "orphaned").len() == 100),
-        "the events the standby never received; log:\n{}",
-        walbox.log()
-    );
-    wait_until(WAIT, "walbox to confirm them", || {
-        db.confirmed(&slot) >= end
-    });
-
-    // The primary dies; the lagging standby comes back and is promoted. walbox, still
-    // running, reconnects through the same URL to the new primary.
-    primary.crash().expect("crash the primary");
-    standby.start_again().expect("start the standby again");
-    standby.promote().expect("promote the standby");
-    wait_until(WAIT, "walbox to stream from the promoted standby", || {
-        replica.streaming(&slot)
-    });
-    insert_tagged(&replica, &topic, "promoted", 100);
-    let arrived = reader.poll_until(WAIT, |r| tagged_keys(r, "promoted").len() == 100);
-    let got = tagged_keys(&reader.records, "promoted");
-    assert!(
-        arrived,
-        "{} of the 100 events committed on the promoted standby reached Kafka; log:\n{}",
-        got.len(),
-        walbox.log()
-    );
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-}
-
-#[test]
-fn exactly_once_sends_nothing_twice_from_a_failover_slot_promoted_after_walbox_restarted() {
-    let Some(major) = failover_major() else {
-        return;
-    };
-    let (primary, standby) = synchronizing_pair(major);
-    let db = TestDb::on(primary, "eosfail");
-    let replica = db.on_standby(standby);
-    let slot = db.name.clone();
-    let (topic, broker) = support::topic_on_broker(&db, 3);
-    if !crate::exactly_once::transactions_supported(&broker) {
-        return;
-    }
-    let mut env = standby_first_env(&db, &slot, &broker, primary.port(), standby.port());
-    set(&mut env, "WALBOX_POSTGRES_FAILOVER_SLOT", "true".into());
-    set(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "5s".into());
-    set(&mut env, "WALBOX_KAFKA_EXACTLY_ONCE", "true".into());
-    let mut walbox = Walbox::spawn(&env);
-    wait_until(WAIT, "walbox to stream from the primary", || {
-        db.streaming(&slot)
-    });
-    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
-    insert_tagged(&db, &topic, "synced", 50);
-    assert!(
-        reader.poll_until(WAIT, |r| tagged_keys(r, "synced").len() == 50),
-        "the first events; log:\n{}",
-        walbox.log()
-    );
-    wait_until(WAIT, "the standby to hold the synchronized slot", || {
-        let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
-        replica
-            .try_sql(&format!(
-                "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = '{slot}'"
-            ))
-            .is_ok_and(|v| v == "t")
-    });
-    // The standby stops synchronizing the slot but still receives WAL: its copy of the slot
-    // stays where it is while the primary's moves on.
-    replica.sql("ALTER SYSTEM SET sync_replication_slots = off; SELECT pg_reload_conf();");
-    wait_until(WAIT, "the slot synchronization to stop", || {
-        replica
-            .try_sql("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'slotsync worker'")
-            .is_ok_and(|n| n == "0")
-    });
-    let copy: Lsn = replica
-        .sql(&format!(
-            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
-        ))
-        .parse()
-        .unwrap();
-    insert_tagged(&db, &topic, "shared", 50);
-    let shared_end: Lsn = db.sql("SELECT pg_current_wal_lsn()").parse().unwrap();
-    assert!(
-        reader.poll_until(WAIT, |r| tagged_keys(r, "shared").len() == 50),
-        "the events both servers hold; log:\n{}",
-        walbox.log()
-    );
-    wait_until(WAIT, "the standby to replay them", || {
-        replica
-            .try_sql("SELECT pg_last_wal_replay_lsn()")
-            .is_ok_and(|l| l.parse::<Lsn>().is_ok_and(|l| l >= shared_end))
-    });
-    standby.stop().expect("stop the standby");
-    // The primary's slot moves past the standby's copy; walbox restarts on the primary, so its
-    // progress records carry the newer slot generation.
-    wait_until(
-        WAIT,
-        "the primary's slot to move past the standby's copy",
-        || {
-            let _ = db.try_sql("SELECT pg_log_standby_snapshot()");
-            db.try_sql(&format!(
-            "SELECT restart_lsn > '{copy}' FROM pg_replication_slots WHERE slot_name = '{slot}'"
-        ))
-            .is_ok_and(|v| v == "t")
-        },
-    );
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-    let mut walbox = Walbox::spawn(&env);
-    insert_tagged(&db, &topic, "orphaned", 50);
-    assert!(
-        reader.poll_until(WAIT, |r| tagged_keys(r, "orphaned").len() == 50),
-        "the events the standby never received; log:\n{}",
-        walbox.log()
-    );
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-
-    // The primary dies; the standby is promoted with its older copy of the slot.
-    primary.crash().expect("crash the primary");
-    standby.start_again().expect("start the standby again");
-    standby.promote().expect("promote the standby");
-    let mut walbox = Walbox::spawn(&env);
-    wait_until(WAIT, "walbox to stream from the promoted standby", || {
-        replica.streaming(&slot)
-    });
-    insert_tagged(&replica, &topic, "promoted", 50);
-    assert!(
-        reader.poll_until(WAIT, |r| tagged_keys(r, "promoted").len() == 50),
-        "the events committed on the promoted standby; log:\n{}",
-        walbox.log()
-    );
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
-    reader.read_to_end(WAIT).unwrap();
-    let keys: Vec<String> = reader
-        .records
-        .iter()
-        .filter_map(|r| r.key.as_deref())
-        .map(|k| String::from_utf8_lossy(k).into_owned())
-        .collect();
-    let twice: std::collections::BTreeSet<&String> = keys
-        .iter()
-        .filter(|k| keys.iter().filter(|o| o == k).count() > 1)
-        .collect();
-    assert!(
-        twice.is_empty(),
-        "{} events sent twice: {twice:?}; log:\n{}",
-        twice.len(),
-        walbox.log()
-    );
 }

@@ -29,6 +29,7 @@ mod layout;
 mod manual;
 mod progress;
 mod progress_topic;
+mod promotion;
 mod publication;
 mod recovery;
 mod relay;

@@ -82,8 +82,38 @@ use crate::outbox::OutboxEvent;
 use crate::sink::kafka::{AckQueue, KafkaSink, SinkError};
 use crate::sink::progress::{self, ProgressKey};
 use crate::sink::transaction::{self, classify_txn, transactional_id, OpenTxn, TxnError};
+use crate::source::replication::{ReplicationStream, StandbyStatus};
 
 impl Relay {
+    /// [`Self::begin_exactly_once`], sending status updates at `start` meanwhile: it can wait on
+    /// another producer's open transaction, and the walsender ends a connection that sends no
+    /// status for `wal_sender_timeout`.
+    pub(super) async fn begin_keeping_alive(
+        &mut self,
+        stream: &mut ReplicationStream,
+        start: Lsn,
+        key: &ProgressKey,
+        bounds: ExactlyOnce,
+        server: &ServerHistory,
+    ) -> Result<KafkaTxn, RelayError> {
+        let status_interval = self.settings.postgres.status_interval;
+        let begin = self.begin_exactly_once(key, bounds, server);
+        tokio::pin!(begin);
+        let mut tick = tokio::time::interval(status_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                began = &mut begin => return began,
+                _ = tick.tick() => {
+                    let at = StandbyStatus { write: start, flush: start, apply: start, reply_requested: false };
+                    if let Err(e) = stream.send_status(at).await {
+                        tracing::debug!(error = %e, "a status update while exactly-once mode starts");
+                    }
+                }
+            }
+        }
+    }
+
     /// Starts exactly-once mode for a session on `key`'s slot: a transactional producer (the
     /// relay's sink from now on), fencing the previous one, and the last committed progress
     /// record, below which nothing is produced again. Blocking calls run off the runtime.

@@ -48,7 +48,8 @@
 //!   each Kafka transaction, and what a committed Kafka transaction already holds is skipped
 //!   after a restart.
 //! - Acknowledged progress is remembered across sessions of one process (`acked_frontier`), so a
-//!   reconnect resumes after it even if the last status update did not reach the server.
+//!   reconnect resumes after it even if the last status update did not reach the server; only
+//!   on the history and slot generation it was acknowledged on ([`lineage::start_position`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,6 +64,7 @@ mod exactly_once;
 mod kafka_txn;
 mod lineage;
 mod publish;
+mod record;
 mod stream;
 
 pub use coverage::Change;
@@ -76,17 +78,13 @@ use crate::lsn::Lsn;
 use crate::metrics::{Health, Metrics};
 use crate::outbox::{EventPosition, OutboxMapper};
 use crate::pg::control::connect_control;
-use crate::sink::kafka::{Ack, AckQueue, KafkaSink, SinkError};
-use crate::sink::progress::{
-    self, Lineage, ProgressError, ProgressKey, ProgressRecord, PROGRESS_INTERVAL,
-};
+use crate::sink::kafka::{Ack, AckQueue, KafkaSink};
+use crate::sink::progress::{self, Lineage, ProgressError, ProgressKey};
 use crate::sink::topics::Topics;
 use crate::sink::transaction::{is_fencing, transactional_id, TxnError};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::pgoutput::{self, LogicalMessage};
-use crate::source::replication::{
-    ReplicationError, ReplicationMessage, ReplicationStream, StandbyStatus,
-};
+use crate::source::replication::{ReplicationError, ReplicationMessage, ReplicationStream};
 use crate::source::session::{self, OpenError};
 use crate::source::standby::Role;
 use crate::timestamp::unix_micros_to_pg_micros;
@@ -454,29 +452,6 @@ impl Relay {
         }
     }
 
-    /// In exactly-once mode, the position the last progress record of `key` says is committed
-    /// to Kafka (what a standby must have replayed before the record can be judged);
-    /// [`Lsn::ZERO`] otherwise, or when the topic cannot be read now (the read after fencing
-    /// decides, and reports its own errors).
-    async fn committed_position(&self, key: &ProgressKey) -> Lsn {
-        if self.settings.kafka.exactly_once.is_none() {
-            return Lsn::ZERO;
-        }
-        let (config, lookup) = (self.settings.kafka.clone(), key.clone());
-        let read = tokio::task::spawn_blocking(move || {
-            progress::read_last(&config, &lookup, PROGRESS_READ_TIMEOUT)
-        })
-        .await;
-        match read {
-            Ok(Ok(record)) => record.map_or(Lsn::ZERO, |r| r.confirmed_lsn),
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "reading the progress record before streaming from a standby");
-                Lsn::ZERO
-            }
-            Err(_) => Lsn::ZERO,
-        }
-    }
-
     /// Highest position this process knows to be fully acknowledged.
     pub fn acked_frontier(&self) -> Lsn {
         self.acked_frontier
@@ -598,24 +573,10 @@ impl Relay {
         // slot must not stop the one streaming). That can wait on another producer's open
         // transaction: status updates at `start` keep the walsender from timing out meanwhile.
         let eos = match (self.settings.kafka.exactly_once, server) {
-            (Some(bounds), Some(server)) => {
-                let begin = self.begin_exactly_once(&eos_key, bounds, &server);
-                tokio::pin!(begin);
-                let mut tick = tokio::time::interval(pg.status_interval);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let began = loop {
-                    tokio::select! {
-                        began = &mut begin => break began,
-                        _ = tick.tick() => {
-                            let at = StandbyStatus { write: start, flush: start, apply: start, reply_requested: false };
-                            if let Err(e) = stream.send_status(at).await {
-                                tracing::debug!(error = %e, "a status update while exactly-once mode starts");
-                            }
-                        }
-                    }
-                };
-                Some(began?)
-            }
+            (Some(bounds), Some(server)) => Some(
+                self.begin_keeping_alive(&mut stream, start, &eos_key, bounds, &server)
+                    .await?,
+            ),
             _ => None,
         };
         self.health.set_ready(true);
@@ -774,102 +735,6 @@ impl Relay {
             end_lsn,
             exact,
         }
-    }
-
-    /// Hands a progress record for `frontier` (everything up to it acknowledged by the broker)
-    /// to the producer: when the frontier moved, at most every [`PROGRESS_INTERVAL`] unless
-    /// `force`. Failures only cost a warning; the next record replaces this one.
-    fn write_progress(&mut self, frontier: Lsn, force: bool) {
-        let Some(key) = &self.progress_key else {
-            return;
-        };
-        if self.settings.kafka.exactly_once.is_some() {
-            // Written inside each Kafka transaction instead (see `exactly_once`).
-            return;
-        }
-        if frontier == Lsn::ZERO
-            || (!force && frontier <= self.progress_lsn)
-            || (!force
-                && self
-                    .progress_at
-                    .is_some_and(|t| t.elapsed() < PROGRESS_INTERVAL))
-        {
-            return;
-        }
-        match self.send_progress(key, frontier, self.confirmed_commit_time) {
-            Ok(()) => {
-                self.progress_lsn = frontier;
-                self.progress_at = Some(Instant::now());
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot write the progress record; retrying with the next one")
-            }
-        }
-    }
-
-    /// Writes the session's first progress record at `start` and waits until the broker
-    /// acknowledged it: the record is the evidence that the slot exists, which keeps a lost slot
-    /// from being recreated silently and a layout change from advancing shard slots past rows
-    /// they never relayed, so a walbox that cannot write it does not stream at all.
-    async fn record_start(
-        &mut self,
-        s: &mut Session,
-        start: Lsn,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), RelayError> {
-        if s.eos.is_some() {
-            return self.eos_start_record(s, start).await;
-        }
-        let Some(key) = self.progress_key.clone() else {
-            return Ok(());
-        };
-        let topic = self.settings.kafka.progress_topic.clone();
-        let write_error = |error| RelayError::ProgressWrite {
-            topic: topic.clone(),
-            error,
-        };
-        self.send_progress(&key, start, self.confirmed_commit_time)
-            .map_err(|e| match e {
-                SinkError::Config(e) | SinkError::Send(e) => write_error(e),
-                SinkError::QueueFull => write_error(rdkafka::error::KafkaError::MessageProduction(
-                    rdkafka::types::RDKafkaErrorCode::QueueFull,
-                )),
-            })?;
-        s.start_record_pending = true;
-        while s.start_record_pending {
-            if *shutdown.borrow() {
-                return Ok(());
-            }
-            tokio::select! {
-                biased;
-                _ = shutdown.changed() => {}
-                _ = self.acks.wait() => {}
-                // A report that came before the wait began is taken on the next turn.
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-            }
-            self.take_acks(s)?;
-        }
-        self.progress_lsn = start;
-        self.progress_at = Some(Instant::now());
-        Ok(())
-    }
-
-    /// Hands `key`'s progress record at `lsn` to the producer (inside the open Kafka
-    /// transaction in exactly-once mode); its ack arrives with route `PROGRESS_ROUTE`.
-    fn send_progress(
-        &self,
-        key: &ProgressKey,
-        lsn: Lsn,
-        commit_time: Option<i64>,
-    ) -> Result<(), SinkError> {
-        let record = ProgressRecord::new(key, self.lineage, lsn, commit_time);
-        // Strings and integers only: encoding cannot fail.
-        let value = serde_json::to_vec(&record).unwrap_or_default();
-        self.sink.send_progress(
-            &self.settings.kafka.progress_topic,
-            &key.record_key(),
-            &value,
-        )
     }
 
     /// Ends the relay: hands back the sink so the caller can flush it.
