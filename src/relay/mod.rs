@@ -41,8 +41,9 @@
 //!   backoff is reset only by a session that confirmed a new position.
 //! - A progress record (`sink::progress`) follows the acknowledged frontier: written when
 //!   streaming starts (no WAL is read before the broker acknowledged that first one: it is the
-//!   evidence that the slot exists), at most every second while it moves, and when the session ends. A missing
-//!   slot is created only when the progress topic has no record of it.
+//!   evidence that the slot exists, see `record`), at most every second while it moves, and
+//!   when the session ends. A missing slot is created only when the progress topic has no
+//!   record of it.
 //! - Exactly-once mode (`kafka.exactly_once`, [`exactly_once`]): events count for the
 //!   checkpoint only when their Kafka transaction commits, the progress record is written inside
 //!   each Kafka transaction, and what a committed Kafka transaction already holds is skipped
@@ -656,7 +657,18 @@ impl Relay {
             );
         }
         self.next_seq = session.checkpoint.next_seq();
-        self.acked_frontier = self.acked_frontier.max(session.checkpoint.frontier());
+        // A session whose publication watch found a change, or could not read the publication,
+        // remembers no more than the watch released: a reconnect must not start beyond a
+        // change this session was not allowed to confirm past.
+        let frontier = session.checkpoint.frontier();
+        let watch_failed =
+            session.coverage.change().is_some() || session.coverage.unreadable().is_some();
+        let acknowledged = if watch_failed {
+            session.coverage.confirmable(frontier)
+        } else {
+            frontier
+        };
+        self.acked_frontier = self.acked_frontier.max(acknowledged);
         self.write_progress(self.acked_frontier, true);
         if connection_alive {
             // CopyDone, wait for the server's end of the copy, Terminate: the final status
