@@ -38,6 +38,10 @@ fn env_on(p: &Pair, exactly_once: bool) -> Vec<(String, String)> {
     set(&mut env, "WALBOX_POSTGRES_RECEIVE_TIMEOUT", "5s".into());
     if exactly_once {
         set(&mut env, "WALBOX_KAFKA_EXACTLY_ONCE", "true".into());
+        // A progress topic of its own: another test's open transaction on the shared one would
+        // hide the records this test's start-ups read back.
+        let progress = crate::support::own_progress_topic(&p.broker, &p.slot);
+        set(&mut env, "WALBOX_KAFKA_PROGRESS_TOPIC", progress);
     }
     env
 }

@@ -14,10 +14,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::{Relay, RelayError, Session, PROGRESS_READ_TIMEOUT};
+use super::{Relay, RelayError, Session};
 use crate::lsn::Lsn;
 use crate::sink::kafka::SinkError;
 use crate::sink::progress::{self, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
+
+/// How long the read of [`Relay::committed_position`] may take: it only tells a standby's
+/// start how far to wait for replay; the read after fencing is the one that decides (and waits
+/// for another producer's open transaction as long as it must).
+const COMMITTED_HINT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Relay {
     /// In exactly-once mode, the position the last progress record of `key` says is committed
@@ -30,7 +35,7 @@ impl Relay {
         }
         let (config, lookup) = (self.settings.kafka.clone(), key.clone());
         let read = tokio::task::spawn_blocking(move || {
-            progress::read_last(&config, &lookup, PROGRESS_READ_TIMEOUT)
+            progress::read_last(&config, &lookup, COMMITTED_HINT_TIMEOUT)
         })
         .await;
         match read {
