@@ -159,11 +159,7 @@ fn a_crash_after_the_kafka_commit_before_the_status_update_sends_nothing_twice()
         "{}",
         delivered.log
     );
-    let twice: Vec<i64> = id_counts(delivered.ids)
-        .into_iter()
-        .filter(|(_, n)| *n > 1)
-        .map(|(id, _)| id)
-        .collect();
+    let twice = crate::support::events::ids_twice(delivered.ids);
     assert!(
         twice.is_empty(),
         "{} events in Kafka twice, e.g. {:?}",
@@ -226,11 +222,7 @@ fn the_start_record_never_moves_the_progress_record_backwards() {
     let mut walbox = Walbox::spawn(&env);
     let all = wait_for_all(&mut reader, &t.db, &walbox);
     stop_and_read_exactly(&mut walbox, &mut reader, &all);
-    let twice: Vec<i64> = id_counts(reader.records.iter().map(id_of))
-        .into_iter()
-        .filter(|(_, n)| *n > 1)
-        .map(|(id, _)| id)
-        .collect();
+    let twice = crate::support::events::ids_twice(reader.records.iter().map(id_of));
     assert!(twice.is_empty(), "{} events in Kafka twice", twice.len());
 }
 
@@ -390,11 +382,7 @@ fn another_producers_open_transaction_does_not_hide_newer_progress_records() {
     foreign.abort_transaction(call).expect("abort");
     let all = wait_for_all(&mut reader, &t.db, &walbox);
     stop_and_read_exactly(&mut walbox, &mut reader, &all);
-    let twice: Vec<i64> = id_counts(reader.records.iter().map(id_of))
-        .into_iter()
-        .filter(|(_, n)| *n > 1)
-        .map(|(id, _)| id)
-        .collect();
+    let twice = crate::support::events::ids_twice(reader.records.iter().map(id_of));
     assert!(
         twice.is_empty(),
         "{} events in Kafka twice; log:\n{}",

@@ -124,11 +124,7 @@ impl Rig {
         );
         await_distinct(reader, all.len(), walbox);
         stop_and_read_exactly(walbox, reader, &all);
-        let twice: Vec<i64> = id_counts(reader.records.iter().map(id_of))
-            .into_iter()
-            .filter(|(_, n)| *n > 1)
-            .map(|(id, _)| id)
-            .collect();
+        let twice = crate::support::events::ids_twice(reader.records.iter().map(id_of));
         assert!(
             twice.is_empty(),
             "{} of {} events in Kafka twice, e.g. {:?}",

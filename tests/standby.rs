@@ -602,12 +602,8 @@ fn exactly_once_on_a_standby_restarted_with_a_wal_backlog_sends_nothing_twice() 
     bgwriter("DEFAULT");
     replica.sql("ALTER SYSTEM RESET recovery_min_apply_delay; SELECT pg_reload_conf();");
     reader.read_to_end(WAIT).unwrap();
-    let twice: Vec<i64> =
-        crate::support::events::id_counts(reader.records.iter().map(crate::support::events::id_of))
-            .into_iter()
-            .filter(|(_, n)| *n > 1)
-            .map(|(id, _)| id)
-            .collect();
+    let twice =
+        crate::support::events::ids_twice(reader.records.iter().map(crate::support::events::id_of));
     assert!(
         twice.is_empty(),
         "{} events sent twice after the standby restart; log:\n{}",

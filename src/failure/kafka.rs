@@ -45,6 +45,14 @@ pub fn kafka(code: RDKafkaErrorCode) -> Class {
     }
 }
 
+/// Whether `error` is a broker's refusal of a whole batch for one record of it
+/// (`INVALID_TIMESTAMP`: a timestamp further from the broker's clock than the topic allows):
+/// every record of the batch reports it, the one at fault and the others alike. The relay
+/// tells them apart by producing one record at a time (see the table above).
+pub fn is_batch_refusal(error: &KafkaError) -> bool {
+    error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTimestamp)
+}
+
 /// The class of a client error: its code's ([`kafka`]), an error without a code being
 /// transient. What librdkafka itself calls fatal (a consumer's fatal error, a fatal
 /// transactional error), a configuration it refused and a client it could not create cannot

@@ -455,9 +455,7 @@ impl Classify for DeliveryFailure {
     /// As the broker's error (`failure::kafka`); a batch's refusal of a record produced
     /// alone is that record's.
     fn failure(&self) -> Option<Failure> {
-        let batch_refusal = self.error.rdkafka_error_code()
-            == Some(rdkafka::types::RDKafkaErrorCode::InvalidTimestamp);
-        if batch_refusal && self.alone {
+        if crate::failure::is_batch_refusal(&self.error) && self.alone {
             return Some(Failure::EventRejected);
         }
         self.error.failure()

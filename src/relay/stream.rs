@@ -10,7 +10,7 @@ use super::coverage::Change;
 use super::error::{DeliveryFailure, RelayError, Uncovered};
 use super::kafka_txn::commit_returned;
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
-use crate::failure::{kafka_error, Class};
+use crate::failure::{is_batch_refusal, kafka_error, Class};
 use crate::fault::crash_point;
 use crate::health::monitor::HEARTBEAT_PREFIX;
 use crate::lsn::Lsn;
@@ -574,13 +574,6 @@ impl Relay {
             None => configured,
         }
     }
-}
-
-/// Whether `error` is a broker's refusal of a whole batch for one record of it
-/// (`INVALID_TIMESTAMP`: a timestamp further from the broker's clock than the topic allows):
-/// every record of the batch reports it, the one at fault and the others alike.
-fn is_batch_refusal(error: &rdkafka::error::KafkaError) -> bool {
-    error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::InvalidTimestamp)
 }
 
 /// Whether WAL is read: fewer than `max_in_flight` events in flight, and in exactly-once mode

@@ -46,9 +46,10 @@
 //!   status update. Read back `read_committed` at start, it says below which position
 //!   PostgreSQL's transactions are in Kafka already.
 //! - Records go through the relay's producer with their own delivery tag
-//!   ([`crate::sink::kafka::PROGRESS_ROUTE`]); they never enter the checkpoint, and a failed one
-//!   only costs a warning (the next one replaces it; in exactly-once mode it fails its Kafka
-//!   transaction).
+//!   ([`crate::sink::kafka::PROGRESS_ROUTE`]); they never enter the checkpoint. A session's
+//!   first record gates streaming: no WAL is read until it is acknowledged, and a refused one
+//!   ends the session (`relay::record`). A later one that fails only costs a warning (the next
+//!   one replaces it; in exactly-once mode it fails its Kafka transaction).
 //! - The topic is read backwards from its end ([`read_last`]), so the read costs what was
 //!   written after the slot's newest record, never the topic's size. The newest record is the
 //!   last one of the first step back that holds the key (across partitions, the newest by

@@ -149,6 +149,15 @@ pub fn id_counts(ids: impl IntoIterator<Item = i64>) -> HashMap<i64, usize> {
     n
 }
 
+/// The ids that occur more than once in `ids`.
+pub fn ids_twice(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
+    id_counts(ids)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(id, _)| id)
+        .collect()
+}
+
 /// Per aggregate, the event ids in the order a consumer sees them, duplicates removed (first
 /// occurrence kept), must be increasing: one writer, so id order is commit order.
 pub fn assert_per_aggregate_commit_order(records: &[ConsumedRecord]) {
