@@ -376,8 +376,20 @@ fn another_producers_open_transaction_does_not_hide_newer_progress_records() {
         log.contains("waiting for it to end") || log.contains("kafka transactions ready")
     });
     if walbox.log().contains("waiting for it to end") {
-        // The other producer holds its transaction three walsender timeouts long.
-        std::thread::sleep(Duration::from_secs(6));
+        // The other producer holds its transaction until walbox's replication connection has
+        // lived through three walsender timeouts while walbox waits.
+        wait_until(
+            WAIT,
+            "the replication connection to outlive wal_sender_timeout",
+            || {
+                t.db.sql(&format!(
+                "SELECT coalesce(bool_or(now() - r.backend_start > interval '6 seconds'), false) \
+                 FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid \
+                 WHERE s.slot_name = '{}'",
+                t.slot
+            )) == "t"
+            },
+        );
     }
     foreign.abort_transaction(call).expect("abort");
     let all = wait_for_all(&mut reader, &t.db, &walbox);
