@@ -233,14 +233,11 @@ fn rows_naming_partitions(
     db.sql(&row(99));
     let bad = db.sql("SELECT max(id) FROM outbox");
     db.sql(&row(1));
-    let file = config_file(&format!(
-        "[outbox]\n{toml}\n[outbox.columns]\npartition = \"part\"\n"
-    ));
-    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(
-        &mut env,
-        "WALBOX_CONFIG",
-        &file.path().display().to_string(),
+    let (env, file) = env_with_config(
+        &db,
+        &slot,
+        &broker,
+        &format!("[outbox]\n{toml}\n[outbox.columns]\npartition = \"part\"\n"),
     );
     (db, topic, broker, env, file, bad)
 }
@@ -374,6 +371,24 @@ fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
+}
+
+/// walbox's environment for `db`'s `slot` on `broker`, with a config file holding `toml`
+/// (`WALBOX_CONFIG`); the file lives as long as the returned handle.
+fn env_with_config(
+    db: &TestDb,
+    slot: &str,
+    broker: &walbox::sandbox::broker::Broker,
+    toml: &str,
+) -> (Vec<(String, String)>, tempfile::NamedTempFile) {
+    let file = config_file(toml);
+    let mut env = walbox_env(db, slot, &broker.bootstrap_servers());
+    set(
+        &mut env,
+        "WALBOX_CONFIG",
+        &file.path().display().to_string(),
+    );
+    (env, file)
 }
 
 fn config_file(text: &str) -> tempfile::NamedTempFile {
@@ -724,14 +739,13 @@ fn a_timestamp_the_broker_refuses_is_dead_lettered_alone() {
     let dlq = support::unique("dlq_timestamp");
     broker.create_topic(&dlq, 1).unwrap();
     db.create_slot_and_publication(&slot);
-    let file = config_file(&format!(
-        "[outbox]\non_invalid = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n[outbox.columns]\ntimestamp = \"created_at\"\n"
-    ));
-    let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(
-        &mut env,
-        "WALBOX_CONFIG",
-        &file.path().display().to_string(),
+    let (env, _config) = env_with_config(
+        &db,
+        &slot,
+        &broker,
+        &format!(
+            "[outbox]\non_invalid = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"\n[outbox.columns]\ntimestamp = \"created_at\"\n"
+        ),
     );
     let ids = db.sql(&format!(
         "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
