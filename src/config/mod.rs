@@ -72,7 +72,8 @@ pub use kafka::{
 pub(crate) use layers::read_document;
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
 pub use outbox::{
-    ColumnNames, Compat, OnChange, OutboxConfig, Route, RouteSource, ValueFormat, MAX_OUTBOX_TABLES,
+    ColumnNames, Compat, Converter, Converters, JsonNulls, OnChange, OutboxConfig, Route,
+    RouteSource, ValueFormat, MAX_OUTBOX_TABLES,
 };
 pub(crate) use postgres::{valid_identifier, RawPgConnection};
 pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};

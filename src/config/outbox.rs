@@ -66,6 +66,10 @@ pub struct RawRoute {
     pub on_change: Option<String>,
     /// `walbox` (default) or `debezium`: whose record layout the route writes.
     pub compat: Option<String>,
+    /// With `compat = "debezium"` and `expand_json_payload`: `ignore` or `optional_bytes`.
+    pub json_payload_null_behavior: Option<String>,
+    /// `[.converters]`: the Connect converters whose bytes a `compat = "debezium"` route writes.
+    pub converters: Option<RawConverters>,
     /// `[.columns]`.
     #[serde(default)]
     pub columns: RawColumns,
@@ -75,6 +79,20 @@ pub struct RawRoute {
     /// `[.envelope]`: column → envelope field name.
     #[serde(default)]
     pub envelope: BTreeMap<String, String>,
+}
+
+/// `[outbox.converters]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConverters {
+    /// `string` (default) or `json`: the key converter.
+    pub key: Option<String>,
+    /// `string` (default) or `json`: the value converter.
+    pub value: Option<String>,
+    /// The key's `JsonConverter` `schemas.enable` (default true).
+    pub key_schemas: Option<bool>,
+    /// The value's `JsonConverter` `schemas.enable` (default true).
+    pub value_schemas: Option<bool>,
 }
 
 /// `[outbox.columns]` as written.
@@ -128,6 +146,8 @@ const ROUTE_KEYS: &[&str] = &[
     "dead_letter_topic",
     "on_change",
     "compat",
+    "json_payload_null_behavior",
+    "converters",
     "columns",
     "headers",
     "envelope",
@@ -230,6 +250,47 @@ pub enum Compat {
     Debezium,
 }
 
+/// A Kafka Connect converter a `compat = "debezium"` route writes the bytes of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Converter {
+    /// `org.apache.kafka.connect.storage.StringConverter`.
+    String,
+    /// `org.apache.kafka.connect.json.JsonConverter`, with its `schemas.enable`.
+    Json {
+        /// `{"schema":…,"payload":…}` when true; the bare JSON when false.
+        schemas: bool,
+    },
+}
+
+/// The key and value converters of a route (`[outbox.converters]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Converters {
+    /// Key converter.
+    pub key: Converter,
+    /// Value converter.
+    pub value: Converter,
+}
+
+impl Default for Converters {
+    fn default() -> Self {
+        Converters {
+            key: Converter::String,
+            value: Converter::String,
+        }
+    }
+}
+
+/// `json_payload_null_behavior`: what a null in an expanded JSON payload becomes (the router's
+/// `table.json.payload.null.behavior`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JsonNulls {
+    /// `ignore` (default): the field is left out.
+    #[default]
+    Ignore,
+    /// `optional_bytes`: an optional `bytes` field holding null.
+    OptionalBytes,
+}
+
 /// Where rows come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteSource {
@@ -274,6 +335,10 @@ pub struct Route {
     pub on_change: OnChange,
     /// Whose record layout.
     pub compat: Compat,
+    /// Connect converters (compat = "debezium"; both `String` otherwise).
+    pub converters: Converters,
+    /// Nulls in expanded JSON payloads (compat = "debezium").
+    pub json_nulls: JsonNulls,
     /// Extra columns → header names.
     pub headers: Vec<(String, String)>,
     /// Extra columns → envelope field names.
@@ -457,6 +522,55 @@ impl RawRoute {
             }
             (false, None) => None,
         };
+        let converter = |name: &str, v: Option<&str>, schemas: Option<bool>| match v {
+            None | Some("string") if schemas.is_none() => Ok(Converter::String),
+            None | Some("string") => Err(invalid(format!(
+                "{what}.converters.{name}_schemas needs converters.{name} = \"json\""
+            ))),
+            Some("json") => Ok(Converter::Json {
+                schemas: schemas.unwrap_or(true),
+            }),
+            Some(other) => Err(invalid(format!(
+                "{what}.converters.{name} {other:?} must be \"string\" or \"json\""
+            ))),
+        };
+        let converters = match &self.converters {
+            None => Converters::default(),
+            Some(_) if !debezium => {
+                return Err(invalid(format!(
+                    "{what}.converters needs compat = \"debezium\" (walbox's own layout has no Connect converters)"
+                )))
+            }
+            Some(_) if is_messages => {
+                return Err(invalid(format!(
+                    "{what}.converters applies to tables only"
+                )))
+            }
+            Some(c) => Converters {
+                key: converter("key", c.key.as_deref(), c.key_schemas)?,
+                value: converter("value", c.value.as_deref(), c.value_schemas)?,
+            },
+        };
+        let json_nulls = match self.json_payload_null_behavior.as_deref() {
+            None => JsonNulls::Ignore,
+            Some(_) if !(debezium && self.expand_json_payload == Some(true)) => {
+                return Err(invalid(format!(
+                    "{what}.json_payload_null_behavior needs compat = \"debezium\" and expand_json_payload = true"
+                )))
+            }
+            Some("ignore") => JsonNulls::Ignore,
+            Some("optional_bytes") => JsonNulls::OptionalBytes,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "{what}.json_payload_null_behavior {other:?} must be \"ignore\" or \"optional_bytes\""
+                )))
+            }
+        };
+        if debezium && format != ValueFormat::Raw {
+            return Err(invalid(format!(
+                "{what}.format must be \"raw\" with compat = \"debezium\": the router's records are the payload"
+            )));
+        }
         if !self.envelope.is_empty() && format == ValueFormat::Raw {
             return Err(invalid(format!(
                 "{what}.envelope needs format = \"json\" or \"protobuf\""
@@ -475,6 +589,8 @@ impl RawRoute {
             on_invalid,
             on_change,
             compat,
+            converters,
+            json_nulls,
             headers: self.headers.into_iter().collect(),
             envelope: self.envelope.into_iter().collect(),
         })
@@ -501,6 +617,11 @@ impl RawOutbox {
         (&["outbox"], "dead_letter_topic", Kind::Str),
         (&["outbox"], "on_change", Kind::Str),
         (&["outbox"], "compat", Kind::Str),
+        (&["outbox"], "json_payload_null_behavior", Kind::Str),
+        (&["outbox", "converters"], "key", Kind::Str),
+        (&["outbox", "converters"], "value", Kind::Str),
+        (&["outbox", "converters"], "key_schemas", Kind::Bool),
+        (&["outbox", "converters"], "value_schemas", Kind::Bool),
         (&["outbox", "columns"], "id", Kind::Str),
         (&["outbox", "columns"], "aggregate_id", Kind::Str),
         (&["outbox", "columns"], "aggregate_type", Kind::Str),

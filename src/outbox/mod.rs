@@ -21,6 +21,7 @@
 //! - Raw values are zero-copy slices of the replication buffer. The exceptions are bytea
 //!   payloads (decoded from hex text) and envelopes, which are built per event.
 
+pub mod connect;
 pub mod dead_letter;
 pub mod envelope;
 mod event;
