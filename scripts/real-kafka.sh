@@ -20,7 +20,8 @@
 # the progress topic's cleanup policy and segments in `walbox check`, a wrong
 # SCRAM password in `walbox check`, the Debezium
 # differential test (Kafka Connect standalone with the Debezium
-# PostgreSQL connector, from scripts/install-debezium.sh), the migration from
+# PostgreSQL connector, from scripts/install-debezium.sh; with Connect's
+# JsonConverter and JSON expansion: debezium_converters::), the migration from
 # Debezium to walbox on its slot (debezium_migration::), and the core
 # relay's SIGKILL test, a timestamp the broker refuses, and exactly-once through a lagging
 # promotion (PostgreSQL 17). Ignored tests (those needing a real
@@ -40,7 +41,7 @@ whole_lane=false
 if [ "$#" -eq 0 ]; then
   whole_lane=true
   set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: progress_topic:: audit:: \
-    kafka_security:: kafka_acls:: routing:: debezium:: debezium_migration:: \
+    kafka_security:: kafka_acls:: routing:: debezium:: debezium_converters:: debezium_migration:: \
     relay::sigkill_at_random_points failures::a_timestamp_the_broker promotion::exactly_once \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \
     check_kafka::the_progress_topic_must_be_compacted check_kafka::the_progress_topic_needs_small_segments \

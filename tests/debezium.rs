@@ -137,7 +137,7 @@ fn write_workload(db: &TestDb) -> usize {
 
 /// The records of `prefix`'s topics, by topic with the prefix stripped and partition, in
 /// partition order.
-fn read_side(
+pub(crate) fn read_side(
     bootstrap: &str,
     prefix: &str,
     n: usize,
@@ -203,7 +203,7 @@ pub(crate) fn comparable_headers(r: &ConsumedRecord) -> Vec<(String, Vec<u8>)> {
 
 /// Asserts that both sides hold the same records: the same topics and partitions, and in each,
 /// in order, the same key, value and [`comparable_headers`].
-fn assert_same_records(
+pub(crate) fn assert_same_records(
     dbz: &BTreeMap<(String, i32), Vec<ConsumedRecord>>,
     wbx: &BTreeMap<(String, i32), Vec<ConsumedRecord>>,
     walbox: &Walbox,
@@ -280,6 +280,7 @@ fn walbox_in_debezium_compat_mode_writes_the_event_routers_records() {
         publication: &dbz_slot,
         bootstrap: &bootstrap,
         router: &router,
+        extra: &[],
     });
     eprintln!(
         "Kafka Connect with Debezium: task running, slot streaming {:?} after start; RSS {:?} KiB",
@@ -436,6 +437,7 @@ fn custom_columns_blank_payloads_deletes_and_null_keys_match_the_router() {
         publication: &dbz_slot,
         bootstrap: &bootstrap,
         router: &router,
+        extra: &[],
     });
     let dir = tempfile::tempdir().unwrap();
     let mut env = walbox_env(&db, &wbx_slot, &bootstrap);

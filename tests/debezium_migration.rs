@@ -119,6 +119,7 @@ fn walbox_resumes_on_debeziums_slot_and_the_union_holds_every_committed_event() 
         publication: &slot,
         bootstrap: &bootstrap,
         router: &router,
+        extra: &[],
     });
     let created = db.confirmed(&slot);
 

@@ -12,6 +12,7 @@ mod connection;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod debezium;
+mod debezium_converters;
 mod debezium_migration;
 mod deploy;
 mod exactly_once;

@@ -315,6 +315,11 @@ async fn read_rows(
         .parse()
         .map_err(|_| FatalError::new(Failure::Internal, format!("WAL position {needed:?}")))?;
     let mut mapper = OutboxMapper::new(&config.outbox);
+    mapper.set_not_null(
+        crate::source::catalog::not_null_columns(&tx, &config.outbox)
+            .await
+            .map_err(pg)?,
+    );
     let mut expected = Expected::default();
     let mut unmapped = 0u64;
     for route in &config.outbox.tables {

@@ -120,6 +120,11 @@ pub async fn republish(
     let mut topics = Topics::new(&config.kafka)
         .map_err(|e| FatalError::new(Failure::Kafka, format!("kafka admin client: {e}")))?;
     let mut mapper = OutboxMapper::new(&config.outbox);
+    mapper.set_not_null(
+        crate::source::catalog::not_null_columns(&client, &config.outbox)
+            .await
+            .map_err(|e| FatalError::of(&e))?,
+    );
     let mut total = 0;
     for (route_index, route, relation, sql) in plans {
         mapper.relation(&relation);

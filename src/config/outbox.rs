@@ -345,6 +345,16 @@ pub struct Route {
     pub envelope: Vec<(String, String)>,
 }
 
+impl Route {
+    /// Whether the route writes Kafka Connect's bytes (`crate::outbox::connect`) rather than
+    /// the columns' text: `compat = "debezium"` with a JSON converter, or expanding JSON
+    /// payloads.
+    pub fn writes_connect_bytes(&self) -> bool {
+        self.compat == Compat::Debezium
+            && (self.converters != Converters::default() || self.expand_json_payload)
+    }
+}
+
 /// Validated `[outbox]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxConfig {

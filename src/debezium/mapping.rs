@@ -34,6 +34,7 @@ pub const PASSWORD_FILE: &str = "/run/secrets/walbox/postgres-password";
 pub const KAFKA_PASSWORD_FILE: &str = "/run/secrets/walbox/kafka-password";
 
 const STRING_CONVERTER: &str = "org.apache.kafka.connect.storage.StringConverter";
+const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
 const HEADER_CONVERTER: &str = "org.apache.kafka.connect.storage.SimpleHeaderConverter";
 /// Kafka's producer default `max.request.size`, which Connect's producer applies unless the
 /// worker or the connector overrides it.
@@ -101,7 +102,6 @@ pub fn translate(connector: &ConnectorConfig) -> Result<Translation, DebeziumErr
     if let Some(slot) = heartbeat(&mut s)? {
         document.insert("slot".into(), Value::Table(slot));
     }
-    converters(&mut s);
     leftovers(&mut s);
     Ok(Translation {
         name: connector.name.clone(),
@@ -337,6 +337,7 @@ fn outbox(s: &mut Settings) -> Result<Table, DebeziumError> {
             ),
         });
     }
+    converters(s, &mut route);
     let mut outbox = Table::new();
     match tables.as_slice() {
         [] => outbox.extend(route),
@@ -365,37 +366,49 @@ fn outbox(s: &mut Settings) -> Result<Table, DebeziumError> {
 }
 
 /// `key.converter`, `value.converter`, `header.converter`: walbox writes what Connect's
-/// `StringConverter` and `SimpleHeaderConverter` write, and, for values, what Debezium's
-/// `BinaryDataConverter` writes with a `StringConverter` delegate (a bytea payload's bytes, any
-/// other payload's text).
-fn converters(s: &mut Settings) {
+/// `StringConverter` and `JsonConverter` write for keys and values (`[outbox.converters]`,
+/// `schemas.enable` included), what `SimpleHeaderConverter` writes for headers, and, for
+/// values, what Debezium's `BinaryDataConverter` writes with a `StringConverter` delegate (a
+/// bytea payload's bytes, any other payload's text).
+fn converters(s: &mut Settings, route: &mut Table) {
     let mut unset = Vec::new();
-    for (key, expected) in [
-        ("key.converter", STRING_CONVERTER),
-        ("value.converter", STRING_CONVERTER),
-        ("header.converter", HEADER_CONVERTER),
+    let mut table = Table::new();
+    for (key, short) in [
+        ("key.converter", Some("key")),
+        ("value.converter", Some("value")),
+        ("header.converter", None),
     ] {
         let class = s.take(key);
-        let binary = key == "value.converter"
-            && class.as_deref().map(str::trim) == Some(BINARY_DATA_CONVERTER);
-        let ok = match class.as_deref().map(str::trim) {
+        let class = class.as_deref().map(str::trim);
+        let binary = key == "value.converter" && class == Some(BINARY_DATA_CONVERTER);
+        let json = short.is_some() && class == Some(JSON_CONVERTER);
+        let expected = if short.is_some() {
+            STRING_CONVERTER
+        } else {
+            HEADER_CONVERTER
+        };
+        let ok = match class {
             None => {
                 unset.push(key);
                 true
             }
-            Some(c) if c == expected => true,
-            Some(_) if binary => true,
+            Some(c) if c == expected || binary || json => true,
             Some(c) => {
+                let walbox = if short.is_some() {
+                    "StringConverter or JsonConverter"
+                } else {
+                    "SimpleHeaderConverter"
+                };
                 s.refuse(
                     key,
-                    format!(
-                        "is {c}: walbox writes the bytes {} writes",
-                        expected.rsplit('.').next().unwrap_or(expected)
-                    ),
+                    format!("is {c}: walbox writes the bytes {walbox} writes"),
                 );
                 false
             }
         };
+        if let (true, Some(short)) = (json, short) {
+            table.insert(short.into(), Value::String("json".into()));
+        }
         let mut delegate = false;
         for (rest, value) in s.take_prefixed(&format!("{key}.")) {
             let setting = format!("{key}.{rest}");
@@ -410,8 +423,22 @@ fn converters(s: &mut Settings) {
                         ),
                     ),
                 },
+                "schemas.enable" if json => match value.trim() {
+                    "true" => {}
+                    "false" => {
+                        table.insert(
+                            format!("{}_schemas", short.unwrap_or_default()),
+                            Value::Boolean(false),
+                        );
+                    }
+                    _ => s.refuse(setting, "must be true or false"),
+                },
+                // StringConverter has no schemas; JsonConverter's other settings change
+                // nothing walbox writes for an outbox record, or are refused.
                 "schemas.enable" => {}
-                _ if ok => s.refuse(setting, "walbox has no converter settings"),
+                "schemas.cache.size" if json => {}
+                "decimal.format" | "replace.null.with.default" if json => {}
+                _ if ok => s.refuse(setting, "walbox has no such converter setting"),
                 _ => {}
             }
         }
@@ -423,12 +450,26 @@ fn converters(s: &mut Settings) {
             );
         }
     }
+    if !table.is_empty() {
+        route.insert("converters".into(), Value::Table(table));
+    }
     if !unset.is_empty() {
         s.note(
             unset.join(", "),
             "not set for the connector, so the worker's apply: walbox writes what \
              StringConverter (keys, values) and SimpleHeaderConverter (headers) write",
         );
+    }
+    if route.get("expand_json_payload") == Some(&Value::Boolean(true)) {
+        if let Some(mode) = s.take("field.name.adjustment.mode") {
+            if mode.trim() != "none" {
+                s.refuse(
+                    "field.name.adjustment.mode",
+                    "renames the fields of expanded JSON payloads, which walbox does not: set \
+                     it to none",
+                );
+            }
+        }
     }
 }
 

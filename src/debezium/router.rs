@@ -90,16 +90,31 @@ pub fn event_router(s: &mut Settings, name: &str, route: &mut Table) {
                 };
                 route.insert("on_change".into(), Value::String(on_change.into()));
             }
-            "table.expand.json.payload" if value.trim() == "false" => {}
-            "table.expand.json.payload" => s.refuse(
-                key,
-                "with StringConverter the router writes the expanded Connect struct's toString() \
-                 (Struct{a=1}), not JSON, and walbox does not reproduce it: set it to false",
-            ),
-            "table.json.payload.null.behavior" => s.note(
-                key,
-                "applies to expanded payloads only; walbox sends JSON as PostgreSQL stores it",
-            ),
+            "table.expand.json.payload" => match value.trim() {
+                "true" => {
+                    route.insert("expand_json_payload".into(), Value::Boolean(true));
+                }
+                "false" => {}
+                _ => s.refuse(key, "must be true or false"),
+            },
+            "table.json.payload.null.behavior" => match value.trim() {
+                "ignore" => {}
+                "optional_bytes"
+                    if route.get("expand_json_payload") != Some(&Value::Boolean(true)) =>
+                {
+                    s.note(
+                        key,
+                        "applies to expanded payloads only (table.expand.json.payload)",
+                    )
+                }
+                "optional_bytes" => {
+                    route.insert(
+                        "json_payload_null_behavior".into(),
+                        Value::String("optional_bytes".into()),
+                    );
+                }
+                _ => s.refuse(key, "must be ignore or optional_bytes"),
+            },
             "table.field.event.payload.id" => s.note(
                 key,
                 "deprecated and unused by the router; walbox has no equivalent",

@@ -181,20 +181,48 @@ fn router_settings_map_to_columns_routing_and_expansion() {
 }
 
 #[test]
-fn json_expansion_is_refused_with_the_reason() {
+fn json_converters_and_expansion_are_translated() {
+    use crate::config::{Converter, JsonNulls};
+    let r = render(&format!(
+        "{PROPERTIES}transforms.outbox.table.expand.json.payload=true\n\
+         transforms.outbox.table.json.payload.null.behavior=optional_bytes\n\
+         key.converter=org.apache.kafka.connect.json.JsonConverter\n\
+         key.converter.schemas.enable=false\n\
+         value.converter=org.apache.kafka.connect.json.JsonConverter\n\
+         value.converter.schemas.enable=true\n\
+         field.name.adjustment.mode=none\n"
+    ))
+    .unwrap();
+    assert!(r.unhonoured.is_empty(), "{:?}", r.unhonoured);
+    let config = load(&r.toml);
+    let route = &config.outbox.tables[0];
+    assert!(route.expand_json_payload);
+    assert_eq!(route.json_nulls, JsonNulls::OptionalBytes);
+    assert_eq!(
+        (route.converters.key, route.converters.value),
+        (
+            Converter::Json { schemas: false },
+            Converter::Json { schemas: true }
+        )
+    );
+    // Expansion under StringConverter writes the struct's toString(), which walbox reproduces.
     let r = render(&format!(
         "{PROPERTIES}transforms.outbox.table.expand.json.payload=true\n"
     ))
     .unwrap();
-    assert_eq!(r.unhonoured.len(), 1, "{:?}", r.unhonoured);
-    let f = &r.unhonoured[0];
-    assert_eq!(f.key, "transforms.outbox.table.expand.json.payload");
-    assert!(f.reason.contains("toString()"), "{f:?}");
+    assert!(r.unhonoured.is_empty(), "{:?}", r.unhonoured);
+    let route = &load(&r.toml).outbox.tables[0];
+    assert!(route.expand_json_payload);
+    assert_eq!(route.converters.value, Converter::String);
+    // Renamed fields of expanded payloads are not reproduced; a header converter is not either.
     let r = render(&format!(
-        "{PROPERTIES}transforms.outbox.table.expand.json.payload=false\n"
+        "{PROPERTIES}transforms.outbox.table.expand.json.payload=true\n\
+         field.name.adjustment.mode=avro\n\
+         header.converter=org.apache.kafka.connect.json.JsonConverter\n"
     ))
     .unwrap();
-    assert!(r.unhonoured.is_empty(), "{:?}", r.unhonoured);
+    let refused: Vec<&str> = r.unhonoured.iter().map(|f| f.key.as_str()).collect();
+    assert_eq!(refused, ["header.converter", "field.name.adjustment.mode"]);
 }
 
 #[test]

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::config::{valid_topic, Compat, OutboxConfig, Route, RouteSource};
+use crate::config::{valid_topic, Compat, Converter, OutboxConfig, Route, RouteSource};
 use crate::dead_letter::Policy;
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
@@ -126,6 +126,8 @@ struct MappedRelation {
     key: Option<usize>,
     payload: Option<usize>,
     payload_kind: PayloadKind,
+    /// The key and payload columns as Debezium types them (routes writing Connect's bytes).
+    connect: Option<(connect::Column, connect::Column)>,
     topic: Option<usize>,
     aggregate_type: Option<usize>,
     event_type: Option<usize>,
@@ -150,6 +152,8 @@ struct Row<'a> {
     headers: Vec<(HeaderName, Option<Bytes>)>,
     envelope: Vec<(Arc<str>, Option<Bytes>)>,
     missing: &'a [String],
+    /// The key and payload columns as Debezium types them, for a table route.
+    connect: Option<(connect::Column, connect::Column)>,
 }
 
 /// Relation cache and row mapper; see the module docs.
@@ -162,6 +166,8 @@ pub struct OutboxMapper {
     messages: Option<usize>,
     /// `None` for relations that are not outbox tables.
     relations: HashMap<u32, Option<MappedRelation>>,
+    /// Each table route's NOT NULL columns ([`OutboxMapper::set_not_null`]).
+    not_null: Vec<Vec<String>>,
     /// Where header texts and topic names come from without an allocation per event.
     scratch: RefCell<Scratch>,
 }
@@ -205,6 +211,7 @@ impl OutboxMapper {
             templates,
             messages,
             relations: HashMap::new(),
+            not_null: Vec::new(),
             scratch: RefCell::new(Scratch::default()),
         }
     }
@@ -231,6 +238,13 @@ impl OutboxMapper {
             }
         }
         topics
+    }
+
+    /// Each table route's NOT NULL columns, in `outbox.tables` order, as the catalog says
+    /// ([`crate::source::catalog::not_null_columns`]): they make a column's Connect schema
+    /// required for routes that write Connect's bytes. Set before the first Relation message.
+    pub fn set_not_null(&mut self, per_route: Vec<Vec<String>>) {
+        self.not_null = per_route;
     }
 
     /// The route with this index.
@@ -288,12 +302,26 @@ impl OutboxMapper {
             Some(JSON_OID | JSONB_OID) => PayloadKind::Json,
             _ => PayloadKind::Text,
         };
+        let r = &self.routes[route];
+        let column = |i: Option<usize>, name: &str| connect::Column {
+            ty: i
+                .and_then(|i| connect::ColumnType::of_oid(rel.columns[i].type_oid))
+                .unwrap_or(connect::ColumnType::Text),
+            nullable: !self
+                .not_null
+                .get(route)
+                .is_some_and(|cols| cols.iter().any(|c| c == name)),
+        };
+        let connect = r
+            .writes_connect_bytes()
+            .then(|| (column(key, &c.aggregate_id), column(payload, &c.payload)));
         MappedRelation {
             route,
             id,
             key,
             payload,
             payload_kind,
+            connect,
             topic,
             aggregate_type,
             event_type: find(&c.event_type),
@@ -366,6 +394,7 @@ impl OutboxMapper {
                 .map(|(i, f)| (f.clone(), value(*i).cloned()))
                 .collect(),
             missing: &m.missing,
+            connect: m.connect,
         };
         self.build(m.route, row, position).map(Some)
     }
@@ -451,6 +480,7 @@ impl OutboxMapper {
                 .map(|(k, f)| (Arc::from(f.as_str()), text(k)))
                 .collect(),
             missing: &[],
+            connect: None,
         };
         self.build(route, row, position).map(Some)
     }
@@ -528,7 +558,19 @@ impl OutboxMapper {
                 return Err(fail(&row, format!("{:?} (key) is NULL", c.aggregate_id)))
             }
         };
-        if row.payload.is_none() && !r.tombstones {
+        // The router's converters: what JsonConverter writes for the key, and for the payload
+        // (expanded when asked), instead of the column's text.
+        let connect_key = match (row.connect, r.converters.key) {
+            (Some((column, _)), Converter::Json { schemas }) => {
+                match connect::record_key(column, key.as_deref(), schemas) {
+                    Ok(k) => Some(k),
+                    Err(e) => return Err(fail(&row, format!("the key: {e}"))),
+                }
+            }
+            _ => None,
+        };
+        // The router sends a NULL payload as what its converter makes of null.
+        if row.payload.is_none() && !r.tombstones && r.compat == Compat::Walbox {
             return Err(fail(
                 &row,
                 format!(
@@ -632,8 +674,18 @@ impl OutboxMapper {
             Some(self.sources[route].clone()),
         ));
         let value = match (&row.payload, r.format) {
-            (None, _) => None,
+            (None, _) if r.tombstones || row.connect.is_none() => None,
             (Some(p), _) if r.tombstones && r.compat == Compat::Debezium && router_blank(p) => None,
+            (p, _) if row.connect.is_some() => {
+                let (_, column) = row.connect.expect("checked");
+                let expand = r.expand_json_payload.then_some(r.json_nulls);
+                let raw = p.as_ref().map(|p| &p.bytes);
+                match connect::record_value(column, &c.payload, raw, expand, r.converters.value) {
+                    Ok(v) => v,
+                    Err(e) => return Err(fail(&row, format!("the payload: {e}"))),
+                }
+            }
+            (None, _) => None,
             (Some(p), crate::config::ValueFormat::Raw) => Some(p.bytes.clone()),
             (Some(p), format) => {
                 let env = envelope::Envelope {
@@ -698,7 +750,7 @@ impl OutboxMapper {
         Ok(OutboxEvent {
             topic,
             partition,
-            key,
+            key: connect_key.unwrap_or(key),
             value,
             headers,
             timestamp_ms,

@@ -527,3 +527,48 @@ fn debezium_compat_sends_a_null_key_column_as_a_null_key() {
         .reason
         .contains("(key) is NULL"));
 }
+
+#[test]
+fn debezium_compat_writes_json_converter_bytes() {
+    let cols: &[(&str, u32)] = &[
+        ("id", 2950),
+        ("aggregatetype", 1043),
+        ("aggregateid", 1043),
+        ("type", 1043),
+        ("payload", JSONB_OID),
+    ];
+    let toml = "[outbox]\ncompat = \"debezium\"\nexpand_json_payload = true\n\
+                [outbox.converters]\nkey = \"json\"\nvalue = \"json\"\nvalue_schemas = false";
+    let mut m = OutboxMapper::new(&outbox(toml));
+    m.set_not_null(vec![vec!["id".into(), "aggregateid".into()]]);
+    m.relation(&relation(1, "outbox", cols));
+    let row = |payload: Option<&'static str>| {
+        [
+            Some("0f8fad5b-d9cb-469f-a165-70867728950e"),
+            Some("order"),
+            Some("o-1"),
+            Some("t"),
+            payload,
+        ]
+    };
+    let e = m
+        .map_insert(
+            &insert(1, &row(Some("{\"a\": null, \"x\": 0.0000001}"))),
+            POS,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        e.key.as_deref(),
+        Some(&b"{\"schema\":{\"type\":\"string\",\"optional\":false},\"payload\":\"o-1\"}"[..])
+    );
+    assert_eq!(e.value.as_deref(), Some(&b"{\"x\":1.0E-7}"[..]));
+    // A NULL payload without tombstones is JsonConverter's null, not an invalid row.
+    let e = m.map_insert(&insert(1, &row(None)), POS).unwrap().unwrap();
+    assert_eq!(e.value.as_deref(), Some(&b"null"[..]));
+    // A payload Debezium's task fails on (a top-level array under expansion) is the row's
+    // fault, with the reason.
+    assert!(invalid(m.map_insert(&insert(1, &row(Some("[1, 2]"))), POS))
+        .reason
+        .contains("JsonConverter"));
+}

@@ -526,7 +526,8 @@ impl Relay {
             self.acked_frontier = Lsn::ZERO;
         }
         // Topics the config names are looked up now, not on the WAL path.
-        let mapper = OutboxMapper::new(&self.settings.outbox);
+        let mut mapper = OutboxMapper::new(&self.settings.outbox);
+        mapper.set_not_null(open.not_null.clone());
         self.topics
             .resolve(&self.sink, &mapper.known_topics())
             .await;

@@ -121,6 +121,8 @@ pub struct ConsumedRecord {
     pub payload: Option<Vec<u8>>,
     /// Headers in order.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The record's timestamp, in milliseconds since the epoch, when it has one.
+    pub timestamp_ms: Option<i64>,
 }
 
 impl ConsumedRecord {
@@ -254,6 +256,7 @@ impl TopicReader {
                                 .collect()
                         })
                         .unwrap_or_default(),
+                    timestamp_ms: m.timestamp().to_millis(),
                 };
                 if let Some(i) = self
                     .partitions

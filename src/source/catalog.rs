@@ -45,6 +45,20 @@ pub enum CatalogError {
         "outbox table {0} does not exist (check outbox.table and the database in postgres.url)"
     )]
     MissingTable(String),
+    /// A key or payload column whose Connect schema walbox does not reproduce.
+    #[error("outbox table {table}: column {column:?} is {type_name}, and walbox writes JsonConverter's bytes only for {supported} {what} columns (use the string converter, or change the column's type)")]
+    ConnectType {
+        /// `schema.table`.
+        table: String,
+        /// The column.
+        column: String,
+        /// Its type.
+        type_name: String,
+        /// `key` or `payload`.
+        what: &'static str,
+        /// The types walbox reproduces.
+        supported: &'static str,
+    },
     /// A mapped column does not exist.
     #[error("outbox table {table} has no column {column:?} (fix outbox.{setting}, or the table)")]
     MissingColumn {
@@ -416,6 +430,7 @@ pub async fn table_shape(
             });
         }
     }
+    connect_types(route, &shape)?;
     // Routing: every variable the topic template uses needs its column, unless a topic column
     // or a fallback topic covers rows without it.
     if !c.topic.as_deref().is_some_and(has) && route.fallback_topic.is_none() {
@@ -433,6 +448,79 @@ pub async fn table_shape(
         }
     }
     Ok(shape)
+}
+
+/// A route that writes JsonConverter's bytes needs key and payload columns of types whose
+/// Connect schema walbox reproduces ([`crate::outbox::connect::ColumnType`]).
+fn connect_types(route: &Route, shape: &TableShape) -> Result<(), CatalogError> {
+    use crate::config::Converter;
+    use crate::outbox::connect::ColumnType;
+    let checks = [
+        (
+            route.converters.key,
+            &route.columns.aggregate_id,
+            "key",
+            "text, varchar, char, uuid, json, jsonb, smallint, integer and bigint",
+        ),
+        (
+            route.converters.value,
+            &route.columns.payload,
+            "payload",
+            "text, varchar, char, uuid, json, jsonb, bytea, smallint, integer and bigint",
+        ),
+    ];
+    for (converter, column, what, supported) in checks {
+        if converter == Converter::String {
+            continue;
+        }
+        let type_name = shape.column_type(column).unwrap_or_default();
+        let ok = match ColumnType::of_name(type_name) {
+            Some(ColumnType::Bytes) => what == "payload",
+            Some(_) => true,
+            None => false,
+        };
+        if !ok {
+            return Err(CatalogError::ConnectType {
+                table: route.name.to_string(),
+                column: column.clone(),
+                type_name: type_name.to_owned(),
+                what,
+                supported,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Each table route's NOT NULL columns, in `outbox.tables` order (empty for a route that does
+/// not write Connect's bytes, or a table not found): whether a key or payload column is
+/// nullable decides its Connect schema's `optional` ([`crate::outbox::connect`]).
+pub async fn not_null_columns(
+    client: &impl tokio_postgres::GenericClient,
+    outbox: &OutboxConfig,
+) -> Result<Vec<Vec<String>>, tokio_postgres::Error> {
+    let mut all = Vec::with_capacity(outbox.tables.len());
+    for route in &outbox.tables {
+        let RouteSource::Table { schema, table } = &route.source else {
+            all.push(Vec::new());
+            continue;
+        };
+        if !route.writes_connect_bytes() {
+            all.push(Vec::new());
+            continue;
+        }
+        let rows = client
+            .query(
+                "SELECT a.attname::text FROM pg_attribute a \
+                 JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
+                   AND a.attnotnull",
+                &[schema, table],
+            )
+            .await?;
+        all.push(rows.iter().map(|r| r.get(0)).collect());
+    }
+    Ok(all)
 }
 
 /// The server's version and `wal_level`.

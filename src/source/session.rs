@@ -100,6 +100,8 @@ pub struct OpenSession {
     pub slot: Option<SlotState>,
     /// Whether `postgres.url` is the primary or a standby.
     pub role: Role,
+    /// Each table route's NOT NULL columns ([`catalog::not_null_columns`]).
+    pub not_null: Vec<Vec<String>>,
     /// `postgres.primary_url`, asked for running-transactions records while a slot is created
     /// on a standby.
     primary: Option<crate::config::conninfo::ConnInfo>,
@@ -112,6 +114,9 @@ pub struct OpenSession {
 pub async fn open(pg: &PostgresConfig, outbox: &OutboxConfig) -> Result<OpenSession, OpenError> {
     let control = connect_control(&pg.conn).await?;
     let role = catalog::prepare(&control, pg, outbox).await?;
+    let not_null = catalog::not_null_columns(&control, outbox)
+        .await
+        .map_err(catalog::CatalogError::from)?;
     let mut repl = ReplicationConnection::connect(&pg.conn).await?;
     let identity = repl.identify_system().await?;
     let mut slot = catalog::slot_state(&control, &pg.slot).await?;
@@ -131,6 +136,7 @@ pub async fn open(pg: &PostgresConfig, outbox: &OutboxConfig) -> Result<OpenSess
         identity,
         slot,
         role,
+        not_null,
         primary: pg.primary.clone(),
         failover: pg.failover_slot,
     })

@@ -30,6 +30,8 @@ pub struct ConnectorSpec<'a> {
     pub bootstrap: &'a str,
     /// The router's settings (`transforms.outbox.<key>`), after `type`.
     pub router: &'a [(&'a str, String)],
+    /// More connector settings (converters, for instance).
+    pub extra: &'a [(&'a str, String)],
 }
 
 /// A running Kafka Connect standalone worker with one Debezium PostgreSQL connector.
@@ -55,7 +57,7 @@ impl Connect {
                 publication: spec.publication,
                 bootstrap: spec.bootstrap,
                 router: spec.router,
-                extra: &[],
+                extra: spec.extra,
             },
             || spec.db.streaming(spec.slot),
         )

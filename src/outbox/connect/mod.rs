@@ -31,7 +31,11 @@ mod schema;
 #[cfg(test)]
 mod tests;
 
-pub use schema::{expand, Expanded, NullFields};
+pub use schema::{expand, Expanded};
+
+use bytes::Bytes;
+
+use crate::config::{Converter, JsonNulls};
 
 use jackson::{java_double, write_string};
 
@@ -446,5 +450,55 @@ fn java_string(out: &mut String, schema: Option<&Schema>, value: &Value) {
             }
             out.push('}');
         }
+    }
+}
+
+/// A mapped column as Debezium types it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Column {
+    /// Its Connect type.
+    pub ty: ColumnType,
+    /// Whether it is nullable (the schema's `optional`).
+    pub nullable: bool,
+}
+
+/// The record key `JsonConverter` writes for the key column's text `raw` (`None`: NULL).
+pub fn record_key(
+    column: Column,
+    raw: Option<&[u8]>,
+    schemas: bool,
+) -> Result<Option<Bytes>, ConvertError> {
+    let schema = column.ty.schema(column.nullable);
+    Ok(json(Some(&schema), &column.ty.value(raw)?, schemas)?.map(Bytes::from))
+}
+
+/// The record value the router's `converter` writes for the payload column `field`'s value
+/// `raw` (its text, or bytea's bytes; `None`: NULL), expanded first when `expand_json` is on.
+/// Under `StringConverter` a payload that was not expanded is `raw` itself.
+pub fn record_value(
+    column: Column,
+    field: &str,
+    raw: Option<&Bytes>,
+    expand_json: Option<JsonNulls>,
+    converter: Converter,
+) -> Result<Option<Bytes>, ConvertError> {
+    let mut schema = Some(column.ty.schema(column.nullable));
+    let mut value = column.ty.value(raw.map(|b| &b[..]))?;
+    let mut expanded = false;
+    if let (Some(nulls), Value::String(text)) = (expand_json, &value) {
+        match expand(text, field, nulls) {
+            Expanded::Unchanged => {}
+            Expanded::Struct(s, v) => {
+                schema = Some(s);
+                value = v;
+                expanded = true;
+            }
+            Expanded::SchemaOnly(s) => schema = s,
+        }
+    }
+    match converter {
+        Converter::String if expanded => Ok(Some(Bytes::from(to_string(schema.as_ref(), &value)))),
+        Converter::String => Ok(raw.cloned()),
+        Converter::Json { schemas } => Ok(json(schema.as_ref(), &value, schemas)?.map(Bytes::from)),
     }
 }

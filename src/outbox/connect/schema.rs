@@ -22,8 +22,7 @@
 use super::jackson::{read_tree, Node};
 use super::{Schema, Type, Value};
 
-/// `table.json.payload.null.behavior`: what a null in an expanded payload becomes.
-pub use crate::config::JsonNulls as NullFields;
+use crate::config::JsonNulls as NullFields;
 
 /// What the router made of a payload it was asked to expand.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,5 +1,6 @@
 use super::jackson::{java_double, read_tree, write_string, Node};
 use super::*;
+use crate::config::JsonNulls as NullFields;
 
 fn json_of(text: &str, schemas: bool) -> String {
     let column = ColumnType::Json.schema(true);
