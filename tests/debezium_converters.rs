@@ -35,6 +35,9 @@ const JSON_PAYLOADS: &[&str] = &[
     "NULL",
 ];
 
+/// One side's records, by topic (prefix stripped) and partition, in partition order.
+type Records = BTreeMap<(String, i32), Vec<ConsumedRecord>>;
+
 /// The topics of `prefix`, created with [`PARTITIONS`] partitions.
 fn create_topics(prefix: &str) {
     let broker = support::broker();
@@ -58,7 +61,7 @@ fn compare(
     writes: &[String],
     rows: usize,
     route: impl Fn(&walbox::config::Route),
-) -> Option<[BTreeMap<(String, i32), Vec<ConsumedRecord>>; 2]> {
+) -> Option<[Records; 2]> {
     let Some(server) = kafka::apache() else {
         eprintln!("needs Apache Kafka and Kafka Connect: run with WALBOX_TEST_KAFKA=apache (scripts/real-kafka.sh); skipped");
         return None;

@@ -21,8 +21,11 @@
 //! that is NULL is sent as a header with a null value instead of being left out, a NULL key
 //! column is a null key instead of an invalid row, and with `tombstones` a payload that is
 //! blank (empty, or only characters up to U+0020, as Java's `trim` sees it; not bytea) is a
-//! tombstone as a NULL one is. walbox's own `walbox.*` headers stay. docs/migrating.md lists
-//! what still differs.
+//! tombstone as a NULL one is; without `tombstones` a NULL payload is what the converter makes
+//! of null. `[outbox.converters]` names Connect's `JsonConverter` (with or without schemas)
+//! for keys or values instead of `StringConverter`, and `expand_json_payload` is the router's
+//! `table.expand.json.payload` (`crate::outbox::connect`). walbox's own `walbox.*` headers
+//! stay. docs/migrating.md lists what still differs.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -454,7 +454,7 @@ pub async fn table_shape(
 /// Connect schema walbox reproduces ([`crate::outbox::connect::ColumnType`]).
 fn connect_types(route: &Route, shape: &TableShape) -> Result<(), CatalogError> {
     use crate::config::Converter;
-    use crate::outbox::connect::ColumnType;
+    use crate::source::column_type::ColumnType;
     let checks = [
         (
             route.converters.key,
@@ -511,14 +511,30 @@ pub async fn not_null_columns(
         }
         let rows = client
             .query(
-                "SELECT a.attname::text FROM pg_attribute a \
+                "SELECT a.attname::text, a.attnotnull, a.atthasdef FROM pg_attribute a \
                  JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
-                   AND a.attnotnull",
+                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
                 &[schema, table],
             )
             .await?;
-        all.push(rows.iter().map(|r| r.get(0)).collect());
+        let c = &route.columns;
+        for r in &rows {
+            let name: String = r.get(0);
+            let json = |side: crate::config::Converter| side != crate::config::Converter::String;
+            let schema_has_it = (name == c.aggregate_id && json(route.converters.key))
+                || (name == c.payload && json(route.converters.value));
+            if r.get::<_, bool>(2) && schema_has_it {
+                // Debezium carries a column's default in its schema (`"default":…`) and
+                // JsonConverter writes it for a null value; walbox does neither.
+                tracing::warn!(table = %route.name, column = %name, "the column has a DEFAULT: Debezium's JsonConverter schema for it carries the default, and writes it for a NULL; walbox's does not (docs/migrating.md)");
+            }
+        }
+        all.push(
+            rows.iter()
+                .filter(|r| r.get::<_, bool>(1))
+                .map(|r| r.get(0))
+                .collect(),
+        );
     }
     Ok(all)
 }

@@ -5,6 +5,7 @@
 //! ([`standby`]) and timeline histories ([`timeline`]).
 
 pub mod catalog;
+pub mod column_type;
 pub mod pgoutput;
 pub mod publication;
 pub mod replication;

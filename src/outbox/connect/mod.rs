@@ -25,159 +25,41 @@
 //! - Where Connect would throw, these functions return a [`ConvertError`] that says why; the
 //!   mapper makes it the row's fault (`on_invalid`), never a skipped event.
 
+mod data;
 pub mod jackson;
 mod schema;
 
 #[cfg(test)]
 mod tests;
 
+pub use crate::source::column_type::ColumnType;
+pub use data::{Schema, Type, Value};
 pub use schema::{expand, Expanded};
 
 use bytes::Bytes;
 
 use crate::config::{Converter, JsonNulls};
+use crate::failure::{Classify, Failure};
 
 use jackson::{java_double, write_string};
-
-/// A Connect schema type, with what it contains.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Type {
-    /// `boolean`.
-    Boolean,
-    /// `int16`.
-    Int16,
-    /// `int32`.
-    Int32,
-    /// `int64`.
-    Int64,
-    /// `double`.
-    Float64,
-    /// `string`.
-    String,
-    /// `bytes`.
-    Bytes,
-    /// `array` of one schema.
-    Array(Box<Schema>),
-    /// `struct`: its fields, in order.
-    Struct(Vec<(String, Schema)>),
-}
-
-/// A Connect schema (the parts Debezium's outbox records use: no defaults, docs or
-/// parameters).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Schema {
-    /// Type.
-    pub ty: Type,
-    /// Whether null is a valid value.
-    pub optional: bool,
-    /// Logical name.
-    pub name: Option<String>,
-    /// Version.
-    pub version: Option<i32>,
-}
-
-impl Schema {
-    /// An optional schema of `ty` with no name.
-    pub fn optional(ty: Type) -> Schema {
-        Schema {
-            ty,
-            optional: true,
-            name: None,
-            version: None,
-        }
-    }
-
-    /// Debezium's name for a json/jsonb column.
-    pub const JSON: &'static str = "io.debezium.data.Json";
-    /// Debezium's name for a uuid column.
-    pub const UUID: &'static str = "io.debezium.data.Uuid";
-}
-
-/// A Connect value, by the Java class it has (Connect validates values by class).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    /// `null`.
-    Null,
-    /// `Boolean`.
-    Boolean(bool),
-    /// `Short`.
-    Int16(i16),
-    /// `Integer`.
-    Int32(i32),
-    /// `Long`.
-    Int64(i64),
-    /// `Double`.
-    Float64(f64),
-    /// `BigDecimal` (a JSON integer beyond 64 bits): valid for no inferred schema.
-    Decimal(String),
-    /// `String`.
-    String(String),
-    /// `byte[]`.
-    Bytes(Vec<u8>),
-    /// `List`.
-    Array(Vec<Value>),
-    /// `Struct`: one value per field of its schema, [`Value::Null`] where none was put.
-    Struct(Vec<Value>),
-}
 
 /// Why Connect would fail the record (and Debezium's task with it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct ConvertError(pub String);
 
+impl Classify for ConvertError {
+    /// The record's fault: the row is invalid (`on_invalid`: exit 8, or a dead letter).
+    fn failure(&self) -> Option<Failure> {
+        Some(Failure::EventRejected)
+    }
+}
+
 fn err<T>(msg: impl Into<String>) -> Result<T, ConvertError> {
     Err(ConvertError(msg.into()))
 }
 
-/// What a column type is in Connect, as Debezium's PostgreSQL connector maps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ColumnType {
-    /// json, jsonb.
-    Json,
-    /// uuid.
-    Uuid,
-    /// int2.
-    Int16,
-    /// int4.
-    Int32,
-    /// int8.
-    Int64,
-    /// bytea.
-    Bytes,
-    /// text, varchar, bpchar.
-    Text,
-}
-
 impl ColumnType {
-    /// The Connect type of a column of PostgreSQL type `oid`, when walbox reproduces it.
-    pub fn of_oid(oid: u32) -> Option<ColumnType> {
-        Some(match oid {
-            114 | 3802 => ColumnType::Json,
-            2950 => ColumnType::Uuid,
-            21 => ColumnType::Int16,
-            23 => ColumnType::Int32,
-            20 => ColumnType::Int64,
-            17 => ColumnType::Bytes,
-            25 | 1043 | 1042 => ColumnType::Text,
-            _ => return None,
-        })
-    }
-
-    /// The same for a type as `format_type` names it (`character varying(255)`).
-    pub fn of_name(name: &str) -> Option<ColumnType> {
-        let base = name.split('(').next().unwrap_or(name).trim();
-        Some(match base {
-            "json" | "jsonb" => ColumnType::Json,
-            "uuid" => ColumnType::Uuid,
-            "smallint" => ColumnType::Int16,
-            "integer" => ColumnType::Int32,
-            "bigint" => ColumnType::Int64,
-            "bytea" => ColumnType::Bytes,
-            "text" | "character varying" | "character" => ColumnType::Text,
-            _ => return None,
-        })
-    }
-
     /// Debezium's schema for a column of this type.
     pub fn schema(self, nullable: bool) -> Schema {
         let (ty, name) = match self {

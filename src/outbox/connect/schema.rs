@@ -19,8 +19,8 @@
 //! identity hash codes and so differs between runs of its task; walbox merges them in the order
 //! the elements come (docs/migrating.md).
 
+use super::data::{Schema, Type, Value};
 use super::jackson::{read_tree, Node};
-use super::{Schema, Type, Value};
 
 use crate::config::JsonNulls as NullFields;
 
