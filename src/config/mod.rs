@@ -38,6 +38,9 @@
 //!   `alerts.rs`, `http.rs`, `log.rs`. `postgres.rs` and `kafka.rs` also hold the connection
 //!   keys every command's section has (`RawPgConnection`, `RawKafkaConnection`), which
 //!   `walbox inbox` (`inbox/config.rs`) reuses with `[http]` and `[log]`;
+//! - `kafka_client.rs`: every Kafka client's librdkafka configuration, from the brokers, the
+//!   properties and the client's role (`KafkaRole`): the one rule for which properties each
+//!   client gets;
 //! - `layers.rs`: the file and the environment into one TOML table, and deserializing it;
 //! - `document.rs`: the whole document, `walbox run`'s variables (`LAYOUT`), [`RawConfig`] →
 //!   [`Config`] (the sections' validations and the rules across them), and [`load`];
@@ -50,6 +53,7 @@ mod env;
 mod error;
 mod http;
 mod kafka;
+mod kafka_client;
 mod layers;
 mod log;
 pub mod outbox;
@@ -69,6 +73,7 @@ pub(crate) use kafka::{scalar_properties, RawKafkaConnection};
 pub use kafka::{
     valid_topic, ExactlyOnce, KafkaConfig, RawKafka, DEFAULT_PROGRESS_TOPIC, TRANSACTION_TIMEOUT_MS,
 };
+pub use kafka_client::{client_config, KafkaRole};
 pub(crate) use layers::read_document;
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
 pub use outbox::{
