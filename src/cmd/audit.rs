@@ -47,7 +47,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -57,7 +56,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 
 use super::republish::{check_window, describe, insert_of, refused, select, Window};
-use crate::config::{Config, RouteSource};
+use crate::config::{Config, KafkaRole, RouteSource};
 use crate::dead_letter::Policy;
 use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
@@ -414,17 +413,7 @@ fn count_records(
 ) -> Result<(Expected, u64), FatalError> {
     let kafka_err =
         |e: rdkafka::error::KafkaError| FatalError::new(Failure::Kafka, format!("kafka: {e}"));
-    let mut cc = ClientConfig::new();
-    for (k, v) in &kafka.properties {
-        cc.set(k, v);
-    }
-    cc.set("bootstrap.servers", &kafka.brokers)
-        .set("group.id", "walbox-audit")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("log_level", "3");
+    let mut cc = kafka.client_config(KafkaRole::AuditReader);
     let consumer: BaseConsumer<ReaderContext> =
         cc.create_with_context(ReaderContext).map_err(kafka_err)?;
     // ListOffsets answers a read_committed client with the last stable offset: the high

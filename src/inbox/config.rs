@@ -33,8 +33,8 @@ use serde::Deserialize;
 
 use crate::config::conninfo::ConnInfo;
 use crate::config::{
-    backoff, read_document, valid_identifier, ConfigError, EnvLayout, HumanDuration, Kind,
-    LogConfig, RawHttp, RawKafkaConnection, RawLog, RawPgConnection, Setting, INBOX_PREFIX,
+    backoff, read_document, valid_identifier, ConfigError, EnvLayout, HumanDuration, KafkaRole,
+    Kind, LogConfig, RawHttp, RawKafkaConnection, RawLog, RawPgConnection, Setting, INBOX_PREFIX,
 };
 
 use super::effect::EffectSql;
@@ -216,8 +216,17 @@ pub struct InboxKafka {
     pub dead_letter_topic: Option<String>,
     /// Offset commit interval.
     pub commit_interval: Duration,
-    /// User consumer properties.
+    /// User properties: the consumer's, and the dead-letter producer's (see
+    /// `config::KafkaRole`).
     pub properties: BTreeMap<String, String>,
+}
+
+impl InboxKafka {
+    /// The configuration of a client in `role` of the inbox's cluster (the consumer, the
+    /// dead-letter producer, the admin client); the group is the consumer's creator's to set.
+    pub fn client_config(&self, role: KafkaRole) -> rdkafka::ClientConfig {
+        crate::config::client_config(&self.brokers, &self.properties, role)
+    }
 }
 
 impl fmt::Debug for InboxKafka {

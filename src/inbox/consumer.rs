@@ -46,7 +46,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Headers, Message};
@@ -54,6 +53,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::config::KafkaRole;
 use crate::failure::{kafka_error, Class, FatalError};
 
 use super::config::InboxKafka;
@@ -512,26 +512,6 @@ fn to_record(m: &rdkafka::message::BorrowedMessage<'_>) -> Record {
     }
 }
 
-/// walbox's consumer properties; user properties are applied over them (the config refuses
-/// those that would weaken the guarantees).
-pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
-    ("enable.auto.commit", "false"),
-    ("enable.auto.offset.store", "false"),
-    ("auto.offset.reset", "earliest"),
-    ("isolation.level", "read_committed"),
-    ("enable.partition.eof", "false"),
-    // Bound the wait for the re-fetch after a paused partition resumes, when the fetcher was
-    // waiting at the end of the log or backing off (librdkafka: 500 ms, 1 s, 500 ms): with
-    // librdkafka's defaults a pause costs up to a second of that partition's throughput.
-    ("fetch.wait.max.ms", "100"),
-    ("fetch.queue.backoff.ms", "10"),
-    ("fetch.error.backoff.ms", "10"),
-    ("statistics.interval.ms", "5000"),
-    ("client.id", "walbox-inbox"),
-    // A rebalance moves only the partitions that change owner; the others keep being processed.
-    ("partition.assignment.strategy", "cooperative-sticky"),
-];
-
 /// The consumer's polling thread.
 pub struct ConsumerLoop {
     consumer: BaseConsumer<Ctx>,
@@ -550,15 +530,8 @@ impl ConsumerLoop {
         metrics: Arc<InboxMetrics>,
         runtime: tokio::runtime::Handle,
     ) -> KafkaResult<ConsumerLoop> {
-        let mut cc = ClientConfig::new();
-        for (k, v) in DEFAULT_PROPERTIES {
-            cc.set(*k, *v);
-        }
-        for (k, v) in &kafka.properties {
-            cc.set(k, v);
-        }
-        cc.set("bootstrap.servers", &kafka.brokers)
-            .set("group.id", &kafka.group_id);
+        let mut cc = kafka.client_config(KafkaRole::InboxConsumer);
+        cc.set("group.id", &kafka.group_id);
         if let Some(id) = &kafka.group_instance_id {
             cc.set("group.instance.id", id);
         }

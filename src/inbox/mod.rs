@@ -46,11 +46,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 
 use crate::backoff::Backoff;
+use crate::config::KafkaRole;
 use crate::failure::{Class, Failure, FatalError};
 
 use self::config::{Guard, InboxConfig};
@@ -172,23 +172,13 @@ async fn run_inner(
         config.effect.on_error.topic().is_some() || config.effect.on_invalid.topic().is_some();
     let dead_letter = match needs_dlq {
         true => {
-            let mut cc = ClientConfig::new();
-            // Only the connection's security settings carry over from the consumer.
-            for (k, v) in &config.kafka.properties {
-                if ["security.", "ssl.", "sasl."]
-                    .iter()
-                    .any(|p| k.starts_with(p))
-                {
-                    cc.set(k, v);
-                }
-            }
-            cc.set("bootstrap.servers", &config.kafka.brokers)
-                .set("enable.idempotence", "true")
-                .set("acks", "all")
-                .set("client.id", "walbox-inbox-dlq");
-            let producer: FutureProducer = cc.create().map_err(|e| {
-                FatalError::of_or(&e, Failure::Kafka).prefixed("dead-letter producer")
-            })?;
+            let producer: FutureProducer = config
+                .kafka
+                .client_config(KafkaRole::DeadLetterProducer)
+                .create()
+                .map_err(|e| {
+                    FatalError::of_or(&e, Failure::Kafka).prefixed("dead-letter producer")
+                })?;
             Some(producer)
         }
         false => None,

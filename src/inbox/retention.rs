@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 
 use super::config::InboxKafka;
+use crate::config::KafkaRole;
 use crate::failure::{Classify, Failure};
 
 /// A topic's retention settings as the broker reports them.
@@ -154,16 +154,13 @@ pub async fn describe(
     timeout: Duration,
 ) -> Result<Vec<TopicRetention>, DescribeError> {
     let names = kafka.topics.join(", ");
-    let mut cc = ClientConfig::new();
-    for (k, v) in &kafka.properties {
-        cc.set(k, v);
-    }
-    cc.set("bootstrap.servers", &kafka.brokers);
-    let admin: AdminClient<DefaultClientContext> =
-        cc.create().map_err(|source| DescribeError::Kafka {
-            topics: names.clone(),
-            source,
-        })?;
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .client_config(KafkaRole::Admin)
+        .create()
+        .map_err(|source| DescribeError::Kafka {
+        topics: names.clone(),
+        source,
+    })?;
     let specs: Vec<ResourceSpecifier<'_>> = kafka
         .topics
         .iter()

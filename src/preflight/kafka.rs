@@ -2,8 +2,8 @@
 //! exists (or `kafka.create_topics` is on), the cluster grants the idempotent producer, and, with
 //! `kafka.exactly_once`, it grants a transactional producer.
 //!
-//! The client is configured exactly like the relay's producer (`sink::kafka::DEFAULT_PROPERTIES`
-//! and the user's `kafka.properties`), so it authenticates and connects the same way. Nothing is
+//! The client is configured exactly like the relay's producer (`KafkaRole::Producer`: walbox's
+//! defaults and the user's `kafka.properties`), so it authenticates and connects the same way. Nothing is
 //! produced: the idempotent producer asks for a producer id (InitProducerId) when it starts,
 //! and its statistics say when one was assigned. Brokers that refuse the SASL credentials fail
 //! the brokers check as "authentication failed" (what `walbox run` stops on with exit 4), not
@@ -53,10 +53,9 @@ use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Statistics};
 
-use crate::config::{Config, KafkaConfig};
+use crate::config::{Config, KafkaConfig, KafkaRole};
 use crate::outbox::OutboxMapper;
 use crate::preflight::Check;
-use crate::sink::kafka::DEFAULT_PROPERTIES;
 
 const BROKERS: &str = "kafka brokers";
 const IDEMPOTENCE: &str = "idempotent producer";
@@ -232,12 +231,10 @@ async fn topic_config(
 ) -> Result<Vec<Option<String>>, String> {
     use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
     use rdkafka::client::DefaultClientContext;
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &kafka.brokers);
-    for (k, v) in &kafka.properties {
-        cc.set(k, v);
-    }
-    let admin: AdminClient<DefaultClientContext> = cc.create().map_err(|e| e.to_string())?;
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .client_config(KafkaRole::Admin)
+        .create()
+        .map_err(|e| e.to_string())?;
     let opts = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
     let specs = [ResourceSpecifier::Topic(topic)];
     let results = tokio::time::timeout(METADATA_TIMEOUT, admin.describe_configs(&specs, &opts))
@@ -311,14 +308,7 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> (Vec<Check>, bool)
         }
     };
     let mut out = Vec::new();
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &kafka.brokers);
-    for (k, v) in DEFAULT_PROPERTIES {
-        cc.set(*k, *v);
-    }
-    for (k, v) in &kafka.properties {
-        cc.set(k, v);
-    }
+    let mut cc = kafka.client_config(KafkaRole::Producer);
     cc.set("statistics.interval.ms", "100");
     let producer: BaseProducer<Probe> = match cc.create_with_context(Probe::default()) {
         Ok(p) => p,

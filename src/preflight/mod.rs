@@ -13,7 +13,7 @@
 //! - Not reaching a server (wrong password, host down) is a failed check, not an error of the
 //!   command; nothing printed carries a password (connection strings are shown redacted).
 //! - The verdicts reuse the relay's own start-up code (`source::catalog`, `source::slot`,
-//!   `outbox::OutboxMapper::known_topics`, `sink::kafka::DEFAULT_PROPERTIES`), so `walbox check`
+//!   `outbox::OutboxMapper::known_topics`, `config::KafkaRole::Producer`), so `walbox check`
 //!   and `walbox run` cannot disagree about what is required.
 //! - The exit status is 0 when no check failed (warnings allowed), else
 //!   [`crate::failure::Failure::Preflight`] (`walbox check`, in `cmd/check.rs`).

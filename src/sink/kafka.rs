@@ -8,8 +8,10 @@
 //! source connectors. A broker outage therefore never fails a record: it stalls the relay, which
 //! stops reading WAL once `relay.max_in_flight` records are waiting (backpressure), and resumes
 //! when the broker is back (exactly-once mode bounds a record's wait by its transaction's
-//! timeout instead, as librdkafka requires). User properties from `[kafka.properties]`
-//! override these defaults, except those that would weaken delivery (refused by the config).
+//! timeout instead, as librdkafka requires). These are [`KafkaRole::Producer`]'s defaults:
+//! user properties from `[kafka.properties]` override them, except those that would weaken
+//! delivery (refused by the config), and consumer properties are not the producer's
+//! (`config::kafka_client` has the rule).
 //!
 //! Each record carries its sequence number, lane and route as the delivery opaque (a plain
 //! `usize`, no allocation); the delivery callback, on librdkafka's polling thread, pushes an
@@ -40,7 +42,7 @@ use rdkafka::{ClientContext, Message};
 use tokio::sync::Notify;
 
 use super::silence::Silences;
-use crate::config::KafkaConfig;
+use crate::config::{KafkaConfig, KafkaRole};
 use crate::failure::{kafka_error, Class, Classify, Failure};
 use crate::outbox::OutboxEvent;
 
@@ -387,22 +389,10 @@ pub struct KafkaSink {
     lane: usize,
 }
 
-/// walbox's producer defaults; user properties are applied over them.
-pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
-    ("enable.idempotence", "true"),
-    ("acks", "all"),
-    ("partitioner", "murmur2_random"),
-    ("message.timeout.ms", "0"),
-    ("linger.ms", "5"),
-    ("allow.auto.create.topics", "false"),
-    ("client.id", "walbox"),
-    super::EAGER_CONNECTIONS,
-];
-
 impl KafkaSink {
     /// Creates the producer. Delivery reports go to `acks`.
     pub fn new(config: &KafkaConfig, acks: Arc<AckQueue>) -> Result<Self, SinkError> {
-        Self::with_defaults(config, vec![acks], &[]).map_err(SinkError::Config)
+        Self::with_role(config, vec![acks], KafkaRole::Producer).map_err(SinkError::Config)
     }
 
     /// One producer for `relays` relays (the shards of one process): a handle per relay, with
@@ -415,7 +405,8 @@ impl KafkaSink {
             ))));
         }
         let queues: Vec<Arc<AckQueue>> = (0..relays).map(|_| Arc::default()).collect();
-        let sink = Self::with_defaults(config, queues.clone(), &[]).map_err(SinkError::Config)?;
+        let sink = Self::with_role(config, queues.clone(), KafkaRole::Producer)
+            .map_err(SinkError::Config)?;
         Ok(queues
             .into_iter()
             .enumerate()
@@ -429,47 +420,29 @@ impl KafkaSink {
             .collect())
     }
 
-    /// Creates the transactional producer of exactly-once mode (see the `transaction` module):
-    /// `transactional.id` is `id`, a record may wait for delivery as long as its transaction
-    /// may stay open (librdkafka requires `message.timeout.ms` ≤ `transaction.timeout.ms`), and
-    /// `linger.ms` is 0, unless `[kafka.properties]` says otherwise.
+    /// Creates the transactional producer of exactly-once mode (see the `transaction` module),
+    /// its `transactional.id` being `id` ([`KafkaRole::TransactionalProducer`]: a record may
+    /// wait for delivery as long as its transaction may stay open, and `linger.ms` is 0, unless
+    /// `[kafka.properties]` says otherwise).
     pub fn transactional(
         config: &KafkaConfig,
         acks: Arc<AckQueue>,
         id: &str,
     ) -> Result<Self, KafkaError> {
-        let timeout = config
-            .properties
-            .get("transaction.timeout.ms")
-            .map_or(crate::config::TRANSACTION_TIMEOUT_MS, String::as_str);
-        Self::with_defaults(
-            config,
-            vec![acks],
-            &[
-                ("transactional.id", id),
-                ("transaction.timeout.ms", timeout),
-                ("message.timeout.ms", timeout),
-                // A commit waits for every record's acknowledgement, the progress record last
-                // and alone: lingering only delays it (a transaction's records are handed over
-                // together and batch without it).
-                ("linger.ms", "0"),
-            ],
-        )
+        let mut cc = config.client_config(KafkaRole::TransactionalProducer);
+        cc.set("transactional.id", id);
+        Self::create(cc, vec![acks])
     }
 
-    fn with_defaults(
+    fn with_role(
         config: &KafkaConfig,
         lanes: Vec<Arc<AckQueue>>,
-        extra: &[(&str, &str)],
+        role: KafkaRole,
     ) -> Result<Self, KafkaError> {
-        let mut cc = ClientConfig::new();
-        cc.set("bootstrap.servers", &config.brokers);
-        for (k, v) in DEFAULT_PROPERTIES.iter().chain(extra) {
-            cc.set(*k, *v);
-        }
-        for (k, v) in &config.properties {
-            cc.set(k, v);
-        }
+        Self::create(config.client_config(role), lanes)
+    }
+
+    fn create(cc: ClientConfig, lanes: Vec<Arc<AckQueue>>) -> Result<Self, KafkaError> {
         let producer = cc.create_with_context(SinkContext {
             lanes,
             last_error: Mutex::new(HashMap::new()),

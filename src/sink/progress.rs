@@ -69,7 +69,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
-use crate::config::KafkaConfig;
+use crate::config::{KafkaConfig, KafkaRole};
 use crate::failure::{kafka_error, Classify, Failure};
 use crate::lsn::Lsn;
 use crate::sink::kafka::{is_unused_group_refusal, ReaderContext};
@@ -277,20 +277,8 @@ pub fn read_last(
         topic: topic.to_owned(),
         error,
     };
-    let mut cc = crate::sink::client_config(config);
-    cc.set("group.id", "walbox-progress-reader")
-        .set("enable.auto.commit", "false")
-        // The end of a partition is where librdkafka says it is: in exactly-once mode the
-        // last offsets are transaction markers, which are never delivered as records.
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed")
-        // librdkafka learns it reached the end only from a fetch sent at the end, which the
-        // broker holds `fetch.wait.max.ms` (500 ms by default) for new records: start-up would
-        // wait that long per partition with a committed transaction's marker at its end.
-        .set("fetch.wait.max.ms", "10")
-        // A step stops reading at its end; what librdkafka fetched beyond it is dropped.
-        .set("queued.min.messages", "10000")
-        .set("allow.auto.create.topics", "false");
+    // Its settings (committed records, to each partition's end) are the role's.
+    let mut cc = config.client_config(KafkaRole::ProgressReader);
     let consumer: BaseConsumer<ReaderContext> =
         cc.create_with_context(ReaderContext).map_err(kafka)?;
     // ListOffsets answers a read_committed client with the last stable offset: the high
@@ -500,11 +488,11 @@ pub fn write_reset(
         topic: topic.to_owned(),
         error,
     };
-    let mut cc = crate::sink::client_config(config);
-    cc.set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("allow.auto.create.topics", "false");
-    let producer: BaseProducer = cc.create().map_err(kafka)?;
+    // The relay's producer settings: the record lands where the relay's records of the key do.
+    let producer: BaseProducer = config
+        .client_config(KafkaRole::Producer)
+        .create()
+        .map_err(kafka)?;
     let lineage = Lineage {
         timeline,
         slot_floor: at,

@@ -25,7 +25,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::config::KafkaConfig;
+use crate::config::{KafkaConfig, KafkaRole};
 use crate::failure::{Classify, Failure};
 use crate::sink::kafka::KafkaSink;
 
@@ -93,7 +93,7 @@ impl Topics {
     pub fn new(config: &KafkaConfig) -> Result<Self, rdkafka::error::KafkaError> {
         let admin = match config.create_topics {
             None => None,
-            Some(_) => Some(crate::sink::client_config(config).create()?),
+            Some(_) => Some(config.client_config(KafkaRole::Admin).create()?),
         };
         Ok(Topics::over(admin.map(Arc::new), config.create_topics))
     }
