@@ -16,12 +16,15 @@
 //!    offsets and isolation level, the dead-letter producer's acknowledgements), and
 //!    `bootstrap.servers` from `kafka.brokers`.
 //!
-//! The scopes are librdkafka's own (CONFIGURATION.md's C/P column), so no client receives a
-//! property librdkafka would ignore with a warning; every user property reaches at least one
-//! client: a `walbox run` producer property reaches the relay's producer, a consumer property
-//! its progress reader and `walbox audit`'s reader; a `walbox inbox` property its consumer or
-//! its dead-letter producer. Properties that depend on one client (`transactional.id`,
-//! `group.id` of the inbox) are set by its creator after this.
+//! The scopes are librdkafka's own (CONFIGURATION.md's C/P column, aliases included), so no
+//! client receives a property librdkafka would ignore with a warning. What that means for each
+//! command: `walbox run`'s producer properties reach its producers, its consumer properties
+//! (rarely set) the progress reader and `walbox audit`'s reader; `walbox inbox`'s consumer
+//! properties reach its consumer, its producer properties the dead-letter producer (when a
+//! policy uses the dead-letter topic). Settings that belong to one client, not to a role
+//! (`transactional.id`, the inbox's `group.id` and `group.instance.id`, `walbox check`'s
+//! statistics interval, the watermark reader's `isolation.level`), are set by its creator on
+//! the configuration made here.
 //!
 //! Invariants: nothing here logs a property's value (a left-out property is logged at debug
 //! level by name only); the properties a configuration may hold at all (the ones that weaken

@@ -154,13 +154,12 @@ pub async fn describe(
     timeout: Duration,
 ) -> Result<Vec<TopicRetention>, DescribeError> {
     let names = kafka.topics.join(", ");
-    let admin: AdminClient<DefaultClientContext> = kafka
-        .client_config(KafkaRole::Admin)
-        .create()
-        .map_err(|source| DescribeError::Kafka {
-        topics: names.clone(),
-        source,
-    })?;
+    let cc = kafka.client_config(KafkaRole::Admin);
+    let admin: AdminClient<DefaultClientContext> =
+        cc.create().map_err(|source| DescribeError::Kafka {
+            topics: names.clone(),
+            source,
+        })?;
     let specs: Vec<ResourceSpecifier<'_>> = kafka
         .topics
         .iter()

@@ -2,10 +2,10 @@
 //! exists (or `kafka.create_topics` is on), the cluster grants the idempotent producer, and, with
 //! `kafka.exactly_once`, it grants a transactional producer.
 //!
-//! The client is configured exactly like the relay's producer (`KafkaRole::Producer`: walbox's
-//! defaults and the user's `kafka.properties`), so it authenticates and connects the same way. Nothing is
-//! produced: the idempotent producer asks for a producer id (InitProducerId) when it starts,
-//! and its statistics say when one was assigned. Brokers that refuse the SASL credentials fail
+//! The client is configured exactly like the relay's producer (`config::KafkaRole::Producer`:
+//! walbox's defaults and the user's `kafka.properties`), so it authenticates and connects the
+//! same way. Nothing is produced: the idempotent producer asks for a producer id
+//! (InitProducerId) when it starts, and its statistics say when one was assigned. Brokers that refuse the SASL credentials fail
 //! the brokers check as "authentication failed" (what `walbox run` stops on with exit 4), not
 //! as an unanswered request.
 //!
