@@ -2,10 +2,14 @@
 //! checked here (a usage error, exit status 2); `--since`, `--since-id` and `--time-column` are
 //! read by PostgreSQL in the table's types, so `walbox republish` and `walbox audit` check them
 //! against each table before reading rows (exit status 3 naming the argument).
+//!
+//! An argument several commands take is declared once and flattened into each: `--config`
+//! ([`ConfigArgs`]), the window of `republish` and `audit` ([`WindowArgs`]), `--json`
+//! ([`JsonArgs`]).
 
 use std::path::PathBuf;
 
-use clap::{ArgGroup, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 
 /// `walbox --version`: the package version and the git revision it was built from.
 pub const VERSION: &str = concat!(
@@ -29,36 +33,36 @@ pub struct Cli {
 pub enum Command {
     /// Relay outbox events until SIGTERM/SIGINT.
     Run {
-        /// TOML configuration file; every setting can also come from WALBOX_* variables.
-        #[arg(long, short, env = "WALBOX_CONFIG")]
-        config: Option<PathBuf>,
+        /// `--config`.
+        #[command(flatten)]
+        file: ConfigArgs,
     },
     /// Print the replication slot's health: retained WAL, lag, wal_status, alert level.
     Status {
-        /// TOML configuration file (the same as for `run`).
-        #[arg(long, short, env = "WALBOX_CONFIG")]
-        config: Option<PathBuf>,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
+        /// `--config`.
+        #[command(flatten)]
+        file: ConfigArgs,
+        /// `--json`.
+        #[command(flatten)]
+        output: JsonArgs,
     },
     /// Check everything `run` needs (PostgreSQL settings, role, tables, publication, slot,
     /// brokers, topics, idempotent producer) and print one line per check, each failure with
     /// its fix. Exits 0 when no check failed.
     Check {
-        /// TOML configuration file (the same as for `run`).
-        #[arg(long, short, env = "WALBOX_CONFIG")]
-        config: Option<PathBuf>,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
+        /// `--config`.
+        #[command(flatten)]
+        file: ConfigArgs,
+        /// `--json`.
+        #[command(flatten)]
+        output: JsonArgs,
     },
     /// Drop and recreate the replication slot after it was lost. Events committed between the
     /// old slot's confirmed position and the new slot's creation are NOT relayed.
     RecreateSlot {
-        /// TOML configuration file (the same as for `run`).
-        #[arg(long, short, env = "WALBOX_CONFIG")]
-        config: Option<PathBuf>,
+        /// `--config`.
+        #[command(flatten)]
+        file: ConfigArgs,
         /// Required: you accept the data-loss window described above.
         #[arg(long)]
         confirm_data_loss: bool,
@@ -68,9 +72,9 @@ pub enum Command {
     /// old ones exactly up to it, drop them. Run it with walbox stopped; run it again if it was
     /// interrupted.
     Reshard {
-        /// TOML configuration file (the same as for `run`).
-        #[arg(long, short, env = "WALBOX_CONFIG")]
-        config: Option<PathBuf>,
+        /// `--config`.
+        #[command(flatten)]
+        file: ConfigArgs,
         /// The number of shards to relay through afterwards (1 to 64).
         #[arg(long, value_name = "M")]
         to: u32,
@@ -80,18 +84,12 @@ pub enum Command {
     /// Consumers deduplicate by the `id` header.
     #[command(group(ArgGroup::new("window").required(true).multiple(true).args(["since_id", "since"])))]
     Republish {
-        /// TOML configuration file (the same as for `run`).
-        #[arg(long, short, env = "WALBOX_CONFIG")]
-        config: Option<PathBuf>,
-        /// Rows whose id column is at least this value (read in the column's type).
-        #[arg(long, value_name = "ID", value_parser = non_empty)]
-        since_id: Option<String>,
-        /// Rows whose time column is at least this timestamp (e.g. 2026-12-01T09:50:00Z).
-        #[arg(long, value_name = "TIME", value_parser = non_empty)]
-        since: Option<String>,
-        /// The column holding each row's insert time (default: outbox.columns.timestamp).
-        #[arg(long, value_name = "COLUMN", requires = "since", value_parser = non_empty)]
-        time_column: Option<String>,
+        /// `--config`.
+        #[command(flatten)]
+        file: ConfigArgs,
+        /// `--since-id`, `--since`, `--time-column`.
+        #[command(flatten)]
+        window: WindowArgs,
         /// Give up (exit status 9) when the brokers acknowledge no record for this long.
         #[arg(long, value_name = "DURATION", default_value = "40s", value_parser = parse_wait)]
         ack_timeout: std::time::Duration,
@@ -99,24 +97,18 @@ pub enum Command {
     /// Compare the outbox rows still in the table(s) with Kafka (by the `id` header) and print
     /// the missing and the duplicated ones. Exits 0 only when nothing is missing.
     Audit {
-        /// TOML configuration file (the same as for `run`).
-        #[arg(long, short, env = "WALBOX_CONFIG")]
-        config: Option<PathBuf>,
-        /// Only rows whose id column is at least this value (read in the column's type).
-        #[arg(long, value_name = "ID", value_parser = non_empty)]
-        since_id: Option<String>,
-        /// Only rows whose time column is at least this timestamp (e.g. 2026-12-01T09:50:00Z).
-        #[arg(long, value_name = "TIME", value_parser = non_empty)]
-        since: Option<String>,
-        /// The column holding each row's insert time (default: outbox.columns.timestamp).
-        #[arg(long, value_name = "COLUMN", requires = "since", value_parser = non_empty)]
-        time_column: Option<String>,
+        /// `--config`.
+        #[command(flatten)]
+        file: ConfigArgs,
+        /// `--since-id`, `--since`, `--time-column`.
+        #[command(flatten)]
+        window: WindowArgs,
         /// How long to wait for the slot to confirm the audited rows before reading Kafka.
         #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_wait)]
         wait: std::time::Duration,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
+        /// `--json`.
+        #[command(flatten)]
+        output: JsonArgs,
     },
     /// Print the walbox.toml equivalent to a Debezium PostgreSQL connector with the Outbox
     /// Event Router, on its slot and publication (`compat = "debezium"`). Every setting walbox
@@ -157,6 +149,37 @@ pub enum Command {
         #[arg(long, default_value_t = 3)]
         events: u32,
     },
+}
+
+/// `--config`: walbox.toml, for every command that reads it (`inbox` reads its own file).
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// TOML configuration file; every setting can also come from WALBOX_* variables.
+    #[arg(long, short, env = "WALBOX_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// The rows `republish` and `audit` take: `--since-id`, `--since` (and its `--time-column`).
+/// `republish` requires one of the two; `audit` without either takes every row.
+#[derive(Debug, Args)]
+pub struct WindowArgs {
+    /// Only rows whose id column is at least this value (read in the column's type).
+    #[arg(long, value_name = "ID", value_parser = non_empty)]
+    pub since_id: Option<String>,
+    /// Only rows whose time column is at least this timestamp (e.g. 2026-12-01T09:50:00Z).
+    #[arg(long, value_name = "TIME", value_parser = non_empty)]
+    pub since: Option<String>,
+    /// The column holding each row's insert time (default: outbox.columns.timestamp).
+    #[arg(long, value_name = "COLUMN", requires = "since", value_parser = non_empty)]
+    pub time_column: Option<String>,
+}
+
+/// `--json`, for the commands that print a report.
+#[derive(Debug, Args)]
+pub struct JsonArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// A value that must not be empty (`--since-id ""` would select nothing or everything).

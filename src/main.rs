@@ -1,15 +1,19 @@
-//! The `walbox` binary: parse the command line, load configuration, set up logging, run.
+//! The `walbox` binary: parse the command line, load configuration, set up logging, run. Every
+//! command that reads a configuration file starts through [`with_config`].
 
 use std::future::Future;
 use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use walbox::cli::{Cli, Command};
-use walbox::config::{self, LogFormat};
+use walbox::cli::{Cli, Command, WindowArgs};
+use walbox::cmd::republish::Window;
+use walbox::config::{self, Config, ConfigError, LogConfig, LogFormat};
 use walbox::failure::{Failure, FatalError};
+use walbox::inbox::config::InboxConfig;
 
 fn init_logging(format: LogFormat, level: &str) {
     let filter = EnvFilter::try_from_env("WALBOX_LOG")
@@ -119,115 +123,150 @@ fn shard_workers(shards: u32) -> usize {
     (shards as usize + 1).min(cores).max(2)
 }
 
+/// How a command that reads a configuration file reports.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reports {
+    /// A service, or `reshard`: logs at `log.level`.
+    Log,
+    /// A one-shot command: logs only warnings (its operator reads its output).
+    Output,
+    /// `walbox check --json`: as [`Reports::Output`], and a configuration that cannot be
+    /// loaded is still a JSON report on stdout.
+    JsonReport,
+}
+
+/// The one way a command starts from its configuration file: loaded from `path` (or the
+/// environment alone; one that cannot be loaded is printed on the `walbox: error:` line with its
+/// exit status, 3), logging set up from its `[log]` as `reports` says, then `command` run on it.
+fn with_config<C: ConfigFile>(
+    path: Option<PathBuf>,
+    reports: Reports,
+    command: impl FnOnce(C) -> ExitCode,
+) -> ExitCode {
+    let config = match C::load(path.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            if reports == Reports::JsonReport {
+                let report = walbox::cmd::check::unloadable_config_json(&e.to_string());
+                println!("{report:#}");
+            }
+            return fail(FatalError::of(&e));
+        }
+    };
+    let log = config.log();
+    match reports {
+        Reports::Log => init_logging(log.format, &log.level),
+        Reports::Output | Reports::JsonReport => init_logging(log.format, "warn"),
+    }
+    command(config)
+}
+
+/// A configuration file: walbox.toml (`WALBOX_*`) or inbox.toml (`WALBOX_INBOX_*`).
+trait ConfigFile: Sized {
+    fn load(path: Option<&Path>) -> Result<Self, ConfigError>;
+    fn log(&self) -> &LogConfig;
+}
+
+impl ConfigFile for Config {
+    fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        config::load(path)
+    }
+    fn log(&self) -> &LogConfig {
+        &self.log
+    }
+}
+
+impl ConfigFile for InboxConfig {
+    fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        walbox::inbox::load(path)
+    }
+    fn log(&self) -> &LogConfig {
+        &self.log
+    }
+}
+
+/// The rows `republish` and `audit` take.
+fn window(args: WindowArgs) -> Window {
+    Window {
+        since_id: args.since_id,
+        since: args.since,
+        time_column: args.time_column,
+    }
+}
+
+/// `recreate-slot` without `--confirm-data-loss`.
+const UNCONFIRMED_DATA_LOSS: &str = "recreate-slot skips every event committed while the slot \
+     was lost; pass --confirm-data-loss to proceed";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     #[cfg(feature = "failpoints")]
     let _faults = walbox::fault::setup();
-    let load = |path: Option<std::path::PathBuf>| config::load(path.as_deref());
     match cli.command {
-        Command::Run { config } => match load(config) {
-            Err(e) => fail(FatalError::of(&e)),
-            Ok(config) => {
-                init_logging(config.log.format, &config.log.level);
-                // Shards relay side by side: a worker per shard, up to the machine's cores.
-                let workers = shard_workers(config.postgres.shards);
-                let relay = walbox::app::run(config, shutdown_signal());
-                finish("walbox", spawn_on(workers, "relay", relay))
-            }
-        },
-        Command::Status { config, json } => match load(config) {
-            Err(e) => fail(FatalError::of(&e)),
-            Ok(config) => {
-                init_logging(config.log.format, "warn");
-                finish_once(block_on(walbox::cmd::status::status(&config, json)))
-            }
-        },
-        Command::Check { config, json } => match load(config) {
-            Err(e) => {
-                if json {
-                    let report = walbox::cmd::check::unloadable_config_json(&e.to_string());
-                    println!("{report:#}");
-                }
-                fail(FatalError::of(&e))
-            }
-            Ok(config) => {
-                init_logging(config.log.format, "warn");
-                // A failed check is the report's news, already printed: not an error to log.
-                finish_once(block_on(walbox::cmd::check::check(&config, json)))
-            }
-        },
-        Command::RecreateSlot { config, confirm_data_loss } => match load(config) {
-            _ if !confirm_data_loss => fail(FatalError::new(
-                Failure::Config,
-                "recreate-slot skips every event committed while the slot was lost; pass --confirm-data-loss to proceed",
-            )),
-            Err(e) => fail(FatalError::of(&e)),
-            Ok(config) => {
-                init_logging(config.log.format, "warn");
-                finish_once(block_on(walbox::cmd::recreate_slot::recreate_slot(&config)))
-            }
-        },
-        Command::Reshard { config, to } => match load(config) {
-            Err(e) => fail(FatalError::of(&e)),
-            Ok(config) => {
-                init_logging(config.log.format, &config.log.level);
-                let reshard = async move {
-                    walbox::cmd::reshard::reshard(&config, to, shutdown_signal()).await
-                };
-                finish_once(spawn_on(2, "reshard", reshard))
-            }
-        },
+        Command::Run { file } => with_config(file.config, Reports::Log, |config: Config| {
+            // Shards relay side by side: a worker per shard, up to the machine's cores.
+            let workers = shard_workers(config.postgres.shards);
+            let relay = walbox::app::run(config, shutdown_signal());
+            finish("walbox", spawn_on(workers, "relay", relay))
+        }),
+        Command::Status { file, output } => {
+            with_config(file.config, Reports::Output, |c: Config| {
+                finish_once(block_on(walbox::cmd::status::status(&c, output.json)))
+            })
+        }
+        Command::Check { file, output } => {
+            let reports = match output.json {
+                true => Reports::JsonReport,
+                false => Reports::Output,
+            };
+            // A failed check is the report's news, already printed: not an error to log.
+            with_config(file.config, reports, |c: Config| {
+                finish_once(block_on(walbox::cmd::check::check(&c, output.json)))
+            })
+        }
+        Command::RecreateSlot {
+            confirm_data_loss: false,
+            ..
+        } => fail(FatalError::new(Failure::Config, UNCONFIRMED_DATA_LOSS)),
+        Command::RecreateSlot { file, .. } => {
+            with_config(file.config, Reports::Output, |c: Config| {
+                finish_once(block_on(walbox::cmd::recreate_slot::recreate_slot(&c)))
+            })
+        }
+        Command::Reshard { file, to } => with_config(file.config, Reports::Log, |c: Config| {
+            let reshard =
+                async move { walbox::cmd::reshard::reshard(&c, to, shutdown_signal()).await };
+            finish_once(spawn_on(2, "reshard", reshard))
+        }),
         Command::Republish {
-            config,
-            since_id,
-            since,
-            time_column,
+            file,
+            window: rows,
             ack_timeout,
-        } => match load(config) {
-            Err(e) => fail(FatalError::of(&e)),
-            Ok(config) => {
-                init_logging(config.log.format, "warn");
-                let window = walbox::cmd::republish::Window {
-                    since_id,
-                    since,
-                    time_column,
-                };
-                let republish = walbox::cmd::republish::republish(&config, &window, ack_timeout);
-                let result = block_on(republish);
-                finish_once(result.map(|_| ()))
-            }
-        },
+        } => with_config(file.config, Reports::Output, |c: Config| {
+            let rows = window(rows);
+            let republish = walbox::cmd::republish::republish(&c, &rows, ack_timeout);
+            finish_once(block_on(republish).map(|_| ()))
+        }),
         Command::Audit {
-            config,
-            since_id,
-            since,
-            time_column,
+            file,
+            window: rows,
             wait,
-            json,
-        } => match load(config) {
-            Err(e) => fail(FatalError::of(&e)),
-            Ok(config) => {
-                init_logging(config.log.format, "warn");
-                let window = walbox::cmd::republish::Window {
-                    since_id,
-                    since,
-                    time_column,
-                };
-                let result = block_on(walbox::cmd::audit::audit(&config, &window, wait, json));
-                finish_once(result.map(|_| ()))
-            }
-        },
+            output,
+        } => with_config(file.config, Reports::Output, |c: Config| {
+            let rows = window(rows);
+            let audit = walbox::cmd::audit::audit(&c, &rows, wait, output.json);
+            finish_once(block_on(audit).map(|_| ()))
+        }),
         Command::FromDebezium {
             config,
             allow_partial,
         } => finish_once(walbox::debezium::from_debezium(&config, allow_partial)),
-        Command::Inbox { config } => match walbox::inbox::load(config.as_deref()) {
-            Err(e) => fail(FatalError::of(&e)),
-            Ok(config) => {
-                init_logging(config.log.format, &config.log.level);
-                finish("walbox inbox", block_on(walbox::inbox::run(config, shutdown_signal())))
-            }
-        },
+        Command::Inbox { config } => with_config(config, Reports::Log, |c: InboxConfig| {
+            finish(
+                "walbox inbox",
+                block_on(walbox::inbox::run(c, shutdown_signal())),
+            )
+        }),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "walbox", &mut std::io::stdout());
