@@ -59,6 +59,63 @@ fn completions_know_every_subcommand() {
     assert!(!ok, "an unknown shell is a usage error");
 }
 
+/// The subcommands of the README's "Commands" table: the first word after `walbox` in each
+/// row's first cell.
+fn readme_commands(readme: &str) -> Vec<String> {
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Commands\n"))
+        .expect("README.md has a section \"Commands\"");
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `walbox "))
+        .map(|rest| {
+            rest.split(|c: char| c == ' ' || c == '`')
+                .next()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The README's command table and clap's subcommands are the same list.
+#[test]
+fn the_readme_lists_every_subcommand_and_no_other() {
+    use clap::CommandFactory;
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("read README.md");
+    let documented = readme_commands(&readme);
+    let mut unique = documented.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        documented.len(),
+        "listed twice: {documented:?}"
+    );
+    let declared: Vec<String> = walbox::cli::Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_owned())
+        .filter(|name| name != "help")
+        .collect();
+    let undocumented: Vec<&String> = declared
+        .iter()
+        .filter(|c| !documented.contains(c))
+        .collect();
+    let unknown: Vec<&String> = documented
+        .iter()
+        .filter(|c| !declared.contains(c))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "subcommands missing from README.md's command table: {undocumented:?}"
+    );
+    assert!(
+        unknown.is_empty(),
+        "README.md's command table lists commands walbox does not have: {unknown:?}"
+    );
+}
+
 /// `republish` and `audit` with a window argument PostgreSQL cannot read: exit status 3 naming
 /// the argument with the server's reason, before any broker is contacted.
 #[test]
