@@ -32,10 +32,12 @@
 //! PostgreSQL's, each with its table (`kafka.rs`, `sqlstate.rs`) and a test that reads it back.
 //! Both answer with a [`Class`]: transient, a record rejected, a record's effect failed, or
 //! fatal with its [`Failure`]. Elsewhere a code only picks the words of a message or a fix,
-//! and two rules sit on top of the table, each about its own context: the same class-22 error
+//! and three rules sit on top of the table, each about its own context: the same class-22 error
 //! at the same transaction, session after session, is a row PostgreSQL cannot decode (exit 8,
-//! `relay/error.rs`), and a `walbox republish`/`audit` window argument the server cannot read is
-//! the command line's (exit 3, `cmd/republish.rs`).
+//! `relay/error.rs`); a `walbox republish`/`audit` window argument the server cannot read is
+//! the command line's (exit 3, `cmd/republish.rs`); and a server out of walsenders (`53300`) or
+//! replication slots (`53400`) while a shard layout's slots are made is short of capacity (exit
+//! 16, `app/layout.rs`).
 
 use std::fmt;
 

@@ -1,7 +1,7 @@
 //! PostgreSQL errors, classified once by SQLSTATE: the relay's connections, the one-shot
 //! commands, the leader lock, retention and `walbox inbox` ask [`sqlstate`] (or
 //! [`postgres_error`]); elsewhere a SQLSTATE only picks the words of a message or a fix (see
-//! `failure`'s module docs for the two rules on top of this table).
+//! `failure`'s module docs for the three rules on top of this table).
 //!
 //! | SQLSTATE | class | exit |
 //! |---|---|---|

@@ -10,10 +10,11 @@
 //!        └───────────────────────────────────────────────── Checkpoint
 //! ```
 //!
-//! The session loop is one `tokio::select!` with fixed priorities: shutdown > acks > status
-//! deadline > new WAL. WAL is read only while fewer than `relay.max_in_flight` events are
-//! unretired, so a slow or absent broker stops intake instead of growing memory; a large
-//! transaction streams through the same window and is never held whole.
+//! The session loop is one `biased` `tokio::select!`: shutdown (and the drain deadline) >
+//! receive timeout > acks > exactly-once commit and its deadlines > status updates (early,
+//! then the interval tick) > new WAL. WAL is read only while fewer than `relay.max_in_flight`
+//! events are unretired, so a slow or absent broker stops intake instead of growing memory; a
+//! large transaction streams through the same window and is never held whole.
 //!
 //! # LSN progress
 //! - The flush (and write/apply) position sent to PostgreSQL is always [`Checkpoint::frontier`]:
