@@ -69,12 +69,7 @@ fn readme_commands(readme: &str) -> Vec<String> {
     section
         .lines()
         .filter_map(|l| l.strip_prefix("| `walbox "))
-        .map(|rest| {
-            rest.split(|c: char| c == ' ' || c == '`')
-                .next()
-                .unwrap()
-                .to_owned()
-        })
+        .map(|rest| rest.split([' ', '`']).next().unwrap().to_owned())
         .collect()
 }
 
