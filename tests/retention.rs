@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use walbox::lsn::Lsn;
-use walbox::sandbox::broker::TopicReader;
+use walbox::sandbox::broker::{Broker, TopicReader};
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 
-use crate::support::events::distinct_ids;
+use crate::support::events::{await_distinct, distinct_ids};
 use crate::support::{
     self, free_port, http_get, metric, wait_until, walbox_env, TestDb, Walbox, WAIT,
 };
@@ -45,6 +45,93 @@ fn ids(out: &str) -> HashSet<i64> {
     out.lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
+/// A day before now: older than a `keep` of `1h`, not of `1d`.
+const DAY_OLD: &str = "now() - interval '1 day'";
+/// Inside the partition `<table>_2000` of [`partitioned_by_day`], long expired.
+const IN_2000: &str = "'2000-01-01 12:00:00+00'";
+
+/// Inserts `n` rows into `table` for `topic`, spread over `aggregates` aggregates and created
+/// at `created_at` (an SQL expression); their ids.
+fn insert(
+    db: &TestDb,
+    table: &str,
+    topic: &str,
+    n: u32,
+    aggregates: u32,
+    created_at: &str,
+) -> HashSet<i64> {
+    ids(&db.sql(&format!(
+        "INSERT INTO {table} (aggregate_id, topic, event_type, payload, created_at) \
+         SELECT 'agg-' || (i % {aggregates}), '{topic}', 'x', '{{}}', {created_at} \
+         FROM generate_series(1, {n}) i RETURNING id"
+    )))
+}
+
+/// Publishes the partitioned `table` (through its root) in `slot`'s publication, and creates
+/// `slot`.
+fn publish(db: &TestDb, table: &str, slot: &str) {
+    db.sql(&format!(
+        "CREATE PUBLICATION {slot} FOR TABLE {table} WITH (publish = 'insert', publish_via_partition_root = true);
+         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
+    ));
+}
+
+/// Creates `table`, an outbox partitioned by range of `created_at` with the expired partition
+/// `<table>_2000` (the day of [`IN_2000`]) and, with `default`, the default partition
+/// `<table>_rest`; then [`publish`]es it.
+fn partitioned_by_day(db: &TestDb, table: &str, slot: &str, default: bool) {
+    db.sql(&format!(
+        "CREATE TABLE {table} (
+             id bigint GENERATED ALWAYS AS IDENTITY,
+             aggregate_id text NOT NULL, topic text NOT NULL, event_type text NOT NULL,
+             payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (id, created_at)
+         ) PARTITION BY RANGE (created_at);
+         CREATE TABLE {table}_2000 PARTITION OF {table}
+             FOR VALUES FROM ('2000-01-01 00:00:00+00') TO ('2000-01-02 00:00:00+00');"
+    ));
+    if default {
+        db.sql(&format!(
+            "CREATE TABLE {table}_rest PARTITION OF {table} DEFAULT"
+        ));
+    }
+    publish(db, table, slot);
+}
+
+/// Turns retention on in `env`: rows older than `keep` by `created_at`, a pass every second;
+/// then `settings`, each replacing any of those. Returns the port `/metrics` is served on.
+fn with_retention(env: &mut Vec<(String, String)>, keep: &str, settings: &[(&str, &str)]) -> u16 {
+    let port = free_port();
+    set(env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
+    set(env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
+    set(env, "WALBOX_OUTBOX_RETENTION_KEEP", keep.into());
+    set(env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
+    set(env, "WALBOX_OUTBOX_RETENTION_COLUMN", "created_at".into());
+    for (key, value) in settings {
+        set(env, key, (*value).into());
+    }
+    port
+}
+
+/// Reads `topic` until it holds every id of `all`; it must hold exactly those (`what`).
+fn assert_relayed_exactly(
+    broker: &Broker,
+    topic: &str,
+    all: &HashSet<i64>,
+    walbox: &Walbox,
+    what: &str,
+) {
+    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[topic], WAIT).unwrap();
+    await_distinct(&mut reader, all.len(), walbox);
+    assert_eq!(&distinct_ids(&reader.records), all, "{what}");
+}
+
+/// SIGTERM, which must end `walbox` with status 0.
+fn stop(walbox: &mut Walbox) {
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+}
+
 #[test]
 fn old_rows_are_deleted_in_batches_only_once_confirmed_and_no_event_is_lost() {
     let db = TestDb::new("retention_rows");
@@ -56,30 +143,17 @@ fn old_rows_are_deleted_in_batches_only_once_confirmed_and_no_event_is_lost() {
     };
     db.create_slot_and_publication(&slot);
     // 1,000 rows a day old and 10 young ones, all in the slot's stream.
-    let old = ids(&db.sql(&format!(
-        "INSERT INTO outbox (aggregate_id, topic, event_type, payload, created_at) \
-         SELECT 'agg-' || (i % 13), '{topic}', 'x', '{{}}', now() - interval '1 day' \
-         FROM generate_series(1, 1000) i RETURNING id"
-    )));
-    let young = ids(&db.sql(&format!(
-        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
-         SELECT 'agg-' || i, '{topic}', 'x', '{{}}' FROM generate_series(1, 10) i RETURNING id"
-    )));
+    let old = insert(&db, "outbox", &topic, 1000, 13, DAY_OLD);
+    let young = insert(&db, "outbox", &topic, 10, 10, "now()");
     assert_eq!((old.len(), young.len()), (1000, 10));
 
     // The broker refuses every record: nothing is acknowledged, so nothing is confirmed.
     support::fail_every_produce(mock);
-    let port = free_port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1h".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_BATCH_SIZE", "150".into());
-    set(
+    let port = with_retention(
         &mut env,
-        "WALBOX_OUTBOX_RETENTION_COLUMN",
-        "created_at".into(),
+        "1h",
+        &[("WALBOX_OUTBOX_RETENTION_BATCH_SIZE", "150")],
     );
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "retention to wait for the relay twice", || {
@@ -116,18 +190,9 @@ fn old_rows_are_deleted_in_batches_only_once_confirmed_and_no_event_is_lost() {
     assert_eq!(scrape(port, "walbox_outbox_retention_errors_total"), 0.0);
 
     // Every row reached Kafka, and the deletions added nothing.
-    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let all: HashSet<i64> = old.union(&young).copied().collect();
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
-        "{} of {} events; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        all.len(),
-        walbox.log()
-    );
-    assert_eq!(distinct_ids(&reader.records), all);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    assert_relayed_exactly(&broker, &topic, &all, &walbox, "every row, nothing else");
+    stop(&mut walbox);
 }
 
 #[test]
@@ -135,43 +200,19 @@ fn a_table_partitioned_by_time_loses_old_partitions_and_gets_new_ones_ahead() {
     let db = TestDb::new("retention_parts");
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 1);
-    db.sql(&format!(
-        "CREATE TABLE outbox_p (
-             id bigint GENERATED ALWAYS AS IDENTITY,
-             aggregate_id text NOT NULL, topic text NOT NULL, event_type text NOT NULL,
-             payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
-             PRIMARY KEY (id, created_at)
-         ) PARTITION BY RANGE (created_at);
-         CREATE TABLE outbox_p_2000 PARTITION OF outbox_p
-             FOR VALUES FROM ('2000-01-01 00:00:00+00') TO ('2000-01-02 00:00:00+00');
-         CREATE TABLE outbox_p_rest PARTITION OF outbox_p DEFAULT;
-         CREATE PUBLICATION {slot} FOR TABLE outbox_p WITH (publish = 'insert', publish_via_partition_root = true);
-         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
-    ));
-    let old = ids(&db.sql(&format!(
-        "INSERT INTO outbox_p (aggregate_id, topic, event_type, payload, created_at) \
-         SELECT 'agg-' || i, '{topic}', 'x', '{{}}', '2000-01-01 12:00:00+00' \
-         FROM generate_series(1, 50) i RETURNING id"
-    )));
+    partitioned_by_day(&db, "outbox_p", &slot, true);
+    let old = insert(&db, "outbox_p", &topic, 50, 50, IN_2000);
     // Old rows without a partition of their own land in the default partition.
-    let stray = ids(&db.sql(&format!(
-        "INSERT INTO outbox_p (aggregate_id, topic, event_type, payload, created_at) \
-         SELECT 'agg-' || i, '{topic}', 'x', '{{}}', '1999-06-01 12:00:00+00' \
-         FROM generate_series(1, 5) i RETURNING id"
-    )));
-    let port = free_port();
+    let stray = insert(&db, "outbox_p", &topic, 5, 5, "'1999-06-01 12:00:00+00'");
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
-    set(&mut env, "WALBOX_OUTBOX_TABLE", "public.outbox_p".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1d".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
-    set(
+    let port = with_retention(
         &mut env,
-        "WALBOX_OUTBOX_RETENTION_COLUMN",
-        "created_at".into(),
+        "1d",
+        &[
+            ("WALBOX_OUTBOX_TABLE", "public.outbox_p"),
+            ("WALBOX_OUTBOX_RETENTION_PREMAKE", "2"),
+        ],
     );
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_PREMAKE", "2".into());
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "the expired partition to be dropped", || {
         db.sql("SELECT to_regclass('outbox_p_2000') IS NULL") == "t"
@@ -211,10 +252,7 @@ fn a_table_partitioned_by_time_loses_old_partitions_and_gets_new_ones_ahead() {
     settled(port, "walbox_outbox_retention_rows_deleted_total", 5.0);
 
     // New rows land in today's partition and are relayed; the dropped ones were relayed first.
-    let new = ids(&db.sql(&format!(
-        "INSERT INTO outbox_p (aggregate_id, topic, event_type, payload) \
-         SELECT 'agg-' || i, '{topic}', 'x', '{{}}' FROM generate_series(1, 20) i RETURNING id"
-    )));
+    let new = insert(&db, "outbox_p", &topic, 20, 20, "now()");
     assert_eq!(
         db.sql(&format!(
             "SELECT count(*) FROM {} WHERE created_at >= now() - interval '1 minute'",
@@ -222,18 +260,9 @@ fn a_table_partitioned_by_time_loses_old_partitions_and_gets_new_ones_ahead() {
         )),
         "20"
     );
-    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let all: HashSet<i64> = old.iter().chain(&stray).chain(&new).copied().collect();
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
-        "{} of {} events; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        all.len(),
-        walbox.log()
-    );
-    assert_eq!(distinct_ids(&reader.records), all);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    assert_relayed_exactly(&broker, &topic, &all, &walbox, "every row, nothing else");
+    stop(&mut walbox);
 }
 
 #[test]
@@ -241,16 +270,11 @@ fn a_failing_retention_is_counted_and_logged_while_the_relay_goes_on() {
     let db = TestDb::new("retention_fail");
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 1);
-    let port = free_port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1h".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
-    set(
+    let port = with_retention(
         &mut env,
-        "WALBOX_OUTBOX_RETENTION_COLUMN",
-        "no_such_column".into(),
+        "1h",
+        &[("WALBOX_OUTBOX_RETENTION_COLUMN", "no_such_column")],
     );
     let mut walbox = Walbox::spawn(&env);
     // Passes before the slot exists fail for that reason; wait for one that failed on the
@@ -270,15 +294,8 @@ fn a_failing_retention_is_counted_and_logged_while_the_relay_goes_on() {
         "{}",
         walbox.log()
     );
-    let id: i64 = db
-        .sql(&format!(
-            "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', '{topic}', 'x', '{{}}') RETURNING id"
-        ))
-        .lines()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let inserted = insert(&db, "outbox", &topic, 1, 1, "now()");
+    let id = *inserted.iter().next().unwrap();
     let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     assert!(
         reader.poll_until(WAIT, |r| distinct_ids(r).contains(&id)),
@@ -298,8 +315,7 @@ fn a_failing_retention_is_counted_and_logged_while_the_relay_goes_on() {
             "{name} in:\n{body}"
         );
     }
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    stop(&mut walbox);
 }
 
 #[test]
@@ -309,39 +325,27 @@ fn a_table_partitioned_otherwise_keeps_the_young_rows_of_every_partition() {
     let db = TestDb::new("retention_leaves");
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 1);
-    db.sql(&format!(
+    db.sql(
         "CREATE TABLE outbox_i (
              id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
              aggregate_id text NOT NULL, topic text NOT NULL, event_type text NOT NULL,
              payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now()
          ) PARTITION BY RANGE (id);
          CREATE TABLE outbox_i_1 PARTITION OF outbox_i FOR VALUES FROM (1) TO (1001);
-         CREATE TABLE outbox_i_2 PARTITION OF outbox_i FOR VALUES FROM (1001) TO (MAXVALUE);
-         CREATE PUBLICATION {slot} FOR TABLE outbox_i WITH (publish = 'insert', publish_via_partition_root = true);
-         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
-    ));
-    let old = ids(&db.sql(&format!(
-        "INSERT INTO outbox_i (aggregate_id, topic, event_type, payload, created_at) \
-         SELECT 'agg-' || i, '{topic}', 'x', '{{}}', now() - interval '1 day' \
-         FROM generate_series(1, 1000) i RETURNING id"
-    )));
-    let young = ids(&db.sql(&format!(
-        "INSERT INTO outbox_i (aggregate_id, topic, event_type, payload) \
-         SELECT 'agg-' || i, '{topic}', 'x', '{{}}' FROM generate_series(1, 100) i RETURNING id"
-    )));
+         CREATE TABLE outbox_i_2 PARTITION OF outbox_i FOR VALUES FROM (1001) TO (MAXVALUE);",
+    );
+    publish(&db, "outbox_i", &slot);
+    let old = insert(&db, "outbox_i", &topic, 1000, 1000, DAY_OLD);
+    let young = insert(&db, "outbox_i", &topic, 100, 100, "now()");
     assert_eq!(db.sql("SELECT count(*) FROM outbox_i_2"), "100");
-    let port = free_port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
-    set(&mut env, "WALBOX_OUTBOX_TABLE", "public.outbox_i".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1h".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_BATCH_SIZE", "300".into());
-    set(
+    let port = with_retention(
         &mut env,
-        "WALBOX_OUTBOX_RETENTION_COLUMN",
-        "created_at".into(),
+        "1h",
+        &[
+            ("WALBOX_OUTBOX_TABLE", "public.outbox_i"),
+            ("WALBOX_OUTBOX_RETENTION_BATCH_SIZE", "300"),
+        ],
     );
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "retention to delete the old rows", || {
@@ -354,18 +358,9 @@ fn a_table_partitioned_otherwise_keeps_the_young_rows_of_every_partition() {
         walbox.log()
     );
     settled(port, "walbox_outbox_retention_rows_deleted_total", 1000.0);
-    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
     let all: HashSet<i64> = old.union(&young).copied().collect();
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= all.len()),
-        "{} of {} events; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        all.len(),
-        walbox.log()
-    );
-    assert_eq!(distinct_ids(&reader.records), all);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    assert_relayed_exactly(&broker, &topic, &all, &walbox, "every row, nothing else");
+    stop(&mut walbox);
 }
 
 #[test]
@@ -374,32 +369,27 @@ fn sigkill_during_retention_loses_no_event() {
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
-    let port = free_port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1h".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_BATCH_SIZE", "50".into());
-    set(
+    let port = with_retention(
         &mut env,
-        "WALBOX_OUTBOX_RETENTION_COLUMN",
-        "created_at".into(),
+        "1h",
+        &[("WALBOX_OUTBOX_RETENTION_BATCH_SIZE", "50")],
     );
 
     // The writer commits rows that are older than keep the moment they exist (back-dated),
     // so retention always has rows to delete that the relay may not have confirmed yet.
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop_writing = Arc::new(AtomicBool::new(false));
     let written: Arc<Mutex<HashSet<i64>>> = Arc::default();
     let writer = {
-        let (db, topic, stop, written) = (db.clone(), topic.clone(), stop.clone(), written.clone());
+        let (db, topic, stop_writing, written) = (
+            db.clone(),
+            topic.clone(),
+            stop_writing.clone(),
+            written.clone(),
+        );
         std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let new = ids(&db.sql(&format!(
-                    "INSERT INTO outbox (aggregate_id, topic, event_type, payload, created_at) \
-                     SELECT 'agg-' || (i % 7), '{topic}', 'x', '{{}}', now() - interval '1 day' \
-                     FROM generate_series(1, 40) i RETURNING id"
-                )));
+            while !stop_writing.load(Ordering::Relaxed) {
+                let new = insert(&db, "outbox", &topic, 40, 7, DAY_OLD);
                 written.lock().unwrap().extend(new);
             }
         })
@@ -417,28 +407,21 @@ fn sigkill_during_retention_loses_no_event() {
         );
     }
     let mut walbox = Walbox::spawn(&env);
-    stop.store(true, Ordering::Relaxed);
+    stop_writing.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     let written = written.lock().unwrap().clone();
     assert!(written.len() >= 300, "{} rows written", written.len());
     wait_until(WAIT, "retention to delete every row", || {
         db.sql("SELECT count(*) FROM outbox") == "0"
     });
-    let mut reader = TopicReader::new(&broker.bootstrap_servers(), &[&topic], WAIT).unwrap();
-    assert!(
-        reader.poll_until(WAIT, |r| distinct_ids(r).len() >= written.len()),
-        "{} of {} events; log:\n{}",
-        distinct_ids(&reader.records).len(),
-        written.len(),
-        walbox.log()
+    assert_relayed_exactly(
+        &broker,
+        &topic,
+        &written,
+        &walbox,
+        "every deleted row was in Kafka first",
     );
-    assert_eq!(
-        distinct_ids(&reader.records),
-        written,
-        "every deleted row was in Kafka first"
-    );
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    stop(&mut walbox);
 }
 
 #[test]
@@ -447,36 +430,18 @@ fn a_partition_that_cannot_be_created_is_reported_and_the_rest_goes_on() {
     let db = TestDb::new("retention_premake");
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 1);
-    db.sql(&format!(
-        "CREATE TABLE outbox_d (
-             id bigint GENERATED ALWAYS AS IDENTITY,
-             aggregate_id text NOT NULL, topic text NOT NULL, event_type text NOT NULL,
-             payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
-             PRIMARY KEY (id, created_at)
-         ) PARTITION BY RANGE (created_at);
-         CREATE TABLE outbox_d_2000 PARTITION OF outbox_d
-             FOR VALUES FROM ('2000-01-01 00:00:00+00') TO ('2000-01-02 00:00:00+00');
-         CREATE TABLE outbox_d_rest PARTITION OF outbox_d DEFAULT;
-         CREATE PUBLICATION {slot} FOR TABLE outbox_d WITH (publish = 'insert', publish_via_partition_root = true);
-         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');
-         INSERT INTO outbox_d (aggregate_id, topic, event_type, payload, created_at)
-             VALUES ('a', '{topic}', 'x', '{{}}', '2000-01-01 12:00:00+00');
-         INSERT INTO outbox_d (aggregate_id, topic, event_type, payload)
-             VALUES ('b', '{topic}', 'x', '{{}}');"
-    ));
-    let port = free_port();
+    partitioned_by_day(&db, "outbox_d", &slot, true);
+    insert(&db, "outbox_d", &topic, 1, 1, IN_2000);
+    insert(&db, "outbox_d", &topic, 1, 1, "now()");
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
-    set(&mut env, "WALBOX_OUTBOX_TABLE", "public.outbox_d".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1d".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
-    set(
+    let port = with_retention(
         &mut env,
-        "WALBOX_OUTBOX_RETENTION_COLUMN",
-        "created_at".into(),
+        "1d",
+        &[
+            ("WALBOX_OUTBOX_TABLE", "public.outbox_d"),
+            ("WALBOX_OUTBOX_RETENTION_PREMAKE", "2"),
+        ],
     );
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_PREMAKE", "2".into());
     let mut walbox = Walbox::spawn(&env);
     wait_until(WAIT, "a failed pass", || {
         scrape(port, "walbox_outbox_retention_errors_total") >= 1.0
@@ -500,8 +465,7 @@ fn a_partition_that_cannot_be_created_is_reported_and_the_rest_goes_on() {
     });
     assert_eq!(db.sql("SELECT count(*) FROM outbox_d_rest"), "1");
     assert!(metric(&http_get(port, "/metrics").unwrap().1, "walbox_ha_active") == Some(1.0));
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    stop(&mut walbox);
 }
 
 #[test]
@@ -510,11 +474,7 @@ fn only_the_active_walbox_runs_retention_and_a_standby_starts_it_when_it_takes_o
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 1);
     db.create_slot_and_publication(&slot);
-    db.sql(&format!(
-        "INSERT INTO outbox (aggregate_id, topic, event_type, payload, created_at) \
-         SELECT 'agg-' || i, '{topic}', 'x', '{{}}', now() - interval '1 day' \
-         FROM generate_series(1, 300) i"
-    ));
+    insert(&db, "outbox", &topic, 300, 300, DAY_OLD);
     let written: Lsn = db
         .sql("SELECT pg_current_wal_insert_lsn()")
         .parse()
@@ -526,17 +486,8 @@ fn only_the_active_walbox_runs_retention_and_a_standby_starts_it_when_it_takes_o
         db.confirmed(&slot) >= written
     });
     // The standby has retention on: it must not run it while it waits.
-    let port = free_port();
     let mut env = env.clone();
-    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1h".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "1s".into());
-    set(
-        &mut env,
-        "WALBOX_OUTBOX_RETENTION_COLUMN",
-        "created_at".into(),
-    );
+    let port = with_retention(&mut env, "1h", &[]);
     let mut standby = Walbox::spawn(&env);
     wait_until(WAIT, "the second walbox to wait as a standby", || {
         standby
@@ -566,8 +517,7 @@ fn only_the_active_walbox_runs_retention_and_a_standby_starts_it_when_it_takes_o
         "retention ran before the takeover:\n{log}"
     );
     settled(port, "walbox_outbox_retention_rows_deleted_total", 300.0);
-    standby.terminate();
-    assert!(standby.wait_exit(WAIT).success(), "{}", standby.log());
+    stop(&mut standby);
 }
 
 #[test]
@@ -582,23 +532,8 @@ fn an_idle_database_loses_its_expired_partition_within_two_intervals() {
     let db = TestDb::on(cluster, "retention_idle");
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 1);
-    db.sql(&format!(
-        "CREATE TABLE outbox_q (
-             id bigint GENERATED ALWAYS AS IDENTITY,
-             aggregate_id text NOT NULL, topic text NOT NULL, event_type text NOT NULL,
-             payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
-             PRIMARY KEY (id, created_at)
-         ) PARTITION BY RANGE (created_at);
-         CREATE TABLE outbox_q_2000 PARTITION OF outbox_q
-             FOR VALUES FROM ('2000-01-01 00:00:00+00') TO ('2000-01-02 00:00:00+00');
-         CREATE PUBLICATION {slot} FOR TABLE outbox_q WITH (publish = 'insert', publish_via_partition_root = true);
-         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput');"
-    ));
-    let old = ids(&db.sql(&format!(
-        "INSERT INTO outbox_q (aggregate_id, topic, event_type, payload, created_at) \
-         SELECT 'agg-' || i, '{topic}', 'x', '{{}}', '2000-01-01 12:00:00+00' \
-         FROM generate_series(1, 20) i RETURNING id"
-    )));
+    partitioned_by_day(&db, "outbox_q", &slot, false);
+    let old = insert(&db, "outbox_q", &topic, 20, 20, IN_2000);
     // Today's partition exists already, under the name retention gives it: the passes create
     // nothing.
     let today = db.sql(
@@ -615,18 +550,15 @@ fn an_idle_database_loses_its_expired_partition_within_two_intervals() {
         "CREATE TABLE {name} PARTITION OF outbox_q FOR VALUES FROM ('{from}+00') TO ('{to}+00')"
     ));
     let interval = std::time::Duration::from_secs(3);
-    let port = free_port();
     let mut env = walbox_env(&db, &slot, &broker.bootstrap_servers());
-    set(&mut env, "WALBOX_HTTP_LISTEN", format!("127.0.0.1:{port}"));
-    set(&mut env, "WALBOX_OUTBOX_TABLE", "public.outbox_q".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_ENABLED", "true".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_KEEP", "1d".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_INTERVAL", "3s".into());
-    set(&mut env, "WALBOX_OUTBOX_RETENTION_PREMAKE", "0".into());
-    set(
+    let port = with_retention(
         &mut env,
-        "WALBOX_OUTBOX_RETENTION_COLUMN",
-        "created_at".into(),
+        "1d",
+        &[
+            ("WALBOX_OUTBOX_TABLE", "public.outbox_q"),
+            ("WALBOX_OUTBOX_RETENTION_INTERVAL", "3s"),
+            ("WALBOX_OUTBOX_RETENTION_PREMAKE", "0"),
+        ],
     );
     let mut walbox = Walbox::spawn(&env);
     // Once the old rows are relayed and confirmed, nothing happens in the database.
@@ -650,6 +582,5 @@ fn an_idle_database_loses_its_expired_partition_within_two_intervals() {
     );
     // Every row of the dropped partition was in Kafka first.
     assert_eq!(distinct_ids(&reader.records), old);
-    walbox.terminate();
-    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    stop(&mut walbox);
 }
