@@ -1,5 +1,6 @@
-//! The session loop: one `tokio::select!` over shutdown, acks, status deadlines and WAL, and
-//! what each message does to the checkpoint. See the invariants in the [`super`] docs.
+//! The session loop: one `biased` `tokio::select!` over, in that order, shutdown, the receive
+//! timeout, acks, exactly-once commits, status deadlines and WAL, and what each message does to
+//! the checkpoint. See the invariants in the [`super`] docs.
 
 use std::time::{Duration, Instant};
 
