@@ -733,3 +733,56 @@ fn the_configuration_doc_names_every_variable_walbox_run_leaves_alone() {
         );
     }
 }
+
+#[test]
+fn a_debezium_route_takes_connects_record_size_and_converters() {
+    let load = |extra: &str| {
+        let f = file(&format!("{MINIMAL}{extra}"));
+        load_from(Some(f.path()), &mut std::iter::empty())
+    };
+    let c = load("[outbox]\ncompat = \"debezium\"\n").unwrap();
+    assert_eq!(
+        c.kafka
+            .properties
+            .get("message.max.bytes")
+            .map(String::as_str),
+        Some("1048576")
+    );
+    let c = load("[outbox]\ncompat = \"debezium\"\n[kafka.properties]\n\"message.max.bytes\" = \"2000000\"\n");
+    assert_eq!(
+        c.unwrap()
+            .kafka
+            .properties
+            .get("message.max.bytes")
+            .map(String::as_str),
+        Some("2000000")
+    );
+    assert!(!load("")
+        .unwrap()
+        .kafka
+        .properties
+        .contains_key("message.max.bytes"));
+    // Converters belong to the compatibility mode, schemas to the JSON converter.
+    for (extra, says) in [
+        ("[outbox.converters]\nvalue = \"json\"\n", "needs compat"),
+        (
+            "[outbox]\ncompat = \"debezium\"\n[outbox.converters]\nkey_schemas = false\n",
+            "needs converters.key",
+        ),
+        (
+            "[outbox]\ncompat = \"debezium\"\n[outbox.converters]\nvalue = \"avro\"\n",
+            "must be \"string\" or \"json\"",
+        ),
+        (
+            "[outbox]\ncompat = \"debezium\"\njson_payload_null_behavior = \"optional_bytes\"\n",
+            "expand_json_payload = true",
+        ),
+        (
+            "[outbox]\ncompat = \"debezium\"\nformat = \"json\"\n",
+            "format must be \"raw\"",
+        ),
+    ] {
+        let e = load(extra).unwrap_err().to_string();
+        assert!(e.contains(says), "{extra}: {e}");
+    }
+}

@@ -147,6 +147,7 @@ impl RawConfig {
         let http_listen = self.http.validate("0.0.0.0:9187")?;
         let log = self.log.validate()?;
         size_producer_queue(&mut kafka, &relay, &postgres)?;
+        connect_record_limit(&mut kafka, &outbox);
         if postgres.shards > 1 && outbox.messages.is_some() {
             return Err(ConfigError::Invalid(
                 "postgres.shards > 1 cannot relay [outbox.messages]: logical messages reach every shard's slot, so each would publish them; use an outbox table, or postgres.shards = 1".into(),
@@ -162,6 +163,23 @@ impl RawConfig {
             http_listen,
             log,
         })
+    }
+}
+
+/// A route in `compat = "debezium"` takes the records Kafka Connect's producer takes: up to its
+/// `max.request.size`, 1,048,576 bytes, where librdkafka's `message.max.bytes` defaults to
+/// 1,000,000. A value the user set stays.
+fn connect_record_limit(kafka: &mut KafkaConfig, outbox: &OutboxConfig) {
+    let debezium = outbox
+        .tables
+        .iter()
+        .chain(&outbox.messages)
+        .any(|r| r.compat == super::Compat::Debezium);
+    if debezium {
+        kafka
+            .properties
+            .entry("message.max.bytes".to_owned())
+            .or_insert_with(|| super::outbox::CONNECT_MAX_REQUEST_SIZE.to_owned());
     }
 }
 

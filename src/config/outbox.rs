@@ -610,6 +610,10 @@ impl RawRoute {
     }
 }
 
+/// Kafka Connect's producer's default `max.request.size`: the largest record Debezium relays,
+/// and the default `message.max.bytes` of a walbox with a `compat = "debezium"` route.
+pub const CONNECT_MAX_REQUEST_SIZE: &str = "1048576";
+
 /// The most outbox tables one walbox relays (each record's delivery report carries its table's
 /// index in a few bits).
 pub const MAX_OUTBOX_TABLES: usize = 1000;

@@ -36,9 +36,6 @@ pub const KAFKA_PASSWORD_FILE: &str = "/run/secrets/walbox/kafka-password";
 const STRING_CONVERTER: &str = "org.apache.kafka.connect.storage.StringConverter";
 const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
 const HEADER_CONVERTER: &str = "org.apache.kafka.connect.storage.SimpleHeaderConverter";
-/// Kafka's producer default `max.request.size`, which Connect's producer applies unless the
-/// worker or the connector overrides it.
-const CONNECT_MAX_REQUEST_SIZE: &str = "1048576";
 /// Debezium's converter that writes `BYTES` values (a bytea payload) as they are, and hands
 /// any other value to its `delegate.converter.type`.
 const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
@@ -549,7 +546,7 @@ fn kafka(s: &mut Settings) -> Table {
     if !properties.contains_key("message.max.bytes") {
         properties.insert(
             "message.max.bytes".into(),
-            Value::String(CONNECT_MAX_REQUEST_SIZE.into()),
+            Value::String(crate::config::outbox::CONNECT_MAX_REQUEST_SIZE.into()),
         );
         s.note(
             "max.request.size",
