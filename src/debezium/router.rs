@@ -168,9 +168,10 @@ fn placements(s: &mut Settings, key: &str, value: &str, route: &mut Table) {
             }
             (_, Some("envelope")) => s.refuse(
                 format!("{key} (entry {})", n + 1),
-                "an envelope placement turns the value into a Connect struct, which walbox does \
-                 not write: place the column in a header, or use walbox's envelope \
-                 (format = \"json\") and change the consumers",
+                "an envelope placement makes the value a Connect struct of the payload and the \
+                 placed columns (named, with schemas, after the first routed value the task saw), \
+                 which walbox does not write: place the column in a header, or use walbox's \
+                 envelope (format = \"json\") and change the consumers",
             ),
             _ => s.refuse(
                 format!("{key} (entry {})", n + 1),
