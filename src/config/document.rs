@@ -174,12 +174,12 @@ fn connect_record_limit(kafka: &mut KafkaConfig, outbox: &OutboxConfig) {
         .tables
         .iter()
         .chain(&outbox.messages)
-        .any(|r| r.compat == super::Compat::Debezium);
+        .any(|r| r.compat == outbox::Compat::Debezium);
     if debezium {
         kafka
             .properties
             .entry("message.max.bytes".to_owned())
-            .or_insert_with(|| super::outbox::CONNECT_MAX_REQUEST_SIZE.to_owned());
+            .or_insert_with(|| outbox::CONNECT_MAX_REQUEST_SIZE.to_owned());
     }
 }
 

@@ -89,15 +89,38 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-impl Envelope<'_> {
-    /// Encodes in `format` (`Raw` is not an envelope and returns the payload). An error is a
-    /// reason the row cannot be published.
-    pub fn encode(&self, format: ValueFormat) -> Result<Bytes, String> {
-        match format {
-            ValueFormat::Raw => Ok(self.payload.bytes.clone()),
-            ValueFormat::Json => self.json(),
-            ValueFormat::Protobuf => Ok(self.protobuf()),
+impl PayloadKind {
+    /// The media type of a payload of this kind, as stored.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            PayloadKind::Json => "application/json",
+            PayloadKind::Text => "text/plain",
+            PayloadKind::Bytes => "application/octet-stream",
         }
+    }
+}
+
+/// The media type of a record value in `format` whose payload is of `kind` (`None`: a NULL
+/// payload, sent as a tombstone).
+pub fn content_type(format: ValueFormat, kind: Option<PayloadKind>) -> &'static str {
+    match (format, kind) {
+        (ValueFormat::Json, _) => "application/json",
+        (ValueFormat::Protobuf, _) => "application/protobuf",
+        (ValueFormat::Raw, Some(kind)) => kind.content_type(),
+        (ValueFormat::Raw, None) => "text/plain",
+    }
+}
+
+impl Envelope<'_> {
+    /// Encodes in `format` (`Raw` is not an envelope and returns the payload): the bytes and
+    /// their media type. An error is a reason the row cannot be published.
+    pub fn encode(&self, format: ValueFormat) -> Result<(Bytes, &'static str), String> {
+        let bytes = match format {
+            ValueFormat::Raw => self.payload.bytes.clone(),
+            ValueFormat::Json => self.json()?,
+            ValueFormat::Protobuf => self.protobuf(),
+        };
+        Ok((bytes, content_type(format, Some(self.payload.kind))))
     }
 
     fn json(&self) -> Result<Bytes, String> {
@@ -153,12 +176,7 @@ impl Envelope<'_> {
             aggregate_type: self.aggregate_type.map(text).unwrap_or_default(),
             aggregate_id: text(self.aggregate_id),
             payload: self.payload.bytes.to_vec(),
-            payload_content_type: match self.payload.kind {
-                PayloadKind::Json => "application/json",
-                PayloadKind::Text => "text/plain",
-                PayloadKind::Bytes => "application/octet-stream",
-            }
-            .into(),
+            payload_content_type: self.payload.kind.content_type().into(),
             commit_lsn: self.commit_lsn.into(),
             commit_time_unix_micros: self.commit_time_us,
             index: self.index,
@@ -223,7 +241,7 @@ mod tests {
         };
         let fields = [(Arc::from("tenant"), Some(Bytes::from_static(b"t1")))];
         let v: serde_json::Value =
-            serde_json::from_slice(&env(&p, &fields).encode(ValueFormat::Json).unwrap()).unwrap();
+            serde_json::from_slice(&env(&p, &fields).encode(ValueFormat::Json).unwrap().0).unwrap();
         assert_eq!(v["payload"]["a"][1], 2);
         assert_eq!(v["id"], "42");
         assert_eq!(v["type"], "order.placed");
@@ -246,7 +264,7 @@ mod tests {
             };
             let mut e = env(&p, &[]);
             e.expand_json = true;
-            let out = e.encode(ValueFormat::Json).unwrap();
+            let out = e.encode(ValueFormat::Json).unwrap().0;
             // Read with numbers left as text: the envelope is JSON, the payload its own text.
             let v: BTreeMap<&str, &RawValue> = serde_json::from_slice(&out).unwrap();
             assert_eq!(v["payload"].get(), payload, "{kind:?}");
@@ -262,11 +280,11 @@ mod tests {
         };
         let mut e = env(&p, &[]);
         let v: serde_json::Value =
-            serde_json::from_slice(&e.encode(ValueFormat::Json).unwrap()).unwrap();
+            serde_json::from_slice(&e.encode(ValueFormat::Json).unwrap().0).unwrap();
         assert_eq!(v["payload"], r#"{"x":1}"#);
         e.expand_json = true;
         let v: serde_json::Value =
-            serde_json::from_slice(&e.encode(ValueFormat::Json).unwrap()).unwrap();
+            serde_json::from_slice(&e.encode(ValueFormat::Json).unwrap().0).unwrap();
         assert_eq!(v["payload"]["x"], 1);
         let bad = Payload {
             bytes: Bytes::from_static(b"not json"),
@@ -275,7 +293,7 @@ mod tests {
         let mut e = env(&bad, &[]);
         e.expand_json = true;
         let v: serde_json::Value =
-            serde_json::from_slice(&e.encode(ValueFormat::Json).unwrap()).unwrap();
+            serde_json::from_slice(&e.encode(ValueFormat::Json).unwrap().0).unwrap();
         assert_eq!(v["payload"], "not json", "invalid JSON text stays a string");
     }
 
@@ -286,7 +304,7 @@ mod tests {
             kind: PayloadKind::Bytes,
         };
         let v: serde_json::Value =
-            serde_json::from_slice(&env(&p, &[]).encode(ValueFormat::Json).unwrap()).unwrap();
+            serde_json::from_slice(&env(&p, &[]).encode(ValueFormat::Json).unwrap().0).unwrap();
         assert_eq!(v["payload"], "AP8BAg==");
     }
 
@@ -296,7 +314,8 @@ mod tests {
             bytes: Bytes::from_static(b"{}"),
             kind: PayloadKind::Json,
         };
-        let b = env(&p, &[]).encode(ValueFormat::Protobuf).unwrap();
+        let (b, content_type) = env(&p, &[]).encode(ValueFormat::Protobuf).unwrap();
+        assert_eq!(content_type, "application/protobuf");
         let m = proto::Envelope::decode(&b[..]).unwrap();
         assert_eq!(m.id, "42");
         assert_eq!(m.payload, b"{}");

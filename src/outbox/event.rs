@@ -44,6 +44,27 @@ impl HeaderName {
     }
 }
 
+/// The header carrying the event id (every record, in both layouts).
+pub const ID_HEADER: &str = "id";
+
+/// The header carrying the event type (walbox's layout; the router's places none by itself).
+pub const EVENT_TYPE_HEADER: &str = "event_type";
+
+/// CloudEvents' Kafka binary-mode headers (`cloudevents = true`).
+pub const CE_SPECVERSION: &str = "ce_specversion";
+/// CloudEvents `id`: the event id.
+pub const CE_ID: &str = "ce_id";
+/// CloudEvents `source`: `cloudevents_source`.
+pub const CE_SOURCE: &str = "ce_source";
+/// CloudEvents `type`: the event type.
+pub const CE_TYPE: &str = "ce_type";
+/// CloudEvents `time`: the record timestamp, RFC 3339.
+pub const CE_TIME: &str = "ce_time";
+/// CloudEvents `subject`: the aggregate id.
+pub const CE_SUBJECT: &str = "ce_subject";
+/// The value's content type ([`super::envelope::content_type`]).
+pub const CONTENT_TYPE_HEADER: &str = "content-type";
+
 /// The header naming the route an event (or its dead letter) comes from: `schema.table`, or
 /// `message:<prefix>` for the table-less outbox. With `id` it identifies an event of this
 /// outbox (`walbox audit` matches on both; ids of different tables may be equal).

@@ -25,6 +25,7 @@ pub mod connect;
 pub mod dead_letter;
 pub mod envelope;
 mod event;
+mod record;
 mod scratch;
 mod template;
 
@@ -35,19 +36,19 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::config::{valid_topic, Compat, Converter, OutboxConfig, Route, RouteSource};
+use crate::config::{OutboxConfig, Route, RouteSource};
 use crate::dead_letter::Policy;
 use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::source::pgoutput::{Insert, Message, Relation, TupleValue};
-use crate::timestamp::{self, pg_micros_to_unix_micros, pg_micros_to_unix_ms};
+
 pub use dead_letter::{dead_letter, Rejected};
 use envelope::{Payload, PayloadKind};
 pub use event::{
     EventPosition, HeaderName, Headers, OutboxEvent, COMMIT_LSN_HEADER, ERROR_HEADER, INDEX_HEADER,
     SOURCE_HEADER,
 };
-use template::{Template, Vars};
+use template::Template;
 
 /// Type OIDs with a special meaning for payloads.
 const BYTEA_OID: u32 = 17;
@@ -520,259 +521,6 @@ impl OutboxMapper {
             payload,
         }))
     }
-
-    fn build(
-        &self,
-        route: usize,
-        row: Row<'_>,
-        position: EventPosition,
-    ) -> Result<OutboxEvent, OutboxError> {
-        let r = &self.routes[route];
-        let c = &r.columns;
-        let fail = |row: &Row<'_>, reason: String| {
-            self.invalid(
-                route,
-                row.id.clone(),
-                row.key.clone(),
-                row.payload.as_ref().map(|p| p.bytes.clone()),
-                position,
-                reason,
-            )
-        };
-        if let Some(col) = row.missing.first() {
-            return Err(fail(
-                &row,
-                format!(
-                    "column {col:?} is mapped but the table no longer has it (dropped or renamed)"
-                ),
-            ));
-        }
-        let Some(id) = row.id.clone() else {
-            return Err(fail(&row, format!("{:?} (event id) is NULL", c.id)));
-        };
-        // The router sends a NULL key column as a null key; walbox's own layout refuses it.
-        let key = match (row.key.clone(), r.compat) {
-            (Some(k), _) => Some(k),
-            (None, Compat::Debezium) => None,
-            (None, Compat::Walbox) => {
-                return Err(fail(&row, format!("{:?} (key) is NULL", c.aggregate_id)))
-            }
-        };
-        // The router's converters: what JsonConverter writes for the key, and for the payload
-        // (expanded when asked), instead of the column's text.
-        let connect_key = match (row.connect, r.converters.key) {
-            (Some((column, _)), Converter::Json { schemas }) => {
-                match connect::record_key(column, key.as_deref(), schemas) {
-                    Ok(k) => Some(k),
-                    Err(e) => return Err(fail(&row, format!("the key: {e}"))),
-                }
-            }
-            _ => None,
-        };
-        // The router sends a NULL payload as what its converter makes of null.
-        if row.payload.is_none() && !r.tombstones && r.compat == Compat::Walbox {
-            return Err(fail(
-                &row,
-                format!(
-                    "{:?} (payload) is NULL (set tombstones = true to send a tombstone)",
-                    c.payload
-                ),
-            ));
-        }
-        let topic = {
-            let mut scratch = self.scratch.borrow_mut();
-            let Scratch { topics, topic, .. } = &mut *scratch;
-            topic.clear();
-            let rendered = match row.topic.and_then(|t| std::str::from_utf8(t).ok()) {
-                Some(t) => {
-                    topic.push_str(t);
-                    true
-                }
-                None => {
-                    let vars = Vars {
-                        aggregate_type: row.aggregate_type,
-                        event_type: row.event_type.as_deref(),
-                        source: &r.source,
-                    };
-                    let (template, fallback) = &self.templates[route];
-                    template.render_into(&vars, topic)
-                        || fallback
-                            .as_ref()
-                            .is_some_and(|f| f.render_into(&vars, topic))
-                }
-            };
-            if !rendered {
-                drop(scratch);
-                return Err(fail(
-                    &row,
-                    format!(
-                        "no topic: a routing value of {:?} is NULL and no fallback_topic is set",
-                        r.topic
-                    ),
-                ));
-            }
-            if !valid_topic(topic) {
-                let reason = format!("{topic:?} is not a valid Kafka topic name");
-                drop(scratch);
-                return Err(fail(&row, reason));
-            }
-            topics.intern(topic)
-        };
-        let partition = match row.partition {
-            None => None,
-            Some(p) => match std::str::from_utf8(p)
-                .ok()
-                .and_then(|s| s.parse::<i32>().ok())
-            {
-                Some(n) if n >= 0 => Some(n),
-                _ => {
-                    return Err(fail(
-                        &row,
-                        format!(
-                            "partition {:?} is not a non-negative integer",
-                            String::from_utf8_lossy(p)
-                        ),
-                    ))
-                }
-            },
-        };
-        let commit_ms = pg_micros_to_unix_ms(position.commit_time);
-        let timestamp_ms = match row.timestamp {
-            None => commit_ms,
-            Some(t) => match std::str::from_utf8(t)
-                .ok()
-                .and_then(timestamp::parse_timestamptz_ms)
-            {
-                Some(ms) => ms,
-                None => {
-                    return Err(fail(
-                        &row,
-                        format!(
-                            "timestamp {:?} is not a timestamptz",
-                            String::from_utf8_lossy(t)
-                        ),
-                    ))
-                }
-            },
-        };
-        let lsn_text = self.lsn_text(position.commit_lsn);
-        let mut headers = Headers::new();
-        headers.push(valued(HeaderName::Static("id"), id.clone()));
-        if let (Some(t), Compat::Walbox) = (&row.event_type, r.compat) {
-            headers.push(valued(HeaderName::Static("event_type"), t.clone()));
-        }
-        headers.push(valued(
-            HeaderName::Static(COMMIT_LSN_HEADER),
-            lsn_text.clone(),
-        ));
-        headers.push(valued(
-            HeaderName::Static(INDEX_HEADER),
-            self.scratch.borrow_mut().texts.text(position.index),
-        ));
-        headers.push((
-            HeaderName::Static(SOURCE_HEADER),
-            Some(self.sources[route].clone()),
-        ));
-        let value = match (&row.payload, r.format) {
-            (None, _) if r.tombstones || row.connect.is_none() => None,
-            (Some(p), _) if r.tombstones && r.compat == Compat::Debezium && router_blank(p) => None,
-            (p, _) if row.connect.is_some() => {
-                let (_, column) = row.connect.expect("checked");
-                let expand = r.expand_json_payload.then_some(r.json_nulls);
-                let raw = p.as_ref().map(|p| &p.bytes);
-                match connect::record_value(column, &c.payload, raw, expand, r.converters.value) {
-                    Ok(v) => v,
-                    Err(e) => return Err(fail(&row, format!("the payload: {e}"))),
-                }
-            }
-            (None, _) => None,
-            (Some(p), crate::config::ValueFormat::Raw) => Some(p.bytes.clone()),
-            (Some(p), format) => {
-                let env = envelope::Envelope {
-                    id: &id,
-                    event_type: row.event_type.as_deref(),
-                    aggregate_type: row.aggregate_type,
-                    aggregate_id: key.as_deref().unwrap_or_default(),
-                    payload: p,
-                    expand_json: r.expand_json_payload,
-                    commit_lsn: std::str::from_utf8(&lsn_text).unwrap_or_default(),
-                    commit_time_us: pg_micros_to_unix_micros(position.commit_time),
-                    index: position.index,
-                    source: &r.name,
-                    fields: &row.envelope,
-                };
-                match env.encode(format) {
-                    Ok(b) => Some(b),
-                    Err(reason) => return Err(fail(&row, reason)),
-                }
-            }
-        };
-        if let Some(ce_source) = &r.cloudevents_source {
-            let content_type = match (r.format, row.payload.as_ref().map(|p| p.kind)) {
-                (crate::config::ValueFormat::Json, _) => "application/json",
-                (crate::config::ValueFormat::Protobuf, _) => "application/protobuf",
-                (_, Some(PayloadKind::Json)) => "application/json",
-                (_, Some(PayloadKind::Bytes)) => "application/octet-stream",
-                _ => "text/plain",
-            };
-            headers.push(valued(
-                HeaderName::Static("ce_specversion"),
-                Bytes::from_static(b"1.0"),
-            ));
-            headers.push(valued(HeaderName::Static("ce_id"), id.clone()));
-            headers.push(valued(
-                HeaderName::Static("ce_source"),
-                Bytes::from(ce_source.clone()),
-            ));
-            if let Some(t) = &row.event_type {
-                headers.push(valued(HeaderName::Static("ce_type"), t.clone()));
-            }
-            headers.push(valued(
-                HeaderName::Static("ce_time"),
-                Bytes::from(timestamp::rfc3339_ms(timestamp_ms)),
-            ));
-            if let Some(key) = &key {
-                headers.push(valued(HeaderName::Static("ce_subject"), key.clone()));
-            }
-            headers.push(valued(
-                HeaderName::Static("content-type"),
-                Bytes::from_static(content_type.as_bytes()),
-            ));
-        }
-        for (name, v) in row.headers {
-            match (v, r.compat) {
-                (Some(v), _) => headers.push((name, Some(v))),
-                // The router sends a NULL column as a header with a null value.
-                (None, Compat::Debezium) => headers.push((name, None)),
-                (None, Compat::Walbox) => {}
-            }
-        }
-        Ok(OutboxEvent {
-            topic,
-            partition,
-            key: connect_key.unwrap_or(key),
-            value,
-            headers,
-            timestamp_ms,
-            id,
-            position,
-            source: r.name.clone(),
-        })
-    }
-}
-
-/// Whether the Outbox Event Router (`route.tombstone.on.empty.payload=true`) takes `p` for an
-/// empty payload and sends a tombstone: its rule is `payload.toString().trim().isEmpty()`, and
-/// Java's `trim` strips every character up to U+0020 from both ends. A bytea payload reaches it
-/// as a byte array, whose `toString()` is never empty; any other column as its text (jsonb
-/// and json never print blank).
-fn router_blank(p: &Payload) -> bool {
-    p.kind != PayloadKind::Bytes && p.bytes.iter().all(|b| *b <= b' ')
-}
-
-/// A header with a value.
-fn valued(name: HeaderName, value: Bytes) -> (HeaderName, Option<Bytes>) {
-    (name, Some(value))
 }
 
 /// Decodes bytea's text output `\x0a1b…` into bytes.
