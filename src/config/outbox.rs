@@ -579,6 +579,11 @@ impl RawRoute {
                 )))
             }
         };
+        if debezium && is_messages && self.expand_json_payload == Some(true) {
+            return Err(invalid(format!(
+                "{what}.expand_json_payload with compat = \"debezium\" applies to tables only (the router expands a payload column)"
+            )));
+        }
         if debezium && format != ValueFormat::Raw {
             return Err(invalid(format!(
                 "{what}.format must be \"raw\" with compat = \"debezium\": the router's records are the payload"
