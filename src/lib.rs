@@ -47,8 +47,8 @@
 //! shard/               the shard layout: names, row filters, what exists
 //! retention/           [outbox.retention]: confirmed rows and partitions removed
 //! inbox/               `walbox inbox`: the consumer half
-//! sandbox/             throwaway PostgreSQL, mock and Apache Kafka brokers (`sandbox`
-//!                      feature, on by default)
+//! sandbox/             throwaway PostgreSQL, mock and Apache Kafka brokers, RabbitMQ, NATS
+//!                      and Redis servers (`sandbox` feature, on by default)
 //! ```
 
 pub mod app;

@@ -1,14 +1,19 @@
 //! Throwaway local infrastructure for `walbox demo`, the integration tests and
 //! the benchmarks: each helper starts a private, disposable server and removes
-//! every trace of it when it is dropped.
+//! every trace of it when it is dropped. The message brokers other than Kafka
+//! (`nats`, `rabbitmq`, `redis`) share the process handling of `daemon`.
 
 pub mod broker;
+pub mod daemon;
 pub mod debezium;
 pub mod kafka;
 pub mod kafka_cluster;
+pub mod nats;
 pub mod postgres;
 mod programs;
 pub mod proxy;
+pub mod rabbitmq;
+pub mod redis;
 pub mod standby;
 pub mod tls;
 
