@@ -1,9 +1,11 @@
 //! Integration tests: real PostgreSQL (spawned per test binary) and a real Kafka-protocol broker
-//! (librdkafka's mock cluster, or `WALBOX_TEST_KAFKA_BROKERS`).
+//! (librdkafka's mock cluster, or `WALBOX_TEST_KAFKA_BROKERS`); real RabbitMQ, NATS and Redis
+//! servers for the other brokers (`brokers`).
 
 mod support;
 
 mod audit;
+mod brokers;
 mod check;
 mod check_kafka;
 mod cli;

@@ -1,13 +1,15 @@
 //! Test support: one throwaway PostgreSQL cluster per test binary, one database + slot per test,
 //! a Kafka-protocol broker per test (librdkafka's mock cluster, one Apache Kafka broker shared by
 //! the whole binary with `WALBOX_TEST_KAFKA=apache`, or the external brokers in
-//! `WALBOX_TEST_KAFKA_BROKERS`), and the `walbox` binary as a child process.
+//! `WALBOX_TEST_KAFKA_BROKERS`), a Redis, a NATS and a RabbitMQ server per test binary
+//! ([`brokers`]), and the `walbox` binary as a child process.
 //!
 //! Waiting is always on a condition with a deadline ([`wait_until`]); a test that times out
 //! panics with what it was waiting for.
 
 #![allow(dead_code)]
 
+pub mod brokers;
 pub mod debezium;
 pub mod events;
 pub mod kafka;
