@@ -323,3 +323,60 @@ impl Drop for Daemon {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shell(script: &str) -> Daemon {
+        let mut daemon = Daemon::new("Test", "walbox-daemon-test.", "/bin/sh".into()).unwrap();
+        daemon.set_command(vec!["-c".into(), script.into()], Vec::new());
+        daemon.spawn().unwrap();
+        daemon
+    }
+
+    #[test]
+    fn a_server_that_exits_is_reported_with_the_end_of_its_log() {
+        let mut daemon = shell("echo first; echo 'bind: address in use' >&2; exit 3");
+        let error = daemon
+            .wait_ready(Duration::from_secs(30), || false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("Test did not start (exited with"),
+            "{error}"
+        );
+        assert!(error.contains("first | bind: address in use"), "{error}");
+    }
+
+    #[test]
+    fn a_server_that_does_not_answer_in_time_is_reported() {
+        let mut daemon = shell("echo listening; exec sleep 60");
+        let error = daemon
+            .wait_ready(Duration::from_millis(200), || false)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("no answer within 200ms"), "{error}");
+        assert!(error.contains("its log ends: listening"), "{error}");
+    }
+
+    #[test]
+    fn dropping_kills_the_whole_process_group_and_removes_the_directory() {
+        let daemon = shell("sleep 60 & echo $! > child.pid; wait");
+        let root = daemon.root().to_owned();
+        let pid_file = root.join("child.pid");
+        let started = Instant::now();
+        while !pid_file.is_file() && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let child = fs::read_to_string(&pid_file).unwrap().trim().to_owned();
+        drop(daemon);
+        assert!(!root.exists(), "the directory is removed");
+        let alive = Command::new("kill")
+            .args(["-0", &child])
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!alive.success(), "the server's own child {child} survived");
+    }
+}
