@@ -31,25 +31,32 @@ fn init_logging(format: LogFormat, level: &str) {
 
 /// Resolves on SIGTERM or SIGINT. SIGHUP (which would otherwise end the process at once) is
 /// logged and ignored: walbox reads its configuration only at start.
-async fn shutdown_signal() {
+///
+/// The handlers are installed by this call, not when the future is first polled: a signal sent
+/// any time after it (a test that stops walbox as soon as it logs, say) is never met by the
+/// default action. Call it inside the runtime (within the command's future).
+fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{signal, SignalKind};
-    match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
-    ) {
-        (Ok(mut term), Ok(mut int), Ok(mut hup)) => loop {
-            tokio::select! {
-                _ = term.recv() => break,
-                _ = int.recv() => break,
-                _ = hup.recv() => tracing::warn!(
-                    "SIGHUP ignored: walbox does not reload its configuration; restart it \
-                     (SIGTERM, then start) to apply a change"
-                ),
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int), Ok(mut hup)) => loop {
+                tokio::select! {
+                    _ = term.recv() => break,
+                    _ = int.recv() => break,
+                    _ = hup.recv() => tracing::warn!(
+                        "SIGHUP ignored: walbox does not reload its configuration; restart it \
+                         (SIGTERM, then start) to apply a change"
+                    ),
+                }
+            },
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
             }
-        },
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }
@@ -206,7 +213,7 @@ fn main() -> ExitCode {
         Command::Run { file } => with_config(file.config, Reports::Log, |config: Config| {
             // Shards relay side by side: a worker per shard, up to the machine's cores.
             let workers = shard_workers(config.postgres.shards);
-            let relay = walbox::app::run(config, shutdown_signal());
+            let relay = async move { walbox::app::run(config, shutdown_signal()).await };
             finish("walbox", spawn_on(workers, "relay", relay))
         }),
         Command::Status { file, output } => {
@@ -264,7 +271,7 @@ fn main() -> ExitCode {
         Command::Inbox { config } => with_config(config, Reports::Log, |c: InboxConfig| {
             finish(
                 "walbox inbox",
-                block_on(walbox::inbox::run(c, shutdown_signal())),
+                block_on(async move { walbox::inbox::run(c, shutdown_signal()).await }),
             )
         }),
         Command::Completions { shell } => {
