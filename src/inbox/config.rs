@@ -38,6 +38,7 @@ use crate::config::{
 };
 
 use super::effect::EffectSql;
+use super::set_effect::BatchSql;
 use crate::dead_letter::Policy;
 
 /// The configuration as written: every field optional, unknown keys rejected.
@@ -125,8 +126,11 @@ impl fmt::Debug for RawKafka {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawEffect {
-    /// The effect: one SQL statement with named placeholders.
+    /// The effect: one SQL statement with named placeholders, run for each new record.
     pub sql: Option<String>,
+    /// The set-based effect: one SQL statement per batch, reading the new records from
+    /// `$records`.
+    pub batch_sql: Option<String>,
     /// Store the record in the inbox row (the transactional-inbox form).
     pub store_record: Option<bool>,
     /// `fail` or `dead_letter` after the retries.
@@ -245,8 +249,10 @@ impl fmt::Debug for InboxKafka {
 /// Validated `[effect]`.
 #[derive(Debug, Clone)]
 pub struct EffectConfig {
-    /// The parsed effect statement, if any.
+    /// The parsed per-record effect statement, if any.
     pub sql: Option<EffectSql>,
+    /// The parsed set-based effect statement, if any (never together with `sql`).
+    pub batch_sql: Option<BatchSql>,
     /// Store the record's topic, partition, offset, key, headers and payload in the inbox row.
     pub store_record: bool,
     /// After the retries.
@@ -506,6 +512,7 @@ impl RawEffect {
     /// The settings of `[effect]`.
     const SETTINGS: &'static [Setting] = &[
         (&["effect"], "sql", Kind::Str),
+        (&["effect"], "batch_sql", Kind::Str),
         (&["effect"], "store_record", Kind::Bool),
         (&["effect"], "on_error", Kind::Str),
         (&["effect"], "on_invalid", Kind::Str),
@@ -526,10 +533,22 @@ impl RawEffect {
             }
             None => None,
         };
-        let store_record = self.store_record.unwrap_or(sql.is_none());
-        if sql.is_none() && !store_record {
+        let batch_sql = match self.batch_sql {
+            Some(text) => Some(
+                BatchSql::parse(&text).map_err(|m| invalid(format!("effect.batch_sql: {m}")))?,
+            ),
+            None => None,
+        };
+        if sql.is_some() && batch_sql.is_some() {
             return Err(invalid(
-                "effect.sql is not set and effect.store_record = false: nothing would happen to the records",
+                "effect.sql and effect.batch_sql are exclusive: set effect.sql to run a statement for each record, or effect.batch_sql to run one for each batch",
+            ));
+        }
+        let effect = sql.is_some() || batch_sql.is_some();
+        let store_record = self.store_record.unwrap_or(!effect);
+        if !effect && !store_record {
+            return Err(invalid(
+                "effect.sql and effect.batch_sql are not set and effect.store_record = false: nothing would happen to the records",
             ));
         }
         let on_error = policy("effect.on_error", self.on_error, dead_letter_topic)?;
@@ -562,6 +581,7 @@ impl RawEffect {
         }
         Ok(EffectConfig {
             sql,
+            batch_sql,
             store_record,
             on_error,
             on_invalid,

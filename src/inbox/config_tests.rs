@@ -320,3 +320,64 @@ fn the_shared_keys_name_the_inbox_variables() {
     .unwrap();
     assert_eq!(c.conn.password.as_deref(), Some("from-a-file"));
 }
+
+#[test]
+fn a_set_based_effect_reads_the_batch_from_records() {
+    let text = MINIMAL.replace(
+        "sql = \"SELECT billing.apply_payment($payload)\"",
+        "batch_sql = \"SELECT billing.apply_payments($records)\"",
+    );
+    let c = load_text(&text, &[]).unwrap();
+    let batch = c.effect.batch_sql.expect("batch_sql");
+    assert_eq!(batch.sql, "SELECT billing.apply_payments(($1::jsonb))");
+    assert!(c.effect.sql.is_none());
+    assert!(
+        !c.effect.store_record,
+        "an effect: nothing stored by default"
+    );
+    let c = load_text(
+        &text,
+        &[
+            ("WALBOX_INBOX_EFFECT_BATCH_SQL", "SELECT g($records)"),
+            ("WALBOX_INBOX_EFFECT_STORE_RECORD", "true"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        c.effect.batch_sql.map(|b| b.original).as_deref(),
+        Some("SELECT g($records)")
+    );
+    assert!(c.effect.store_record);
+}
+
+#[test]
+fn set_based_effect_refusals_are_one_line_and_say_why() {
+    let without_sql = MINIMAL.replace("sql = \"SELECT billing.apply_payment($payload)\"", "");
+    for (text, batch_sql, says) in [
+        (
+            MINIMAL,
+            "SELECT g($records)",
+            "effect.sql and effect.batch_sql are exclusive",
+        ),
+        (
+            &without_sql,
+            "SELECT g($payload)",
+            "effect.batch_sql: $payload is a per-record placeholder",
+        ),
+        (
+            &without_sql,
+            "SELECT g()",
+            "effect.batch_sql: the statement must read the batch's records from $records",
+        ),
+        (
+            &without_sql,
+            "SELECT g($1)",
+            "effect.batch_sql: use named placeholders ($records)",
+        ),
+    ] {
+        let e = load_text(text, &[("WALBOX_INBOX_EFFECT_BATCH_SQL", batch_sql)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says) && !e.contains('\n'), "{says}: {e}");
+    }
+}

@@ -163,6 +163,65 @@ const ALL: &[(&str, Placeholder)] = &[
     ("timestamp", Placeholder::Timestamp),
 ];
 
+/// The per-record placeholder called `name` (without the `$`).
+pub(super) fn placeholder(name: &str) -> Option<Placeholder> {
+    ALL.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
+}
+
+/// Rewrites every named placeholder `$name` of `text` to what `param(name)` returns, or fails
+/// with its reason. Text inside single-quoted literals and double-quoted identifiers is left
+/// alone; positional parameters (`$1`), a bare `$`, an empty statement and an unterminated
+/// quote are refused.
+pub(super) fn rewrite(
+    text: &str,
+    hint: &str,
+    mut param: impl FnMut(&str) -> Result<String, String>,
+) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("the statement is empty".into());
+    }
+    let mut sql = String::with_capacity(text.len() + 16);
+    let mut chars = text.char_indices().peekable();
+    let mut quote: Option<char> = None;
+    while let Some((i, c)) = chars.next() {
+        if let Some(q) = quote {
+            sql.push(c);
+            if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' => {
+                quote = Some(c);
+                sql.push(c);
+            }
+            '$' => {
+                let rest = &text[i + 1..];
+                let len = rest
+                    .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                    .unwrap_or(rest.len());
+                let name = &rest[..len];
+                if name.is_empty() || name.starts_with(|ch: char| ch.is_ascii_digit()) {
+                    return Err(format!(
+                        "use named placeholders ({hint}), not {:?}",
+                        format!("${name}")
+                    ));
+                }
+                sql.push_str(&param(name)?);
+                for _ in 0..len {
+                    chars.next();
+                }
+            }
+            _ => sql.push(c),
+        }
+    }
+    if quote.is_some() {
+        return Err("unterminated quoted literal or identifier".into());
+    }
+    Ok(sql)
+}
+
 impl Placeholder {
     /// The parameter's declared type (`jsonb` values are sent as text and cast).
     pub fn param_type(self) -> Type {
@@ -219,67 +278,28 @@ impl EffectSql {
     /// Rewrites named placeholders to `$1, $2, …` (the same name, the same parameter). Text
     /// inside single-quoted literals and double-quoted identifiers is left alone.
     pub fn parse(text: &str) -> Result<EffectSql, String> {
-        if text.trim().is_empty() {
-            return Err("the statement is empty".into());
-        }
-        let mut sql = String::with_capacity(text.len() + 16);
         let mut params: Vec<Placeholder> = Vec::new();
-        let mut chars = text.char_indices().peekable();
-        let mut quote: Option<char> = None;
-        while let Some((i, c)) = chars.next() {
-            if let Some(q) = quote {
-                sql.push(c);
-                if c == q {
-                    quote = None;
+        let sql = rewrite(text, "$payload, $key, …", |name| {
+            let Some(p) = placeholder(name) else {
+                let known: Vec<String> = ALL.iter().map(|(n, _)| format!("${n}")).collect();
+                return Err(format!(
+                    "unknown placeholder ${name}; known: {}",
+                    known.join(", ")
+                ));
+            };
+            let n = match params.iter().position(|q| *q == p) {
+                Some(k) => k + 1,
+                None => {
+                    params.push(p);
+                    params.len()
                 }
-                continue;
-            }
-            match c {
-                '\'' | '"' => {
-                    quote = Some(c);
-                    sql.push(c);
-                }
-                '$' => {
-                    let rest = &text[i + 1..];
-                    let len = rest
-                        .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
-                        .unwrap_or(rest.len());
-                    let name = &rest[..len];
-                    if name.is_empty() || name.starts_with(|ch: char| ch.is_ascii_digit()) {
-                        return Err(format!(
-                            "use named placeholders ($payload, $key, …), not {:?}",
-                            format!("${name}")
-                        ));
-                    }
-                    let Some((_, p)) = ALL.iter().find(|(n, _)| *n == name) else {
-                        let known: Vec<String> = ALL.iter().map(|(n, _)| format!("${n}")).collect();
-                        return Err(format!(
-                            "unknown placeholder ${name}; known: {}",
-                            known.join(", ")
-                        ));
-                    };
-                    let n = match params.iter().position(|q| q == p) {
-                        Some(k) => k + 1,
-                        None => {
-                            params.push(*p);
-                            params.len()
-                        }
-                    };
-                    if p.is_json() {
-                        sql.push_str(&format!("(${n}::jsonb)"));
-                    } else {
-                        sql.push_str(&format!("${n}"));
-                    }
-                    for _ in 0..len {
-                        chars.next();
-                    }
-                }
-                _ => sql.push(c),
-            }
-        }
-        if quote.is_some() {
-            return Err("unterminated quoted literal or identifier".into());
-        }
+            };
+            Ok(if p.is_json() {
+                format!("(${n}::jsonb)")
+            } else {
+                format!("${n}")
+            })
+        })?;
         Ok(EffectSql {
             original: text.to_owned(),
             sql,

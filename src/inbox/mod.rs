@@ -37,6 +37,7 @@ pub mod consumer;
 pub mod effect;
 pub mod metrics;
 pub mod retention;
+pub mod set_effect;
 pub mod store;
 pub mod throttle;
 pub mod worker;

@@ -4,7 +4,9 @@
 //! # Invariants
 //! - A batch (consecutive records of one partition) is applied in exactly one transaction:
 //!   `BEGIN`; one multi-row `INSERT INTO <inbox> … ON CONFLICT DO NOTHING RETURNING message_id`;
-//!   the effect for each record whose row that inserted, in offset order; `COMMIT`. Requests
+//!   the effect for each record whose row that inserted, in offset order (or, with
+//!   `effect.batch_sql`, one statement for all of them, their elements in `$records` in offset
+//!   order, see [`super::set_effect`]); `COMMIT`. Requests
 //!   are pipelined: `BEGIN` with the `INSERT`, the effects with the `COMMIT` (the whole
 //!   transaction in one round trip when there is no effect). An error anywhere rolls the whole
 //!   transaction back, inbox rows included, so a failed batch leaves no trace and can be
@@ -32,6 +34,7 @@ use postgres_protocol::escape::escape_identifier as quote_ident;
 
 use super::config::InboxConfig;
 use super::effect::{EffectSql, InvalidRecord, Record};
+use super::set_effect::{self, BatchSql, Element};
 
 type Value = Box<dyn ToSql + Sync + Send>;
 
@@ -47,6 +50,10 @@ pub enum StoreError {
     /// The effect failed.
     #[error("effect failed: {}", pg_message(.0))]
     Effect(#[source] tokio_postgres::Error),
+    /// The set-based effect cannot take the record: its payload is not JSON (why). The
+    /// record's fault, like a data error of the effect.
+    #[error("effect failed: {0}")]
+    NotJson(String),
     /// The record cannot be processed at all.
     #[error("invalid record: {0}")]
     Invalid(#[from] InvalidRecord),
@@ -90,6 +97,7 @@ impl StoreError {
     pub fn class(&self) -> Class {
         match self {
             StoreError::Invalid(_) => Class::Rejected,
+            StoreError::NotJson(_) => Class::Effect,
             // The relay's classification: an interrupted TLS handshake or a network outage is
             // transient, never an authentication failure.
             StoreError::Connect(e) => match e.failure() {
@@ -108,7 +116,7 @@ impl StoreError {
         match self {
             StoreError::Inbox(e) | StoreError::Effect(e) => e.is_closed() || e.code().is_none(),
             StoreError::Connect(_) => true,
-            StoreError::Invalid(_) => false,
+            StoreError::Invalid(_) | StoreError::NotJson(_) => false,
         }
     }
 }
@@ -140,6 +148,8 @@ pub struct Prepared {
     pub record: Record,
     message_id: String,
     effect: Option<Vec<Value>>,
+    /// Its element of the set-based effect's `$records`.
+    element: Option<Element>,
     stored: Option<Stored>,
 }
 
@@ -165,6 +175,7 @@ pub struct Conn {
     client: Client,
     insert: Statement,
     effect: Option<Statement>,
+    batch_effect: Option<Statement>,
 }
 
 /// Statement texts and settings shared by all connections.
@@ -174,6 +185,7 @@ pub struct Statements {
     insert_sql: String,
     insert_types: Vec<Type>,
     effect: Option<EffectSql>,
+    batch_effect: Option<BatchSql>,
     store_record: bool,
     consumer: String,
     message_id_header: String,
@@ -231,6 +243,7 @@ impl Statements {
             insert_sql,
             insert_types,
             effect: config.effect.sql.clone(),
+            batch_effect: config.effect.batch_sql.clone(),
             store_record: config.effect.store_record,
             consumer: config.consumer.clone(),
             message_id_header: config.kafka.message_id_header.clone(),
@@ -261,10 +274,20 @@ impl Statements {
             ),
             None => None,
         };
+        let batch_effect = match &self.batch_effect {
+            Some(b) => Some(
+                client
+                    .prepare_typed(&b.sql, &[Type::TEXT])
+                    .await
+                    .map_err(StoreError::Effect)?,
+            ),
+            None => None,
+        };
         Ok(Conn {
             client,
             insert,
             effect,
+            batch_effect,
         })
     }
 
@@ -277,6 +300,10 @@ impl Statements {
                 Some(e) => Some(e.values(&record, &message_id)?),
                 None => None,
             };
+            let element = match &self.batch_effect {
+                Some(_) => Some(Element::of(&record, &message_id)?),
+                None => None,
+            };
             let stored = if self.store_record {
                 Some(Stored {
                     key: record.key_text()?.map(str::to_owned),
@@ -286,13 +313,14 @@ impl Statements {
             } else {
                 None
             };
-            Ok((message_id, effect, stored))
+            Ok((message_id, effect, element, stored))
         })();
         match bound {
-            Ok((message_id, effect, stored)) => Ok(Prepared {
+            Ok((message_id, effect, element, stored)) => Ok(Prepared {
                 record,
                 message_id,
                 effect,
+                element,
                 stored,
             }),
             Err(e) => Err(Box::new((record, e))),
@@ -347,7 +375,7 @@ impl Statements {
             vec![&self.consumer, &ids]
         };
         // Futures send their request when first polled, and `join` polls them in this order.
-        let commit_at_once = conn.effect.is_none();
+        let commit_at_once = conn.effect.is_none() && conn.batch_effect.is_none();
         let (begun, inserted, committed) = futures_util::future::join3(
             client.batch_execute("BEGIN"),
             client.query(&conn.insert, &params),
@@ -371,12 +399,12 @@ impl Statements {
             }
         };
         let outcomes = outcomes(batch, &inserted).map_err(whole)?;
-        let Some(stmt) = &conn.effect else {
+        if commit_at_once {
             if let Some(Err(e)) = committed {
                 return Err(whole(StoreError::Inbox(e)));
             }
             return Ok(outcomes);
-        };
+        }
         if !outcomes.contains(&Outcome::Applied) {
             rollback(client).await.map_err(whole)?;
             return Ok(outcomes);
@@ -384,6 +412,14 @@ impl Statements {
         let applied: Vec<usize> = (0..batch.len())
             .filter(|&i| outcomes[i] == Outcome::Applied)
             .collect();
+        let stmt = match (&conn.effect, &conn.batch_effect) {
+            (Some(stmt), _) => stmt,
+            (None, Some(stmt)) => {
+                apply_set(client, stmt, batch, &applied).await?;
+                return Ok(outcomes);
+            }
+            (None, None) => return Ok(outcomes),
+        };
         let params: Vec<Vec<&(dyn ToSql + Sync)>> = applied
             .iter()
             .map(|&i| {
@@ -513,6 +549,56 @@ fn outcomes(
             }
         })
         .collect())
+}
+
+/// The set-based effect of a batch whose new records are `applied` (indices into `batch`),
+/// pipelined with `COMMIT`: the statement gets their elements as one `$records` array. A record
+/// whose payload is not JSON fails alone, before the statement is sent; a failing statement
+/// names its record only when it had one.
+async fn apply_set(
+    client: &Client,
+    stmt: &Statement,
+    batch: &[Prepared],
+    applied: &[usize],
+) -> Result<(), BatchError> {
+    let whole = |error| BatchError { at: None, error };
+    let mut elements = Vec::with_capacity(applied.len());
+    for &i in applied {
+        match &batch[i].element {
+            Some(Element::Json(e)) => elements.push(e.as_str()),
+            Some(Element::NotJson(why)) => {
+                rollback(client).await.map_err(whole)?;
+                return Err(BatchError {
+                    at: Some(i),
+                    error: StoreError::NotJson(why.clone()),
+                });
+            }
+            None => {
+                rollback(client).await.map_err(whole)?;
+                return Err(whole(StoreError::Invalid(InvalidRecord(
+                    "no $records element was prepared".into(),
+                ))));
+            }
+        }
+    }
+    let records = set_effect::array(elements.into_iter());
+    let (result, committed) = futures_util::future::join(
+        client.execute(stmt, &[&records]),
+        client.batch_execute("COMMIT"),
+    )
+    .await;
+    if let Err(e) = result {
+        // The COMMIT rolled the transaction back (or the connection is gone).
+        return Err(BatchError {
+            at: match applied {
+                [only] => Some(*only),
+                _ => None,
+            },
+            error: StoreError::Effect(e),
+        });
+    }
+    committed.map_err(|e| whole(StoreError::Inbox(e)))?;
+    Ok(())
 }
 
 /// Rolls the open transaction back. An error here means the connection is unusable: it is
