@@ -11,8 +11,8 @@
 //! - An effect error fails only its own record: the records before it commit as a batch, the
 //!   failing record is retried alone (the failed batch counts as its first attempt), then
 //!   follows `effect.on_error`; the records after it go on in batches. When the transaction
-//!   fails without naming a record (a stored payload that is not JSON), the batch is applied
-//!   record by record, so the same holds.
+//!   fails without naming a record (a stored payload that is not JSON, a set-based effect),
+//!   the batch is applied record by record until a record fails alone, so the same holds.
 //! - Only the record's errors ([`Class::Effect`]: data, constraints, raised exceptions)
 //!   are counted against `effect.retries` and reach `effect.on_error`; the database's (a missing
 //!   object or privilege: fatal; a lost connection, resources, conflicts: retried with backoff,
@@ -280,7 +280,8 @@ async fn apply(
                     None if chunk.len() == 1 => start,
                     None => {
                         // The transaction failed as a whole (e.g. a stored payload that is not
-                        // JSON): find the record by applying them one at a time.
+                        // JSON, a set-based effect): find the record by applying them one at a
+                        // time.
                         tracing::info!(record = %head, records = chunk.len(), error = %err.error, "batch failed; applying its records one by one");
                         alone_until = end;
                         continue;
@@ -292,6 +293,8 @@ async fn apply(
                     _ => 1,
                 };
                 let error = err.error.to_string();
+                // The failing record is found: the records after it go on in batches.
+                alone_until = 0;
                 if failures <= env.effect.retries {
                     tracing::warn!(record = %describe(&records[at].record), error = %error, attempt = failures, "effect failed; the transaction was rolled back, retrying");
                 }
