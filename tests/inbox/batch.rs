@@ -10,11 +10,10 @@ use walbox::sandbox::broker::TopicReader;
 
 use super::{
     assert_applied_in_order, assert_exactly_once, committed, count, effects, free_port, inbox_db,
-    inbox_env, metric, produce, rec, wait_metric, Rec,
+    inbox_env, metric, produce, rec, wait_metric, Form, Rec,
 };
 use crate::support::{self, wait_until, Walbox, WAIT};
-#[test]
-fn a_poison_record_in_the_middle_of_a_batch_fails_alone() {
+fn a_poison_record_in_the_middle_of_a_batch_fails_alone(form: Form) {
     let db = inbox_db("inbox_mid");
     let broker = support::broker();
     let topic = format!("t_{}", db.name);
@@ -41,7 +40,7 @@ fn a_poison_record_in_the_middle_of_a_batch_fails_alone() {
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(&db, &brokers, &group, &topic, port, &batched),
+        &form.env(inbox_env(&db, &brokers, &group, &topic, port, &batched)),
     );
     let status = w.wait_exit(WAIT);
     assert_eq!(status.code(), Some(10), "{}", w.log());
@@ -52,7 +51,9 @@ fn a_poison_record_in_the_middle_of_a_batch_fails_alone() {
         before.join(",")
     );
     assert_eq!(count(&db, "SELECT count(*) FROM inbox"), 10);
-    assert_eq!(count(&db, "SELECT last_value FROM attempts"), 2);
+    // In the set form the whole batch's statement (21 new records) ran the poison first.
+    let attempts = 2 + form.batch_attempts(21);
+    assert_eq!(count(&db, "SELECT last_value FROM attempts"), attempts);
     assert_eq!(committed(&brokers, &group, &topic, 1), [Some(10)]);
 
     // `dead_letter`, replayed from the beginning by a new group: the ten before it are
@@ -66,7 +67,7 @@ fn a_poison_record_in_the_middle_of_a_batch_fails_alone() {
     ]);
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(&db, &brokers, &group, &topic, port, &env),
+        &form.env(inbox_env(&db, &brokers, &group, &topic, port, &env)),
     );
     wait_metric(port, "walbox_inbox_records_consumed_total", 21.0, &w);
     assert_eq!(metric(port, "walbox_inbox_dead_lettered_total"), Some(1.0));
@@ -88,7 +89,11 @@ fn a_poison_record_in_the_middle_of_a_batch_fails_alone() {
         format!("{},{}", before.join(","), after.join(","))
     );
     assert_exactly_once(&db, 20);
-    assert_eq!(count(&db, "SELECT last_value FROM attempts"), 4);
+    // Again with the poison and the ten after it new.
+    assert_eq!(
+        count(&db, "SELECT last_value FROM attempts"),
+        attempts + 2 + form.batch_attempts(11)
+    );
     assert_eq!(committed(&brokers, &group, &topic, 1), [Some(21)]);
     let mut reader = TopicReader::new(&brokers, &[&dlq], WAIT).expect("reader");
     assert!(reader.poll_until(WAIT, |r| !r.is_empty()), "a dead letter");
@@ -104,8 +109,7 @@ fn a_poison_record_in_the_middle_of_a_batch_fails_alone() {
 }
 
 #[cfg(feature = "failpoints")]
-#[test]
-fn a_crash_between_a_batch_commit_and_its_offset_commit_applies_every_effect_once() {
+fn a_crash_between_a_batch_commit_and_its_offset_commit_applies_every_effect_once(form: Form) {
     use std::os::unix::process::ExitStatusExt;
 
     let db = inbox_db("inbox_crash");
@@ -123,7 +127,7 @@ fn a_crash_between_a_batch_commit_and_its_offset_commit_applies_every_effect_onc
     // Four batches commit in PostgreSQL; walbox dies right after the fourth COMMIT, before
     // that batch's offsets can move.
     let port = free_port();
-    let mut env = inbox_env(
+    let mut env = form.env(inbox_env(
         &db,
         &brokers,
         &group,
@@ -133,7 +137,7 @@ fn a_crash_between_a_batch_commit_and_its_offset_commit_applies_every_effect_onc
             ("WALBOX_INBOX_EFFECT_BATCH_MAX", "20"),
             ("WALBOX_INBOX_EFFECT_BATCH_LINGER", "200ms"),
         ],
-    );
+    ));
     env.push((
         "FAILPOINTS".into(),
         "inbox::batch-committed=3*off->return".into(),
@@ -163,7 +167,7 @@ fn a_crash_between_a_batch_commit_and_its_offset_commit_applies_every_effect_onc
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(&db, &brokers, &group, &topic, port, &[]),
+        &form.env(inbox_env(&db, &brokers, &group, &topic, port, &[])),
     );
     wait_metric(
         port,
@@ -181,8 +185,7 @@ fn a_crash_between_a_batch_commit_and_its_offset_commit_applies_every_effect_onc
     assert_exactly_once(&db, total);
 }
 
-#[test]
-fn order_per_partition_holds_with_batches_of_random_sizes_and_duplicates() {
+fn order_per_partition_holds_with_batches_of_random_sizes_and_duplicates(form: Form) {
     let db = inbox_db("inbox_rand");
     let broker = support::broker();
     let topic = format!("t_{}", db.name);
@@ -194,7 +197,7 @@ fn order_per_partition_holds_with_batches_of_random_sizes_and_duplicates() {
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(
+        &form.env(inbox_env(
             &db,
             &brokers,
             &format!("g_{}", db.name),
@@ -205,7 +208,7 @@ fn order_per_partition_holds_with_batches_of_random_sizes_and_duplicates() {
                 ("WALBOX_INBOX_EFFECT_BATCH_MAX", batch_max.as_str()),
                 ("WALBOX_INBOX_EFFECT_BATCH_LINGER", linger.as_str()),
             ],
-        ),
+        )),
     );
     // Bursts of random sizes while walbox consumes; some records are produced again (a relay
     // retry), sometimes within the same burst, so duplicates land inside batches too.
@@ -333,3 +336,10 @@ fn a_partition_far_behind_is_paused_and_resumed_without_losing_or_reordering_rec
     );
     assert_eq!(out_of_order, "0", "records applied out of offset order");
 }
+
+both_forms!(
+    a_poison_record_in_the_middle_of_a_batch_fails_alone,
+    #[cfg(feature = "failpoints")]
+    a_crash_between_a_batch_commit_and_its_offset_commit_applies_every_effect_once,
+    order_per_partition_holds_with_batches_of_random_sizes_and_duplicates,
+);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     assert_applied_in_order, assert_exactly_once, effects, free_port, inbox_db, inbox_env, metric,
-    produce, rec, wait_metric, Rec,
+    produce, rec, wait_metric, Form, Rec,
 };
 use crate::support::{self, wait_until, Walbox, WAIT};
 
@@ -80,8 +80,7 @@ fn owned_in(log: &str) -> BTreeSet<i32> {
         .unwrap_or_default()
 }
 
-#[test]
-fn a_live_rebalance_moves_only_the_partitions_that_change_owner() {
+fn a_live_rebalance_moves_only_the_partitions_that_change_owner(form: Form) {
     let db = inbox_db("inbox_rebalance");
     let broker = support::broker();
     let topic = format!("t_{}", db.name);
@@ -90,14 +89,14 @@ fn a_live_rebalance_moves_only_the_partitions_that_change_owner() {
     let group = format!("g_{}", db.name);
     let mut bursts = Bursts::new();
     let env = |port: u16, instance: &str| {
-        inbox_env(
+        form.env(inbox_env(
             &db,
             &brokers,
             &group,
             &topic,
             port,
             &[("WALBOX_INBOX_KAFKA_GROUP_INSTANCE_ID", instance)],
-        )
+        ))
     };
 
     let port_a = free_port();
@@ -170,8 +169,7 @@ enum Stop {
     Kill,
 }
 
-#[test]
-fn a_restarted_static_member_gets_its_partitions_back_without_a_rebalance() {
+fn a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(form: Form) {
     let db = inbox_db("inbox_static");
     let broker = support::broker();
     if broker.mock_cluster().is_some() {
@@ -188,7 +186,7 @@ fn a_restarted_static_member_gets_its_partitions_back_without_a_rebalance() {
     // A dynamic member that died is waited for up to the session timeout: 45 s here, so that
     // a restart that waits for it cannot pass for a fast one.
     let env = |port: u16, instance: &str| {
-        inbox_env(
+        form.env(inbox_env(
             &db,
             &brokers,
             &group,
@@ -198,7 +196,7 @@ fn a_restarted_static_member_gets_its_partitions_back_without_a_rebalance() {
                 ("WALBOX_INBOX_KAFKA_GROUP_INSTANCE_ID", instance),
                 ("WALBOX_INBOX_KAFKA_PROPERTY_SESSION_TIMEOUT_MS", "45000"),
             ],
-        )
+        ))
     };
 
     let port_a = free_port();
@@ -254,3 +252,8 @@ fn a_restarted_static_member_gets_its_partitions_back_without_a_rebalance() {
     assert_exactly_once(&db, bursts.total.get());
     assert_applied_in_order(&db);
 }
+
+both_forms!(
+    a_live_rebalance_moves_only_the_partitions_that_change_owner,
+    a_restarted_static_member_gets_its_partitions_back_without_a_rebalance,
+);

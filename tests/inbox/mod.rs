@@ -3,11 +3,14 @@
 //! offset commit), effect errors rolled back with their inbox row, per-partition order, the
 //! retention guard, and an end-to-end run of both halves under SIGKILL.
 
+#[macro_use]
+mod forms;
 mod batch;
 mod group;
 mod lag;
 mod outage;
 mod schema_change;
+mod set_effect;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
@@ -24,8 +27,11 @@ use walbox::sandbox::broker::TopicReader;
 
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
+use self::forms::Form;
+
 /// The inbox migration plus an effect log without uniqueness (so a double application shows)
-/// and a function that can be told to fail.
+/// and the check of both effect forms, which can be told to fail: a payload with `poison`
+/// always, one with `fail_times` that many times.
 fn inbox_db(tag: &str) -> TestDb {
     let db = TestDb::new(tag);
     db.sql(include_str!("../../migrations/inbox.sql"));
@@ -40,7 +46,7 @@ fn inbox_db(tag: &str) -> TestDb {
          );
          CREATE SEQUENCE attempts;
          CREATE SEQUENCE flaky_attempts;
-         CREATE FUNCTION apply_effect(mid text, k text, p jsonb, part int, off bigint) RETURNS void
+         CREATE FUNCTION checked_payload(mid text, p jsonb) RETURNS jsonb
          LANGUAGE plpgsql AS $$
          BEGIN
              IF p ? 'poison' THEN
@@ -50,6 +56,12 @@ fn inbox_db(tag: &str) -> TestDb {
              IF p ? 'fail_times' AND nextval('flaky_attempts') <= (p->>'fail_times')::int THEN
                  RAISE EXCEPTION 'transient effect failure for %', mid;
              END IF;
+             RETURN p;
+         END $$;
+         CREATE FUNCTION apply_effect(mid text, k text, p jsonb, part int, off bigint) RETURNS void
+         LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM checked_payload(mid, p);
              INSERT INTO effects (message_id, message_key, payload, kafka_partition, kafka_offset)
              VALUES (mid, k, p, part, off);
          END $$;",
@@ -249,8 +261,7 @@ fn assert_applied_in_order(db: &TestDb) -> HashSet<String> {
     per_partition.into_keys().collect()
 }
 
-#[test]
-fn records_produced_twice_and_replayed_from_the_beginning_apply_once() {
+fn records_produced_twice_and_replayed_from_the_beginning_apply_once(form: Form) {
     let db = inbox_db("inbox_dupes");
     let broker = support::broker();
     let topic = format!("t_{}", db.name);
@@ -271,7 +282,14 @@ fn records_produced_twice_and_replayed_from_the_beginning_apply_once() {
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(&db, &brokers, &format!("g1_{}", db.name), &topic, port, &[]),
+        &form.env(inbox_env(
+            &db,
+            &brokers,
+            &format!("g1_{}", db.name),
+            &topic,
+            port,
+            &[],
+        )),
     );
     wait_metric(port, "walbox_inbox_records_consumed_total", 120.0, &w);
     assert_eq!(metric(port, "walbox_inbox_duplicates_total"), Some(60.0));
@@ -288,7 +306,14 @@ fn records_produced_twice_and_replayed_from_the_beginning_apply_once() {
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(&db, &brokers, &format!("g2_{}", db.name), &topic, port, &[]),
+        &form.env(inbox_env(
+            &db,
+            &brokers,
+            &format!("g2_{}", db.name),
+            &topic,
+            port,
+            &[],
+        )),
     );
     wait_metric(port, "walbox_inbox_records_consumed_total", 120.0, &w);
     assert_eq!(metric(port, "walbox_inbox_duplicates_total"), Some(120.0));
@@ -301,8 +326,7 @@ fn records_produced_twice_and_replayed_from_the_beginning_apply_once() {
     assert_exactly_once(&db, 60);
 }
 
-#[test]
-fn killed_between_the_database_commit_and_the_offset_commit() {
+fn killed_between_the_database_commit_and_the_offset_commit(form: Form) {
     let db = inbox_db("inbox_kill");
     let broker = support::broker();
     let topic = format!("t_{}", db.name);
@@ -318,14 +342,14 @@ fn killed_between_the_database_commit_and_the_offset_commit() {
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(
+        &form.env(inbox_env(
             &db,
             &brokers,
             &group,
             &topic,
             port,
             &[("WALBOX_INBOX_KAFKA_COMMIT_INTERVAL", "1h")],
-        ),
+        )),
     );
     wait_until(WAIT, "all 40 effects", || effects(&db) == 40);
     w.kill();
@@ -338,7 +362,7 @@ fn killed_between_the_database_commit_and_the_offset_commit() {
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(&db, &brokers, &group, &topic, port, &[]),
+        &form.env(inbox_env(&db, &brokers, &group, &topic, port, &[])),
     );
     wait_metric(port, "walbox_inbox_records_consumed_total", 40.0, &w);
     assert_eq!(metric(port, "walbox_inbox_duplicates_total"), Some(40.0));
@@ -353,8 +377,7 @@ fn killed_between_the_database_commit_and_the_offset_commit() {
     );
 }
 
-#[test]
-fn an_effect_error_rolls_back_the_inbox_row_then_fails_or_dead_letters() {
+fn an_effect_error_rolls_back_the_inbox_row_then_fails_or_dead_letters(form: Form) {
     let db = inbox_db("inbox_err");
     let broker = support::broker();
     let topic = format!("t_{}", db.name);
@@ -384,14 +407,18 @@ fn an_effect_error_rolls_back_the_inbox_row_then_fails_or_dead_letters() {
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(
+        &form.env(inbox_env(
             &db,
             &brokers,
             &group,
             &topic,
             port,
-            &[("WALBOX_INBOX_EFFECT_RETRIES", "2")],
-        ),
+            &[
+                ("WALBOX_INBOX_EFFECT_RETRIES", "2"),
+                // The backlog of three records before the id-less one in one batch.
+                ("WALBOX_INBOX_EFFECT_BATCH_LINGER", "300ms"),
+            ],
+        )),
     );
     let status = w.wait_exit(WAIT);
     assert_eq!(status.code(), Some(10), "{}", w.log());
@@ -404,7 +431,11 @@ fn an_effect_error_rolls_back_the_inbox_row_then_fails_or_dead_letters() {
         db.sql("SELECT string_agg(message_id, ',') FROM inbox"),
         "ok-1"
     );
-    assert_eq!(count(&db, "SELECT last_value FROM attempts"), 3);
+    // The set form's statement of the whole batch (ok-1, poison, flaky) ran the poison too.
+    assert_eq!(
+        count(&db, "SELECT last_value FROM attempts"),
+        3 + form.batch_attempts(3)
+    );
     assert_eq!(committed(&brokers, &group, &topic, 1), [Some(1)]);
 
     // `dead_letter`: the poison and the id-less record go to the dead-letter topic, the flaky
@@ -412,7 +443,7 @@ fn an_effect_error_rolls_back_the_inbox_row_then_fails_or_dead_letters() {
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(
+        &form.env(inbox_env(
             &db,
             &brokers,
             &group,
@@ -424,7 +455,7 @@ fn an_effect_error_rolls_back_the_inbox_row_then_fails_or_dead_letters() {
                 ("WALBOX_INBOX_EFFECT_ON_INVALID", "dead_letter"),
                 ("WALBOX_INBOX_KAFKA_DEAD_LETTER_TOPIC", &dlq),
             ],
-        ),
+        )),
     );
     wait_metric(port, "walbox_inbox_records_consumed_total", 4.0, &w);
     assert_eq!(metric(port, "walbox_inbox_dead_lettered_total"), Some(2.0));
@@ -457,8 +488,7 @@ fn an_effect_error_rolls_back_the_inbox_row_then_fails_or_dead_letters() {
     assert_eq!(committed(&brokers, &group, &topic, 1), [Some(5)]);
 }
 
-#[test]
-fn order_per_partition_is_preserved_with_partitions_in_parallel() {
+fn order_per_partition_is_preserved_with_partitions_in_parallel(form: Form) {
     let db = inbox_db("inbox_order");
     let broker = support::broker();
     let topic = format!("t_{}", db.name);
@@ -478,14 +508,14 @@ fn order_per_partition_is_preserved_with_partitions_in_parallel() {
     let port = free_port();
     let mut w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(
+        &form.env(inbox_env(
             &db,
             &brokers,
             &format!("g_{}", db.name),
             &topic,
             port,
             &[("WALBOX_INBOX_EFFECT_MAX_PARALLEL", "4")],
-        ),
+        )),
     );
     wait_until(WAIT, "all 800 effects", || effects(&db) == 800);
     w.terminate();
@@ -548,8 +578,7 @@ fn the_retention_guard_refuses_a_window_it_cannot_show_is_covered() {
     assert!(w.wait_exit(WAIT).success(), "{}", w.log());
 }
 
-#[test]
-fn both_halves_under_sigkill_apply_every_event_exactly_once() {
+fn both_halves_under_sigkill_apply_every_event_exactly_once(form: Form) {
     let producer_db = TestDb::new("e2e_outbox");
     let consumer_db = inbox_db("e2e_inbox");
     let broker = support::broker();
@@ -561,7 +590,7 @@ fn both_halves_under_sigkill_apply_every_event_exactly_once() {
     let group = format!("g_{}", consumer_db.name);
     let relay_env = walbox_env(&producer_db, &slot, &brokers);
     let inbox = |port| {
-        inbox_env(
+        form.env(inbox_env(
             &consumer_db,
             &brokers,
             &group,
@@ -571,7 +600,7 @@ fn both_halves_under_sigkill_apply_every_event_exactly_once() {
                 "WALBOX_INBOX_EFFECT_SQL",
                 "SELECT apply_effect($message_id, $key, $payload, $partition, $offset)",
             )],
-        )
+        ))
     };
 
     let batches = 30;
@@ -637,3 +666,11 @@ fn both_halves_under_sigkill_apply_every_event_exactly_once() {
         .sql("SELECT min(message_id::bigint) || '-' || max(message_id::bigint) FROM effects");
     assert_eq!(ids, format!("1-{total}"));
 }
+
+both_forms!(
+    records_produced_twice_and_replayed_from_the_beginning_apply_once,
+    killed_between_the_database_commit_and_the_offset_commit,
+    an_effect_error_rolls_back_the_inbox_row_then_fails_or_dead_letters,
+    order_per_partition_is_preserved_with_partitions_in_parallel,
+    both_halves_under_sigkill_apply_every_event_exactly_once,
+);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     assert_applied_in_order, assert_exactly_once, effects, free_port, inbox_db, inbox_env, produce,
-    rec, wait_metric, Rec,
+    rec, wait_metric, Form, Rec,
 };
 use crate::support::{self, TestDb, Walbox, WAIT};
 use walbox::sandbox::broker::Broker;
@@ -25,10 +25,14 @@ fn records(from: usize, n: usize) -> Vec<Rec> {
         .collect()
 }
 
-/// An inbox on a mock cluster of its own (database, broker, topic of 6 partitions, bootstrap
+/// An inbox with the `form` effect on a mock cluster of its own (database, broker, topic of 6 partitions, bootstrap
 /// servers, the inbox), once it processed the `first` records produced before it started;
 /// `None` (saying why) on an external broker.
-fn consuming(tag: &str, first: usize) -> Option<(TestDb, Broker, String, String, Walbox)> {
+fn consuming(
+    form: Form,
+    tag: &str,
+    first: usize,
+) -> Option<(TestDb, Broker, String, String, Walbox)> {
     let db = inbox_db(tag);
     let broker = support::broker();
     if broker.mock_cluster().is_none() {
@@ -42,7 +46,14 @@ fn consuming(tag: &str, first: usize) -> Option<(TestDb, Broker, String, String,
     let port = free_port();
     let w = Walbox::spawn_subcommand(
         "inbox",
-        &inbox_env(&db, &brokers, &format!("g_{}", db.name), &topic, port, &[]),
+        &form.env(inbox_env(
+            &db,
+            &brokers,
+            &format!("g_{}", db.name),
+            &topic,
+            port,
+            &[],
+        )),
     );
     wait_metric(
         port,
@@ -53,9 +64,8 @@ fn consuming(tag: &str, first: usize) -> Option<(TestDb, Broker, String, String,
     Some((db, broker, topic, brokers, w))
 }
 
-#[test]
-fn a_broker_outage_while_records_arrive_stalls_nothing_after_it() {
-    let Some((db, broker, topic, brokers, mut w)) = consuming("inbox_outage", 600) else {
+fn a_broker_outage_while_records_arrive_stalls_nothing_after_it(form: Form) {
+    let Some((db, broker, topic, brokers, mut w)) = consuming(form, "inbox_outage", 600) else {
         return;
     };
     let mock = broker.mock_cluster().expect("a mock cluster");
@@ -99,7 +109,9 @@ fn a_broker_outage_while_records_arrive_stalls_nothing_after_it() {
 /// is logged when it first comes, and its repeats are summarised.
 #[test]
 fn a_broker_outage_is_logged_once_per_error_not_once_per_retry() {
-    let Some((db, broker, topic, brokers, mut w)) = consuming("inbox_outage_log", 120) else {
+    let Some((db, broker, topic, brokers, mut w)) =
+        consuming(Form::PerRecord, "inbox_outage_log", 120)
+    else {
         return;
     };
     let mock = broker.mock_cluster().expect("a mock cluster");
@@ -130,3 +142,5 @@ fn a_broker_outage_is_logged_once_per_error_not_once_per_retry() {
     w.terminate();
     assert!(w.wait_exit(WAIT).success(), "{}", w.log());
 }
+
+both_forms!(a_broker_outage_while_records_arrive_stalls_nothing_after_it);

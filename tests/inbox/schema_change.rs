@@ -5,12 +5,11 @@
 
 use super::{
     assert_exactly_once, committed, effects, free_port, inbox_db, inbox_env, metric, produce, rec,
-    Rec,
+    Form, Rec,
 };
 use crate::support::{self, wait_until, Walbox, WAIT};
 
-#[test]
-fn a_table_renamed_under_the_effect_stops_the_inbox_instead_of_dead_lettering_records() {
+fn a_table_renamed_under_the_effect_stops_the_inbox_instead_of_dead_lettering_records(form: Form) {
     let db = inbox_db("inbox_rename");
     let broker = support::broker();
     let topic = format!("t_{}", db.name);
@@ -25,7 +24,7 @@ fn a_table_renamed_under_the_effect_stops_the_inbox_instead_of_dead_lettering_re
             .collect()
     };
     let env = |port: u16| {
-        inbox_env(
+        form.env(inbox_env(
             &db,
             &brokers,
             &group,
@@ -36,7 +35,7 @@ fn a_table_renamed_under_the_effect_stops_the_inbox_instead_of_dead_lettering_re
                 ("WALBOX_INBOX_EFFECT_ON_ERROR", "dead_letter"),
                 ("WALBOX_INBOX_KAFKA_DEAD_LETTER_TOPIC", &dlq),
             ],
-        )
+        ))
     };
     produce(&brokers, &topic, &batch(0, 3));
     let port = free_port();
@@ -71,3 +70,5 @@ fn a_table_renamed_under_the_effect_stops_the_inbox_instead_of_dead_lettering_re
     assert_exactly_once(&db, 8);
     assert_eq!(committed(&brokers, &group, &topic, 1), [Some(8)]);
 }
+
+both_forms!(a_table_renamed_under_the_effect_stops_the_inbox_instead_of_dead_lettering_records);
