@@ -9,15 +9,19 @@
 //! 2. produces the same N records (50 keys, an `id` header, a small JSON payload) to a 1-, a 4-
 //!    and a 16-partition topic on each broker;
 //! 3. for each topic, with `fsync` off and on (`ALTER SYSTEM` + reload), with the one-statement
-//!    effect (`UPDATE accounts … WHERE id = $key`) and with the stored-record form, drains the
-//!    topic from the beginning with a fresh consumer group and an empty inbox:
+//!    effect (`UPDATE accounts … WHERE id = $key`), with the set-based effect (one `UPDATE
+//!    accounts … FROM jsonb_to_recordset($records) …` per batch, the same balances) and with the
+//!    stored-record form, drains the topic from the beginning with a fresh consumer group and an
+//!    empty inbox:
 //!    - `walbox inbox` with the default settings (`effect.batch_max = 100`, no linger), from
 //!      each broker in turn (their rates side by side in one row);
 //!    - the per-record inbox (`effect.batch_max = 1`: one transaction per record, what
-//!      `walbox inbox` did before batching);
+//!      `walbox inbox` did before batching), not for the set-based effect;
 //!    - the direct reference: the same multi-row `INSERT … ON CONFLICT DO NOTHING RETURNING`,
 //!      the same effect statements and one COMMIT per 100 records, issued by a plain client
 //!      over the same socket on as many connections (`effect.max_parallel`), without Kafka;
+//!      the set-based effect's ratio is to the one-statement effect's direct write: the same
+//!      rows and balances, written the way an application would without an inbox;
 //! 4. latency at fixed produce rates (1k and 10k records/s, 4 partitions, the effect form):
 //!    from the producer's send call to the inbox transaction's commit timestamp
 //!    (`pg_xact_commit_timestamp` of the inbox row), p50/p99/max. Against the mock cluster the
@@ -32,6 +36,7 @@
 //! (N = 5,000, 3 s latency runs), `WALBOX_BENCH_LATENCY_SECS` (default 10; 0 skips them),
 //! `WALBOX_BENCH_INBOX_PARTITIONS` (default `1,4,16`; `none` runs only the latency part), `WALBOX_BENCH_INBOX_FSYNC` (`off`, `on`,
 //! default `both`),
+//! `WALBOX_BENCH_INBOX_FORMS` (default `effect,set,stored`),
 //! `WALBOX_BENCH_INBOX_OUTPUT` (default `benches/inbox-results.md`), `WALBOX_BENCH_KAFKA_BROKERS`,
 //! `WALBOX_BENCH_INBOX_KAFKA` (`mock`, `apache` or, the default, `both`; `both` runs the mock
 //! alone, saying so, when Apache Kafka is not installed).
@@ -77,6 +82,12 @@ const DIRECT_BATCH: usize = 100;
 const EFFECT: &str =
     "UPDATE accounts SET balance = balance + ($payload->>'amount')::numeric WHERE id = $key";
 
+/// The set-based effect: the same balances, one statement per batch.
+const BATCH_EFFECT: &str = "UPDATE accounts a SET balance = a.balance + t.amount \
+     FROM (SELECT r.key, sum((r.payload->>'amount')::numeric) AS amount \
+           FROM jsonb_to_recordset($records) AS r(key text, payload jsonb) GROUP BY r.key) t \
+     WHERE a.id = t.key";
+
 /// The accounts the effect updates.
 const SCHEMA: &str =
     "CREATE TABLE accounts (id text PRIMARY KEY, balance numeric NOT NULL DEFAULT 0);
@@ -88,6 +99,7 @@ struct Settings {
     output: PathBuf,
     partitions: Vec<i32>,
     fsync: Vec<bool>,
+    forms: Vec<Form>,
     /// Compare the mock cluster …
     mock: bool,
     /// … and/or Apache Kafka.
@@ -108,6 +120,18 @@ impl Settings {
             Some("on") => vec![true],
             Some(v) => bail!("WALBOX_BENCH_INBOX_FSYNC={v}: off, on or both"),
         };
+        let mut forms = Vec::new();
+        for name in harness::list::<String>(
+            "WALBOX_BENCH_INBOX_FORMS",
+            vec!["effect".into(), "set".into(), "stored".into()],
+        )? {
+            forms.push(match name.as_str() {
+                "effect" => Form::Effect,
+                "set" => Form::Set,
+                "stored" => Form::Stored,
+                v => bail!("WALBOX_BENCH_INBOX_FORMS: {v}: effect, set or stored"),
+            });
+        }
         let (mock, apache) = match var("WALBOX_BENCH_INBOX_KAFKA").as_deref() {
             None | Some("both") => (true, true),
             Some("mock") => (true, false),
@@ -117,6 +141,7 @@ impl Settings {
         Ok(Settings {
             partitions,
             fsync,
+            forms,
             mock,
             apache,
             records: num(
@@ -142,11 +167,13 @@ fn main() -> ExitCode {
     harness::main_with("inbox", run)
 }
 
-/// The two inbox forms.
+/// The inbox forms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Form {
     /// `effect.sql` = [`EFFECT`].
     Effect,
+    /// `effect.batch_sql` = [`BATCH_EFFECT`].
+    Set,
     /// No effect; the record is stored in the inbox row.
     Stored,
 }
@@ -155,6 +182,7 @@ impl Form {
     fn name(self) -> &'static str {
         match self {
             Form::Effect => "one-statement effect",
+            Form::Set => "set-based effect",
             Form::Stored => "stored record",
         }
     }
@@ -276,31 +304,42 @@ async fn run() -> anyhow::Result<()> {
         }
         for &fsync in &settings.fsync {
             bench.set_fsync(fsync).await?;
-            for form in [Form::Effect, Form::Stored] {
+            // The one-statement effect's direct write, which the set-based effect is compared to.
+            let mut effect_direct = None;
+            for &form in &settings.forms {
                 let mut rates = Vec::new();
                 for k in 0..bench.brokers.len() {
                     bench.current = k;
                     let batched = bench.drain(&topic, n, form, 100).await?;
-                    let naive = bench.drain(&topic, n, form, 1).await?;
+                    let naive = match form {
+                        Form::Set => None,
+                        _ => Some(bench.drain(&topic, n, form, 1).await?),
+                    };
                     rates.push((batched, naive));
                 }
-                let direct = bench.direct(&records, partitions, form).await?;
+                let direct = match (form, effect_direct) {
+                    (Form::Set, Some(d)) => d,
+                    _ => {
+                        let d = bench.direct(&records, partitions, form).await?;
+                        if form != Form::Stored {
+                            effect_direct = Some(d);
+                        }
+                        d
+                    }
+                };
                 let mut line = format!(
                     "| {partitions} | {} | {} |",
                     form.name(),
                     if fsync { "on" } else { "off" }
                 );
                 for (batched, naive) in &rates {
-                    write!(line, " {} | {} |", rate(*batched), rate(*naive))?;
+                    let naive = naive.map_or("—".to_owned(), rate);
+                    write!(line, " {} | {naive} |", rate(*batched))?;
                 }
                 write!(line, " {} |", rate(direct))?;
                 for (batched, naive) in &rates {
-                    write!(
-                        line,
-                        " {:.1}× | {:.2}× |",
-                        batched / naive,
-                        batched / direct
-                    )?;
+                    let gain = naive.map_or("—".to_owned(), |n| format!("{:.1}×", batched / n));
+                    write!(line, " {gain} | {:.2}× |", batched / direct)?;
                 }
                 eprintln!("{line}");
                 writeln!(out, "{line}")?;
@@ -488,8 +527,10 @@ impl Bench {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        if form == Form::Effect {
-            env.push(("WALBOX_INBOX_EFFECT_SQL".into(), EFFECT.into()));
+        match form {
+            Form::Effect => env.push(("WALBOX_INBOX_EFFECT_SQL".into(), EFFECT.into())),
+            Form::Set => env.push(("WALBOX_INBOX_EFFECT_BATCH_SQL".into(), BATCH_EFFECT.into())),
+            Form::Stored => {}
         }
         if latency && self.broker().is_mock() {
             // The mock cluster answers a fetch when `fetch.wait.max.ms` expires, not when a

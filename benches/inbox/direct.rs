@@ -9,7 +9,7 @@ use super::{Form, Rec};
 /// The inbox statement walbox prepares (see `inbox::store`), written out.
 pub(crate) fn insert_sql(form: Form) -> &'static str {
     match form {
-        Form::Effect => {
+        Form::Effect | Form::Set => {
             "INSERT INTO inbox (consumer, message_id) \
              SELECT $1, u.id FROM unnest($2::text[]) WITH ORDINALITY AS u(id, n) ORDER BY u.n \
              ON CONFLICT DO NOTHING RETURNING message_id"
@@ -35,7 +35,7 @@ pub(crate) async fn direct_batch(
     let ids: Vec<&str> = chunk.iter().map(|r| r.id.as_str()).collect();
     let consumer = "bench";
     match form {
-        Form::Effect => {
+        Form::Effect | Form::Set => {
             let rows = tx.query(insert, &[&consumer, &ids]).await?;
             let new: std::collections::HashSet<String> =
                 rows.iter().map(|r| r.get::<_, String>(0)).collect();
