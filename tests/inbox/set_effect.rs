@@ -212,3 +212,56 @@ fn a_statement_that_cannot_work_stops_walbox_at_start_up_in_one_line() {
         w.log()
     );
 }
+
+/// The second example of `docs/inbox.md`: every field a record has reaches the statement
+/// (the timestamp as `timestamptz`, the offset, a `null` payload).
+#[test]
+fn the_records_fields_reach_the_statement() {
+    let db = inbox_db("inbox_set_fields");
+    db.sql(
+        "CREATE SCHEMA billing;
+         CREATE TABLE billing.payments (event_id text, account text, amount numeric, paid_at timestamptz,
+             seq bigint GENERATED ALWAYS AS IDENTITY);",
+    );
+    let broker = support::broker();
+    let topic = format!("t_{}", db.name);
+    broker.create_topic(&topic, 1).expect("topic");
+    let brokers = broker.bootstrap_servers();
+    produce(
+        &brokers,
+        &topic,
+        &[
+            rec("acct-1", "e1", r#"{"amount": 2.5}"#),
+            rec("acct-2", "e2", "null"),
+            rec("acct-1", "e3", r#"{"amount": 1}"#),
+        ],
+    );
+    let port = free_port();
+    let mut w = Walbox::spawn_subcommand(
+        "inbox",
+        &set_env(
+            &db,
+            &brokers,
+            &topic,
+            port,
+            &[(
+                "WALBOX_INBOX_EFFECT_BATCH_SQL",
+                "INSERT INTO billing.payments (event_id, account, amount, paid_at)
+                 SELECT r.message_id, r.key, (r.payload->>'amount')::numeric, r.\"timestamp\"
+                   FROM jsonb_to_recordset($records)
+                        AS r(message_id text, key text, payload jsonb, \"timestamp\" timestamptz, \"offset\" bigint)
+                  ORDER BY r.\"offset\"",
+            )],
+        ),
+    );
+    wait_metric(port, "walbox_inbox_effects_applied_total", 3.0, &w);
+    w.terminate();
+    assert!(w.wait_exit(WAIT).success(), "{}", w.log());
+    assert_eq!(
+        db.sql(
+            "SELECT string_agg(event_id || ':' || account || ':' || coalesce(amount::text, '-') || ':' \
+             || (abs(extract(epoch FROM now() - paid_at)) < 600)::text, ',' ORDER BY seq) FROM billing.payments"
+        ),
+        "e1:acct-1:2.5:true,e2:acct-2:-:true,e3:acct-1:1:true"
+    );
+}
