@@ -418,7 +418,14 @@ impl Statements {
                 apply_set(client, stmt, batch, &applied).await?;
                 return Ok(outcomes);
             }
-            (None, None) => return Ok(outcomes),
+            // Not reached: without an effect the COMMIT went with the INSERT. Never left open.
+            (None, None) => {
+                client
+                    .batch_execute("COMMIT")
+                    .await
+                    .map_err(|e| whole(StoreError::Inbox(e)))?;
+                return Ok(outcomes);
+            }
         };
         let params: Vec<Vec<&(dyn ToSql + Sync)>> = applied
             .iter()
