@@ -598,6 +598,12 @@ impl Bench {
                     let (t0, c0) = first.unwrap_or((Instant::now(), 0));
                     let span = t0.elapsed().as_secs_f64().max(1e-6);
                     rate = (done - c0) as f64 / span;
+                    eprintln!(
+                        "  {topic}, {}, batch_max {batch_max}: {rate:.0}/s, {} partition pauses, {:.0} records per transaction",
+                        form.name(),
+                        m.partition_pauses.get(),
+                        m.batch_records.get_sample_sum() / m.batch_records.get_sample_count().max(1) as f64
+                    );
                     return Ok(());
                 }
                 if Instant::now() > deadline {
