@@ -454,7 +454,9 @@ fn converters(s: &mut Settings, route: &mut Table) {
         s.note(
             unset.join(", "),
             "not set for the connector, so the worker's apply: walbox writes what \
-             StringConverter (keys, values) and SimpleHeaderConverter (headers) write",
+             StringConverter (keys, values) and SimpleHeaderConverter (headers) write; if the \
+             worker uses JsonConverter (the Debezium container image's default, with schemas), \
+             add [outbox.converters] key = \"json\" and value = \"json\"",
         );
     }
     if route.get("expand_json_payload") == Some(&Value::Boolean(true)) {
