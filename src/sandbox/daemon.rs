@@ -272,6 +272,81 @@ impl Daemon {
     }
 }
 
+/// A server on 127.0.0.1 run by a [`Daemon`]: its port, and the probe that says it answers.
+/// The rigs (`redis.rs`, `nats.rs`, `rabbitmq.rs`) wrap one and dereference to it.
+#[derive(Debug)]
+pub struct Server {
+    daemon: Daemon,
+    port: u16,
+    ready: fn(u16) -> bool,
+    start_timeout: Duration,
+}
+
+impl Server {
+    /// Spawns `daemon` and returns once `ready(port)` says it answers, within `start_timeout`.
+    pub(super) fn start(
+        daemon: Daemon,
+        port: u16,
+        ready: fn(u16) -> bool,
+        start_timeout: Duration,
+    ) -> Result<Server> {
+        let mut server = Server {
+            daemon,
+            port,
+            ready,
+            start_timeout,
+        };
+        server.start_again()?;
+        Ok(server)
+    }
+
+    /// The server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its directory.
+    pub(super) fn root(&self) -> &Path {
+        self.daemon.root()
+    }
+
+    /// The server's log (its stdout and stderr, across restarts).
+    pub fn log_path(&self) -> &Path {
+        self.daemon.log_path()
+    }
+
+    /// The last lines of the log, on one line.
+    pub fn log_tail(&self) -> String {
+        self.daemon.log_tail(20)
+    }
+
+    /// Stops the server the orderly way (SIGTERM to its process group).
+    pub fn stop(&mut self) -> Result<()> {
+        self.daemon.stop()
+    }
+
+    /// Kills the server (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        self.daemon.kill();
+    }
+
+    /// Starts the stopped (or killed) server again on its directory and port; returns once it
+    /// answers.
+    pub fn start_again(&mut self) -> Result<()> {
+        self.daemon.spawn()?;
+        let (port, ready) = (self.port, self.ready);
+        self.daemon
+            .wait_ready(self.start_timeout, || ready(port))
+            .map(drop)
+    }
+
+    /// [`Server::stop`] then [`Server::start_again`].
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop()?;
+        self.start_again()
+    }
+}
+
 /// Sends `signal` to the process group `pgid` (the server runs in a group of its own whose id
 /// is its pid). `kill(1)` rather than `libc`: no new dependency for the sandbox.
 fn signal_group(pgid: u32, signal: &str) {

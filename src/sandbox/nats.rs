@@ -16,10 +16,9 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::Duration;
 
-use super::daemon::{find_program, free_port, Daemon, Result};
+use super::daemon::{find_program, free_port, Daemon, Result, Server};
 
 /// How long the server may take to greet a connection.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,9 +33,19 @@ pub struct NatsOptions {
 
 /// A running throwaway NATS server; see the [module docs](self).
 #[derive(Debug)]
-pub struct NatsServer {
-    daemon: Daemon,
-    port: u16,
+pub struct NatsServer(Server);
+
+impl std::ops::Deref for NatsServer {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for NatsServer {
+    fn deref_mut(&mut self) -> &mut Server {
+        &mut self.0
+    }
 }
 
 impl NatsServer {
@@ -62,67 +71,29 @@ impl NatsServer {
         if opts.watchdog {
             daemon.spawn_watchdog()?;
         }
-        let mut server = NatsServer { daemon, port };
-        server.start_again()?;
-        Ok(server)
-    }
-
-    /// The client port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
+        Ok(NatsServer(Server::start(
+            daemon,
+            port,
+            |port| info(port).is_ok(),
+            START_TIMEOUT,
+        )?))
     }
 
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// The server's log (its stdout and stderr, across restarts).
-    pub fn log_path(&self) -> &Path {
-        self.daemon.log_path()
-    }
-
-    /// The last lines of the log, on one line.
-    pub fn log_tail(&self) -> String {
-        self.daemon.log_tail(20)
-    }
-
-    /// Stops the server the orderly way (SIGTERM).
-    pub fn stop(&mut self) -> Result<()> {
-        self.daemon.stop()
-    }
-
-    /// Kills the server (SIGKILL), as a crash would.
-    pub fn kill(&mut self) {
-        self.daemon.kill();
-    }
-
-    /// Starts the stopped (or killed) server again on its store and port; returns once it
-    /// sends its `INFO` line.
-    pub fn start_again(&mut self) -> Result<()> {
-        self.daemon.spawn()?;
-        let port = self.port;
-        self.daemon
-            .wait_ready(START_TIMEOUT, || info(port).is_ok())
-            .map(drop)
-    }
-
-    /// [`NatsServer::stop`] then [`NatsServer::start_again`].
-    pub fn restart(&mut self) -> Result<()> {
-        self.stop()?;
-        self.start_again()
+        format!("nats://127.0.0.1:{}", self.port())
     }
 
     /// The JSON of the `INFO` line the server greets a new connection with.
     pub fn info(&self) -> std::io::Result<String> {
-        info(self.port)
+        info(self.port())
     }
 
     /// A request on a fresh connection: publishes `payload` to `subject` with a reply inbox and
     /// returns the first reply's payload (e.g. `$JS.API.STREAM.CREATE.<name>` with a stream's
     /// configuration). For tests, not a client.
     pub fn request(&self, subject: &str, payload: &str) -> std::io::Result<String> {
-        let (mut conn, mut reader) = connect(self.port)?;
+        let (mut conn, mut reader) = connect(self.port())?;
         let inbox = "_INBOX.walbox-sandbox";
         write!(
             conn,

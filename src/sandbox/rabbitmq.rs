@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::daemon::{find_program, free_port, io_err, Daemon, DaemonError, Result};
+use super::daemon::{find_program, free_port, io_err, Daemon, DaemonError, Result, Server};
 
 /// How long the node may take to answer on its AMQP port.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -54,13 +54,25 @@ pub struct RabbitMqOptions {
 /// A running throwaway RabbitMQ node; see the [module docs](self).
 #[derive(Debug)]
 pub struct RabbitMq {
-    daemon: Daemon,
-    port: u16,
+    server: Server,
     node: String,
     /// The scripts' directory (`rabbitmqctl`, `rabbitmq-plugins` are run from it).
     bin: PathBuf,
     /// The environment every RabbitMQ script of this node runs with.
     env: Vec<(String, String)>,
+}
+
+impl std::ops::Deref for RabbitMq {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        &self.server
+    }
+}
+
+impl std::ops::DerefMut for RabbitMq {
+    fn deref_mut(&mut self) -> &mut Server {
+        &mut self.server
+    }
 }
 
 impl RabbitMq {
@@ -127,66 +139,22 @@ impl RabbitMq {
         if opts.watchdog {
             daemon.spawn_watchdog()?;
         }
-        let mut node = RabbitMq {
-            daemon,
-            port,
+        Ok(RabbitMq {
+            server: Server::start(daemon, port, amqp_answers, START_TIMEOUT)?,
             node,
             bin,
             env,
-        };
-        node.start_again()?;
-        Ok(node)
-    }
-
-    /// The AMQP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
+        })
     }
 
     /// `amqp://guest:guest@127.0.0.1:<port>/%2f` (the default virtual host).
     pub fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port())
     }
 
     /// The node's name (`-n` of `rabbitmqctl`).
     pub fn node(&self) -> &str {
         &self.node
-    }
-
-    /// The node's log (its stdout and stderr, across restarts).
-    pub fn log_path(&self) -> &Path {
-        self.daemon.log_path()
-    }
-
-    /// The last lines of the log, on one line.
-    pub fn log_tail(&self) -> String {
-        self.daemon.log_tail(20)
-    }
-
-    /// Stops the node the orderly way (SIGTERM: RabbitMQ shuts down cleanly).
-    pub fn stop(&mut self) -> Result<()> {
-        self.daemon.stop()
-    }
-
-    /// Kills the node (SIGKILL), as a crash would.
-    pub fn kill(&mut self) {
-        self.daemon.kill();
-    }
-
-    /// Starts the stopped (or killed) node again on its database and ports; returns once it
-    /// answers on its AMQP port.
-    pub fn start_again(&mut self) -> Result<()> {
-        self.daemon.spawn()?;
-        let port = self.port;
-        self.daemon
-            .wait_ready(START_TIMEOUT, || amqp_answers(port))
-            .map(drop)
-    }
-
-    /// [`RabbitMq::stop`] then [`RabbitMq::start_again`].
-    pub fn restart(&mut self) -> Result<()> {
-        self.stop()?;
-        self.start_again()
     }
 
     /// A command for RabbitMQ script `program` (`rabbitmqctl`, `rabbitmq-plugins`,
@@ -196,7 +164,7 @@ impl RabbitMq {
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("LC_ALL", "C.UTF-8")
             .args(["-n", &self.node])
-            .current_dir(self.daemon.root())
+            .current_dir(self.server.root())
             .stdin(Stdio::null());
         cmd
     }

@@ -16,7 +16,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
-use super::daemon::{find_program, free_port, Daemon, Result};
+use super::daemon::{find_program, free_port, Daemon, Result, Server};
 
 /// How long the server may take to answer `PING`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,9 +34,19 @@ pub struct RedisOptions {
 
 /// A running throwaway Redis server; see the [module docs](self).
 #[derive(Debug)]
-pub struct RedisServer {
-    daemon: Daemon,
-    port: u16,
+pub struct RedisServer(Server);
+
+impl std::ops::Deref for RedisServer {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for RedisServer {
+    fn deref_mut(&mut self) -> &mut Server {
+        &mut self.0
+    }
 }
 
 impl RedisServer {
@@ -57,61 +67,23 @@ impl RedisServer {
         if opts.watchdog {
             daemon.spawn_watchdog()?;
         }
-        let mut server = RedisServer { daemon, port };
-        server.start_again()?;
-        Ok(server)
-    }
-
-    /// The server's port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
+        Ok(RedisServer(Server::start(
+            daemon,
+            port,
+            ping,
+            START_TIMEOUT,
+        )?))
     }
 
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// The server's log (its stdout and stderr, across restarts).
-    pub fn log_path(&self) -> &Path {
-        self.daemon.log_path()
-    }
-
-    /// The last lines of the log, on one line.
-    pub fn log_tail(&self) -> String {
-        self.daemon.log_tail(20)
-    }
-
-    /// Stops the server the orderly way (SIGTERM: Redis flushes the append-only file).
-    pub fn stop(&mut self) -> Result<()> {
-        self.daemon.stop()
-    }
-
-    /// Kills the server (SIGKILL), as a crash would.
-    pub fn kill(&mut self) {
-        self.daemon.kill();
-    }
-
-    /// Starts the stopped (or killed) server again on its directory and port; returns once it
-    /// answers `PING`.
-    pub fn start_again(&mut self) -> Result<()> {
-        self.daemon.spawn()?;
-        let port = self.port;
-        self.daemon
-            .wait_ready(START_TIMEOUT, || ping(port))
-            .map(drop)
-    }
-
-    /// [`RedisServer::stop`] then [`RedisServer::start_again`].
-    pub fn restart(&mut self) -> Result<()> {
-        self.stop()?;
-        self.start_again()
+        format!("redis://127.0.0.1:{}", self.port())
     }
 
     /// Sends one command (`args`, as a RESP array of bulk strings) and returns the raw reply,
     /// read until it is complete (one RESP value). For tests and readiness, not a client.
     pub fn command(&self, args: &[&str]) -> std::io::Result<String> {
-        command(self.port, args)
+        command(self.port(), args)
     }
 }
 
