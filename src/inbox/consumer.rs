@@ -345,7 +345,17 @@ impl Shared {
                 let _ = offsets.add_partition_offset(&topic, partition, Offset::Offset(next));
             }
         }
-        if offsets.count() > 0 {
+        if offsets.count() > 0 && consumer.assignment_lost() {
+            // The session lapsed (coordinator unreachable, or the poll thread held too long):
+            // the group already gave the partitions away, so the commit would be refused, and
+            // waiting for it would hold this thread, with every error report behind it, until
+            // the coordinator is back. The next owner replays from the last commit; the
+            // inbox's dedup absorbs the replay.
+            tracing::warn!(
+                partitions = offsets.count(),
+                "partitions lost with the group session: their last offsets are not committed; the inbox absorbs the replay"
+            );
+        } else if offsets.count() > 0 {
             if let Err(e) = consumer.commit(&offsets, CommitMode::Sync) {
                 tracing::warn!(error = %e, "committing offsets of revoked partitions failed; the inbox absorbs the replay");
             }

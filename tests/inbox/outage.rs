@@ -122,10 +122,15 @@ fn a_broker_outage_is_logged_once_per_error_not_once_per_retry() {
     // reach one (a loaded machine may not try again within 3 s of the disconnect, and an
     // outage nobody ran into is not logged).
     std::thread::sleep(Duration::from_secs(3));
-    support::wait_until(WAIT, "the outage to be logged", || {
-        let log = w.log();
-        log.contains("kafka client error") || log.contains("kafka consumer error")
-    });
+    support::wait_until_or(
+        WAIT,
+        "the outage to be logged",
+        || {
+            let log = w.log();
+            log.contains("kafka client error") || log.contains("kafka consumer error")
+        },
+        || format!("inbox log:\n{}", w.log()),
+    );
     for b in 1..=support::MOCK_BROKERS {
         mock.broker_up(b).expect("broker up");
     }

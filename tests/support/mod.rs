@@ -311,10 +311,22 @@ pub fn own_progress_topic(broker: &Broker, slot: &str) -> String {
 }
 
 /// Waits for `cond`, polling, up to `timeout`; panics naming `what` on timeout.
-pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+pub fn wait_until(timeout: Duration, what: &str, cond: impl FnMut() -> bool) {
+    wait_until_or(timeout, what, cond, String::new);
+}
+
+/// [`wait_until`], whose panic on timeout also shows `detail()` (a log, the rows seen).
+pub fn wait_until_or(
+    timeout: Duration,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+    detail: impl FnOnce() -> String,
+) {
     let deadline = Instant::now() + timeout;
     while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            panic!("timed out waiting for {what}\n{}", detail());
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
