@@ -26,7 +26,8 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 use walbox::config::KafkaConfig;
 use walbox::outbox::{EventPosition, OutboxMapper};
-use walbox::sink::kafka::{Ack, AckQueue, KafkaSink, SinkError};
+use walbox::sink::kafka::KafkaSink;
+use walbox::sink::{Ack, AckQueue, SinkError};
 use walbox::source::pgoutput::{self, Decoder, LogicalMessage};
 
 #[path = "common/fixture.rs"]

@@ -55,8 +55,9 @@ use crate::leader::{self, Leadership};
 use crate::metrics::{self, Health, Metrics, ShardMetrics};
 use crate::relay::{Relay, RelayError, SessionEnd, Settings};
 use crate::retention;
-use crate::sink::kafka::{AckQueue, KafkaSink, Lane};
+use crate::sink::kafka::{KafkaSink, Lane};
 use crate::sink::topics::Topics;
+use crate::sink::{AckQueue, Publisher, Sink};
 
 pub mod layout;
 
@@ -258,7 +259,7 @@ impl SharedProducer {
 
     /// Flushes the producer (every shard has stopped) and waits for the probe.
     async fn finish(self, shutdown_timeout: Duration) {
-        flush(self.owner, shutdown_timeout).await;
+        flush(self.owner.into(), shutdown_timeout).await;
         let _ = self.probe.await;
     }
 }
@@ -282,8 +283,9 @@ pub struct Borrowed {
 
 /// Flushes the producer before it is dropped: at most `shutdown_timeout`, and never more than
 /// 5 s.
-async fn flush(sink: KafkaSink, shutdown_timeout: Duration) {
+async fn flush(sink: Sink, shutdown_timeout: Duration) {
     let timeout = shutdown_timeout.min(Duration::from_secs(5));
+    let sink_broker = sink.broker();
     let flushed = tokio::task::spawn_blocking(move || {
         let ok = sink.flush(timeout);
         drop(sink);
@@ -293,7 +295,8 @@ async fn flush(sink: KafkaSink, shutdown_timeout: Duration) {
     .unwrap_or(false);
     if !flushed {
         tracing::warn!(
-            "kafka producer did not flush in time; unconfirmed events are sent again after restart"
+            broker = %sink_broker,
+            "the publisher did not flush in time; unconfirmed events are sent again after restart"
         );
     }
 }
@@ -337,10 +340,11 @@ pub async fn run_slot(
 ) -> Result<(), FatalError> {
     let owns_producer = borrowed.producer.is_none();
     let (sink, acks) = match borrowed.producer {
-        Some(own) => own,
+        Some((sink, acks)) => (Sink::Kafka(sink), acks),
         None => {
             let acks = Arc::new(AckQueue::default());
-            let sink = KafkaSink::new(&config.kafka, acks.clone())
+            let sink = crate::sink::connect(&config, acks.clone())
+                .await
                 .map_err(|e| FatalError::of_or(&e, Failure::Kafka))?;
             (sink, acks)
         }
@@ -377,8 +381,12 @@ pub async fn run_slot(
         topics,
     );
     // A shared producer is probed once, by its owner.
-    let probe =
-        owns_producer.then(|| probe_brokers(relay.sink().clone(), config.kafka.brokers.clone()));
+    let probe = match relay.sink() {
+        Sink::Kafka(k) if owns_producer => {
+            Some(probe_brokers(k.clone(), config.kafka.brokers.clone()))
+        }
+        _ => None,
+    };
     let mut backoff = Backoff::new(config.relay.backoff_initial, config.relay.backoff_max);
     let wait_for_slot = config.postgres.on_slot_busy == OnSlotBusy::Wait;
     let outcome = loop {

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use openssl::symm::Cipher;
 use walbox::config::load_from;
 use walbox::sandbox::tls::issue_cert;
-use walbox::sink::kafka::{AckQueue, KafkaSink};
+use walbox::sink::kafka::KafkaSink;
+use walbox::sink::AckQueue;
 
 const PG_PASSWORD: &str = "pg-password-5d2e";
 const KAFKA_PASSWORD: &str = "kafka-password-0b7c";

@@ -22,7 +22,8 @@ use anyhow::{bail, Context};
 
 use walbox::config::{KafkaConfig, DEFAULT_MAX_IN_FLIGHT};
 use walbox::outbox::OutboxMapper;
-use walbox::sink::kafka::{AckQueue, KafkaSink, SinkError};
+use walbox::sink::kafka::KafkaSink;
+use walbox::sink::{AckQueue, SinkError};
 use walbox::source::pgoutput::Decoder;
 
 #[path = "../common/fixture.rs"]

@@ -204,7 +204,14 @@ async fn attempt(
         let _ = repl.close().await;
         let identity = identity?;
         for slot in &found {
-            match never_existed(&config.kafka, &progress_key(&identity, &slot.name), None).await {
+            match never_existed(
+                &config.broker,
+                &config.kafka,
+                &progress_key(&identity, &slot.name),
+                None,
+            )
+            .await
+            {
                 Ok(()) => {}
                 Err(RelayError::SlotGone { .. }) => return Ok(()),
                 Err(e) => return Err(e.into()),
@@ -232,6 +239,7 @@ async fn attempt(
     let time_column = opened[0].1.time_column(&config.outbox).await;
     for name in &missing {
         never_existed(
+            &config.broker,
             &config.kafka,
             &progress_key(&identity, name),
             time_column.clone(),
@@ -240,7 +248,14 @@ async fn attempt(
     }
     let mut relayed = Vec::new();
     for slot in &found {
-        match never_existed(&config.kafka, &progress_key(&identity, &slot.name), None).await {
+        match never_existed(
+            &config.broker,
+            &config.kafka,
+            &progress_key(&identity, &slot.name),
+            None,
+        )
+        .await
+        {
             Ok(()) => {}
             Err(RelayError::SlotGone { .. }) => relayed.push(&slot.name),
             Err(e) => return Err(e.into()),

@@ -33,12 +33,13 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::GenericClient;
 
 use crate::config::{Config, Route, RouteSource};
-use crate::failure::{kafka_error, Class, Classify, Failure, FatalError};
+use crate::failure::{Class, Classify, Failure, FatalError};
 use crate::lsn::Lsn;
 use crate::outbox::{dead_letter, EventPosition, OutboxError, OutboxMapper, Rejected};
 use crate::pg::control::{connect_control, error_chain};
-use crate::sink::kafka::{Ack, AckQueue, KafkaSink, SinkError};
+use crate::sink::kafka::KafkaSink;
 use crate::sink::topics::Topics;
+use crate::sink::{Ack, AckQueue, SinkError};
 use crate::source::pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
 use crate::timestamp::pg_now_micros;
 use postgres_protocol::escape::escape_identifier as quote_ident;
@@ -455,7 +456,7 @@ impl Batch<'_> {
             match ack.result {
                 Ok(()) => self.acked += 1,
                 Err(e) => {
-                    let failure = match kafka_error(&e) {
+                    let failure = match e.class() {
                         Class::Rejected => Failure::EventRejected,
                         Class::Fatal(f) => f,
                         Class::Transient | Class::Effect => Failure::Kafka,

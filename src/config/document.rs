@@ -16,6 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::alerts::{AlertsConfig, RawAlerts};
+use super::broker::BrokerConfig;
 use super::env::{EnvLayout, INBOX_PREFIX, RUN_PREFIX};
 use super::error::ConfigError;
 use super::http::RawHttp;
@@ -65,8 +66,10 @@ pub struct Config {
     pub postgres: PostgresConfig,
     /// The outbox table and its column mapping.
     pub outbox: OutboxConfig,
-    /// Kafka side.
+    /// Kafka side (the relay's broker unless `broker` names another).
     pub kafka: KafkaConfig,
+    /// The broker the relay publishes to.
+    pub broker: BrokerConfig,
     /// Pipeline limits and timings.
     pub relay: RelayConfig,
     /// Slot monitoring and heartbeats.
@@ -153,10 +156,12 @@ impl RawConfig {
                 "postgres.shards > 1 cannot relay [outbox.messages]: logical messages reach every shard's slot, so each would publish them; use an outbox table, or postgres.shards = 1".into(),
             ));
         }
+        let broker = BrokerConfig::Kafka;
         Ok(Config {
             postgres,
             outbox,
             kafka,
+            broker,
             relay,
             slot,
             alerts,

@@ -47,6 +47,7 @@
 //! - `fixture.rs` (tests only): the configuration files and environments the tests load.
 
 mod alerts;
+mod broker;
 pub mod conninfo;
 mod document;
 mod env;
@@ -66,6 +67,7 @@ pub mod target;
 mod units;
 
 pub use alerts::{AlertsConfig, RawAlerts};
+pub use broker::{BrokerConfig, BrokerKind};
 pub use document::{load, load_from, Config, RawConfig};
 pub(crate) use env::{process_env, EnvLayout, Kind, Setting, INBOX_PREFIX};
 pub use error::ConfigError;

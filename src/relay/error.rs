@@ -4,17 +4,15 @@
 //! or which [`Failure`] (exit status) it is; the classification of a stage's own error is the
 //! stage's, never re-decided here.
 
-use rdkafka::error::KafkaError;
-
-use crate::failure::{kafka_error, Classify, Failure};
+use crate::failure::{Classify, Failure};
 use crate::lsn::Lsn;
 use crate::outbox::{OutboxError, OutboxEvent};
-use crate::sink::kafka::SinkError;
 use crate::sink::progress::{
     republish_command, ProgressError, ProgressRecord, REPUBLISH_MARGIN_MICROS,
 };
 use crate::sink::topics::TopicError;
 use crate::sink::transaction::TxnError;
+use crate::sink::{DeliveryError, SinkError};
 use crate::source::pgoutput::DecodeError;
 use crate::source::replication::ReplicationError;
 use crate::source::session::OpenError;
@@ -90,8 +88,8 @@ pub enum RelayError {
     Protocol(String),
     /// The producer cannot deliver anything: the brokers refused its credentials or its
     /// rights, or librdkafka raised a fatal error.
-    #[error("kafka producer cannot continue: {0} (check kafka.properties: security.protocol, sasl.*, ssl.*, and the ACLs of the principal)")]
-    Producer(KafkaError),
+    #[error("{}", producer_message(.0))]
+    Producer(DeliveryError),
     /// A Kafka transaction (exactly-once mode) failed: aborted (transient), fenced or fatal.
     #[error(transparent)]
     Transaction(TxnError),
@@ -99,12 +97,12 @@ pub enum RelayError {
     #[error("kafka.progress_topic: {0}; walbox keeps there the evidence that its slot existed (create it with one partition and cleanup.policy=compact)")]
     ProgressTopic(TopicError),
     /// The session's first progress record was refused: nothing is streamed without it.
-    #[error("cannot write the progress record to kafka topic {topic:?}: {error}; walbox streams only once its slot is on record there (the evidence that keeps a lost slot from being recreated silently and shard slots from being advanced past rows they never relayed): grant walbox's principal Write on that topic (and check `walbox check`)")]
+    #[error("cannot write the progress record to {}: {error}; walbox streams only once its slot is on record there (the evidence that keeps a lost slot from being recreated silently and shard slots from being advanced past rows they never relayed): {}", progress_place(error, topic), progress_fix(error))]
     ProgressWrite {
-        /// The progress topic.
+        /// Where the broker keeps the progress records (the topic, key, bucket or queue).
         topic: String,
-        /// What Kafka said.
-        error: KafkaError,
+        /// What the broker said.
+        error: DeliveryError,
     },
     /// The progress topic could not be read, so a missing slot cannot be told from a new one.
     #[error("replication slot is missing and {0}, so walbox cannot tell whether the slot existed before; not creating it")]
@@ -131,13 +129,13 @@ pub enum RelayError {
     /// The slot is missing but a progress record shows it existed: it was dropped (or the
     /// server was restored or replaced), and the events since its last confirmed position are
     /// not in any slot.
-    #[error("replication slot {slot:?} existed and is gone: walbox confirmed up to {} (newest confirmed commit at {}, recorded at {} in kafka topic {topic:?}); events committed after that were not relayed and no slot holds them. walbox does not recreate a slot that existed: run `walbox recreate-slot --confirm-data-loss`, then {} to republish the window from the outbox table (runbook \"Slot lost\")", record.confirmed_lsn, record.confirmed_commit_time(), record.written_at, republish_command(&record.republish_since(), time_column.as_deref()))]
+    #[error("replication slot {slot:?} existed and is gone: walbox confirmed up to {} (newest confirmed commit at {}, recorded at {} in {topic}); events committed after that were not relayed and no slot holds them. walbox does not recreate a slot that existed: run `walbox recreate-slot --confirm-data-loss`, then {} to republish the window from the outbox table (runbook \"Slot lost\")", record.confirmed_lsn, record.confirmed_commit_time(), record.written_at, republish_command(&record.republish_since(), time_column.as_deref()))]
     SlotGone {
         /// The slot.
         slot: String,
         /// The newest progress record.
         record: Box<ProgressRecord>,
-        /// The progress topic.
+        /// Where the broker keeps the progress records (`kafka topic "walbox.progress"`).
         topic: String,
         /// The column `walbox republish --since` compares (`source::catalog::time_column`).
         time_column: Option<String>,
@@ -262,14 +260,14 @@ impl Classify for RelayError {
             RelayError::ProgressTopic(_) => Some(Failure::Schema),
             RelayError::Progress(e) => e.failure(),
             // Refused rights are fatal (exit 9, 4 for credentials); anything else is retried.
-            RelayError::ProgressWrite { error, .. } => kafka_error(error).fatal(),
+            RelayError::ProgressWrite { error, .. } => error.class().fatal(),
             RelayError::StreamEnded | RelayError::Undrained { .. } => None,
             RelayError::Unwatched { .. } => None,
             RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),
             RelayError::Protocol(_) => Some(Failure::Internal),
             // Exit 4 for credentials the brokers refused; whatever else stopped the producer, 9.
-            RelayError::Producer(e) => Some(kafka_error(e).fatal().unwrap_or(Failure::Kafka)),
+            RelayError::Producer(e) => Some(e.class().fatal().unwrap_or(Failure::Kafka)),
             RelayError::Transaction(e) => e.failure(),
             RelayError::SlotGone { .. } | RelayError::SlotLost { .. } => Some(Failure::SlotLost),
             RelayError::Undecodable { .. } => Some(Failure::EventRejected),
@@ -429,7 +427,7 @@ pub struct SendFailure {
 
 /// A record the broker failed.
 #[derive(Debug, thiserror::Error)]
-#[error("kafka failed to deliver event {id} at {lsn} to topic {topic:?}: {}", crate::sink::kafka::describe_delivery_error(.error))]
+#[error("{} failed to deliver event {id} at {lsn} to {}: {}", .error.broker(), destination(.error, topic), describe_delivery(.error))]
 pub struct DeliveryFailure {
     /// Event id (from the record's header).
     pub id: String,
@@ -438,7 +436,7 @@ pub struct DeliveryFailure {
     /// The topic the record was produced to.
     pub topic: String,
     /// The error.
-    pub error: rdkafka::error::KafkaError,
+    pub error: DeliveryError,
     /// The record was produced alone: an error the broker gives a whole batch for one of its
     /// records (`INVALID_TIMESTAMP`) is then this record's own.
     pub alone: bool,
@@ -455,7 +453,7 @@ impl Classify for DeliveryFailure {
     /// As the broker's error (`failure::kafka`); a batch's refusal of a record produced
     /// alone is that record's.
     fn failure(&self) -> Option<Failure> {
-        if crate::failure::is_batch_refusal(&self.error) && self.alone {
+        if self.error.is_batch_refusal() && self.alone {
             return Some(Failure::EventRejected);
         }
         self.error.failure()
@@ -512,5 +510,49 @@ mod tests {
         );
         assert_eq!(Recurrence::observe(&mut last, None, false), 0);
         assert_eq!(last, None);
+    }
+}
+
+/// What stops a publisher for good, and where to look.
+fn producer_message(e: &DeliveryError) -> String {
+    match e {
+        DeliveryError::Kafka(e) => format!("kafka producer cannot continue: {e} (check kafka.properties: security.protocol, sasl.*, ssl.*, and the ACLs of the principal)"),
+        DeliveryError::Broker(e) => format!("{} publisher cannot continue: {}", e.broker, e.message),
+    }
+}
+
+/// Where a broker keeps the progress records, as the operator names it.
+fn progress_place(e: &DeliveryError, place: &str) -> String {
+    match e {
+        DeliveryError::Kafka(_) => format!("kafka topic {place:?}"),
+        DeliveryError::Broker(b) => format!("{} {place:?}", b.broker),
+    }
+}
+
+/// What lets walbox write its progress records.
+fn progress_fix(e: &DeliveryError) -> &'static str {
+    match e {
+        DeliveryError::Kafka(_) => {
+            "grant walbox's principal Write on that topic (and check `walbox check`)"
+        }
+        DeliveryError::Broker(_) => {
+            "grant walbox's user the right to write there (and check `walbox check`)"
+        }
+    }
+}
+
+/// A failed record's destination, as its broker names it.
+fn destination(e: &DeliveryError, topic: &str) -> String {
+    match e {
+        DeliveryError::Kafka(_) => format!("topic {topic:?}"),
+        DeliveryError::Broker(_) => format!("{topic:?}"),
+    }
+}
+
+/// A failed record's error; for Kafka's size limits, which limit to raise.
+fn describe_delivery(e: &DeliveryError) -> String {
+    match e {
+        DeliveryError::Kafka(e) => crate::sink::kafka::describe_delivery_error(e),
+        DeliveryError::Broker(e) => e.message.clone(),
     }
 }

@@ -79,9 +79,10 @@ use crate::failure::Classify;
 use crate::fault::crash_point;
 use crate::lsn::Lsn;
 use crate::outbox::OutboxEvent;
-use crate::sink::kafka::{AckQueue, KafkaSink, SinkError};
+use crate::sink::kafka::KafkaSink;
 use crate::sink::progress::{self, ProgressKey};
 use crate::sink::transaction::{self, classify_txn, transactional_id, OpenTxn, TxnError};
+use crate::sink::{AckQueue, Sink, SinkError};
 use crate::source::replication::{ReplicationStream, StandbyStatus};
 
 impl Relay {
@@ -133,7 +134,7 @@ impl Relay {
         }
         let init_took = started.elapsed();
         // From here on the old producer's reports are of no interest.
-        let old = std::mem::replace(&mut self.sink, sink);
+        let old = std::mem::replace(&mut self.sink, Sink::Kafka(sink));
         self.acks = acks;
         crate::sink::close_in_background("producer-close", old);
         let config = self.settings.kafka.clone();
@@ -237,9 +238,11 @@ impl Relay {
 
     /// `begin_transaction`.
     fn open_kafka_txn(&self, txn: &mut KafkaTxn) -> Result<(), RelayError> {
-        if let Err(e) = self.sink.begin_transaction() {
+        if let Err(e) = self.txn_sink().begin_transaction() {
             return Err(RelayError::Transaction(classify_txn(
-                &self.sink, &txn.id, e,
+                self.txn_sink(),
+                &txn.id,
+                e,
             )));
         }
         txn.open = true;
@@ -351,8 +354,14 @@ impl Relay {
                             tokio::time::sleep(Duration::from_millis(5)).await;
                         }
                         Err(SinkError::Send(e)) | Err(SinkError::Config(e)) => {
-                            return Err(RelayError::Transaction(classify_txn(&self.sink, &id, e)));
+                            return Err(RelayError::Transaction(classify_txn(
+                                self.txn_sink(),
+                                &id,
+                                e,
+                            )));
                         }
+                        // Only Kafka runs exactly-once mode.
+                        Err(SinkError::Broker(e)) => return Err(RelayError::Producer(e.into())),
                     }
                 }
                 if let Some(closing) = s.eos.as_mut().and_then(|t| t.closing.as_mut()) {
@@ -371,7 +380,7 @@ impl Relay {
                 .observe(sent.elapsed().as_secs_f64());
         }
         crash_point!("relay::eos-before-commit");
-        let sink = self.sink.clone();
+        let sink = self.txn_sink().clone();
         let took = self.metrics.kafka_transaction_commit.clone();
         let handle = tokio::task::spawn_blocking(move || commit_blocking(&sink, &id, &took));
         if let Some(closing) = s.eos.as_mut().and_then(|t| t.closing.as_mut()) {
@@ -532,12 +541,12 @@ impl Relay {
             return Ok(());
         }
         let id = txn.id.clone();
-        let result = blocking(&self.sink, KafkaSink::abort_transaction).await;
+        let result = blocking(self.txn_sink(), KafkaSink::abort_transaction).await;
         self.metrics
             .kafka_transactions
             .with_label_values(&["aborted"])
             .inc();
-        match result.map_err(|e| classify_txn(&self.sink, &id, e)) {
+        match result.map_err(|e| classify_txn(self.txn_sink(), &id, e)) {
             Ok(()) => {
                 tracing::info!("kafka transaction aborted; its events are sent again from the slot's confirmed position");
                 Ok(())
@@ -631,12 +640,12 @@ impl Relay {
             (Err(RelayError::Transaction(e)), Some(open)) => (e, open),
             (result, _) => return result,
         };
-        let e = transaction::timed_out_or(e, open, &self.sink);
+        let e = transaction::timed_out_or(e, open, self.txn_sink());
         if let TxnError::Interrupted { .. } = e {
             let acks = Arc::new(AckQueue::default());
             match KafkaSink::new(&self.settings.kafka, acks.clone()) {
                 Ok(sink) => {
-                    let fenced = std::mem::replace(&mut self.sink, sink);
+                    let fenced = std::mem::replace(&mut self.sink, Sink::Kafka(sink));
                     self.acks = acks;
                     s.outstanding = 0;
                     crate::sink::close_in_background("producer-close", fenced);

@@ -72,7 +72,7 @@ mod stream;
 pub use coverage::Change;
 pub use error::{DeliveryFailure, RelayError, SendFailure, Uncovered};
 
-use crate::config::{Config, KafkaConfig, OutboxConfig, PostgresConfig, RelayConfig};
+use crate::config::{BrokerConfig, Config, KafkaConfig, OutboxConfig, PostgresConfig, RelayConfig};
 use crate::failure::{Classify, Failure, FatalError};
 use crate::fault::crash_point;
 use crate::health;
@@ -80,10 +80,11 @@ use crate::lsn::Lsn;
 use crate::metrics::{Health, Metrics};
 use crate::outbox::{EventPosition, OutboxMapper};
 use crate::pg::control::connect_control;
-use crate::sink::kafka::{Ack, AckQueue, KafkaSink};
-use crate::sink::progress::{self, Lineage, ProgressError, ProgressKey};
+use crate::sink::kafka::KafkaSink;
+use crate::sink::progress::{Lineage, ProgressKey};
 use crate::sink::topics::Topics;
 use crate::sink::transaction::{is_fencing, transactional_id, TxnError};
+use crate::sink::{Ack, AckQueue, DeliveryError, Sink};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::pgoutput::{self, LogicalMessage};
 use crate::source::replication::{ReplicationError, ReplicationMessage, ReplicationStream};
@@ -93,28 +94,34 @@ use crate::timestamp::unix_micros_to_pg_micros;
 use checkpoint::Checkpoint;
 use error::{Recurrence, RejectedTxn, PERMANENT_AFTER};
 
+/// Where `broker` keeps `key`'s progress records, as messages name it
+/// (`kafka topic "walbox.progress"`).
+pub fn progress_place(broker: &BrokerConfig, kafka: &KafkaConfig, key: &ProgressKey) -> String {
+    match broker {
+        BrokerConfig::Kafka => {
+            let _ = key;
+            format!("kafka topic {:?}", kafka.progress_topic)
+        }
+    }
+}
+
 /// Whether the missing slot of `key` may be created: `Ok` when the progress topic holds no
 /// record of it (it never existed); [`RelayError::SlotGone`] when it does (it existed and is
 /// gone, its message naming `time_column` in the republish command); [`RelayError::Progress`]
 /// (transient) when the topic cannot be read to its end.
 pub async fn never_existed(
+    broker: &BrokerConfig,
     kafka: &KafkaConfig,
     key: &ProgressKey,
     time_column: Option<String>,
 ) -> Result<(), RelayError> {
-    let topic = kafka.progress_topic.clone();
-    let (config, lookup) = (kafka.clone(), key.clone());
-    let evidence = tokio::task::spawn_blocking(move || {
-        progress::read_last(&config, &lookup, PROGRESS_READ_TIMEOUT)
-    })
-    .await
-    .unwrap_or_else(|_| Err(ProgressError::Timeout(topic.clone())));
+    let evidence = crate::sink::read_progress(broker, kafka, key, PROGRESS_READ_TIMEOUT).await;
     match evidence {
         Ok(None) => Ok(()),
         Ok(Some(record)) => Err(RelayError::SlotGone {
             slot: key.slot.clone(),
             record: Box::new(record),
-            topic,
+            topic: progress_place(broker, kafka, key),
             time_column,
         }),
         Err(e) => Err(RelayError::Progress(e)),
@@ -200,8 +207,10 @@ pub struct Settings {
     pub postgres: PostgresConfig,
     /// The routes.
     pub outbox: OutboxConfig,
-    /// The broker side (the progress topic is read and written here).
+    /// Kafka's section (the progress topic is read and written here when the broker is Kafka).
     pub kafka: KafkaConfig,
+    /// The broker the relay publishes to.
+    pub broker: BrokerConfig,
     /// Limits and timings of the loop.
     pub relay: RelayConfig,
     /// Whether heartbeats are emitted (their logical messages must be streamed).
@@ -215,6 +224,7 @@ impl Settings {
             postgres: config.postgres.clone(),
             outbox: config.outbox.clone(),
             kafka: config.kafka.clone(),
+            broker: config.broker.clone(),
             relay: config.relay.clone(),
             heartbeats: config.slot.heartbeat_interval.is_some(),
         }
@@ -224,7 +234,7 @@ impl Settings {
 /// The relay: owns the producer across sessions; see the module docs.
 pub struct Relay {
     settings: Settings,
-    sink: KafkaSink,
+    sink: Sink,
     acks: Arc<AckQueue>,
     /// Reused buffer for batches of acks.
     ack_batch: Vec<Ack>,
@@ -267,7 +277,7 @@ impl Relay {
     /// A relay with a producer whose delivery reports arrive on `acks`.
     pub fn new(
         settings: Settings,
-        sink: KafkaSink,
+        sink: Sink,
         acks: Arc<AckQueue>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
@@ -360,25 +370,27 @@ impl Relay {
 
     /// The error for a producer that cannot continue: fenced by a newer walbox in exactly-once
     /// mode, or refused and fatal.
-    fn producer_error(&self, e: rdkafka::error::KafkaError) -> RelayError {
+    fn producer_error(&self, e: DeliveryError) -> RelayError {
         if self.settings.kafka.exactly_once.is_some()
             && self
-                .sink
+                .txn_sink()
                 .fatal_error()
                 .is_some_and(|(code, _)| is_fencing(code))
         {
-            let id = self
-                .progress_key
-                .as_ref()
-                .map(transactional_id)
-                .unwrap_or_default();
-            return RelayError::Transaction(TxnError::Fenced { id, error: e });
+            if let DeliveryError::Kafka(error) = e {
+                let id = self
+                    .progress_key
+                    .as_ref()
+                    .map(transactional_id)
+                    .unwrap_or_default();
+                return RelayError::Transaction(TxnError::Fenced { id, error });
+            }
         }
         RelayError::Producer(e)
     }
 
     /// How to republish what this process has not confirmed: the command with a `--since`
-    /// [`progress::REPUBLISH_MARGIN_MICROS`] before the newest confirmed commit.
+    /// [`crate::sink::progress::REPUBLISH_MARGIN_MICROS`] before the newest confirmed commit.
     fn republish_hint(&self) -> String {
         error::republish_window(
             self.confirmed_commit_time
@@ -459,9 +471,17 @@ impl Relay {
         self.acked_frontier
     }
 
-    /// The producer (for start-up probes).
-    pub fn sink(&self) -> &KafkaSink {
+    /// The publisher (for start-up probes).
+    pub fn sink(&self) -> &Sink {
         &self.sink
+    }
+
+    /// The transactional producer of exactly-once mode, which publishes to Kafka only (the
+    /// configuration refuses `kafka.exactly_once` with another broker).
+    fn txn_sink(&self) -> &KafkaSink {
+        match &self.sink {
+            Sink::Kafka(k) => k,
+        }
     }
 
     /// Runs one session until shutdown or an error.
@@ -497,17 +517,26 @@ impl Relay {
         if let Some(e) = self.acks.fatal() {
             return Err(self.producer_error(e));
         }
-        let progress_topic = self.settings.kafka.progress_topic.clone();
-        self.topics
-            .ensure_progress(&self.sink, &progress_topic)
-            .await
-            .map_err(RelayError::ProgressTopic)?;
+        if let Sink::Kafka(sink) = &self.sink {
+            let progress_topic = self.settings.kafka.progress_topic.clone();
+            self.topics
+                .ensure_progress(sink, &progress_topic)
+                .await
+                .map_err(RelayError::ProgressTopic)?;
+        }
         let slot = match open.slot {
             Some(s) => s,
             None => {
                 // A missing slot is created only when the progress topic proves it never
                 // existed; see `sink::progress`.
-                match never_existed(&self.settings.kafka, &key, self.time_column.clone()).await {
+                match never_existed(
+                    &self.settings.broker,
+                    &self.settings.kafka,
+                    &key,
+                    self.time_column.clone(),
+                )
+                .await
+                {
                     Err(gone @ RelayError::SlotGone { .. }) => return Err(gone),
                     Ok(()) if pg.create_slot => open.create_slot(&pg.slot).await?,
                     Err(e) if pg.create_slot => return Err(e),
@@ -529,9 +558,9 @@ impl Relay {
         // Topics the config names are looked up now, not on the WAL path.
         let mut mapper = OutboxMapper::new(&self.settings.outbox);
         mapper.set_not_null(open.not_null.clone());
-        self.topics
-            .resolve(&self.sink, &mapper.known_topics())
-            .await;
+        if let Sink::Kafka(sink) = &self.sink {
+            self.topics.resolve(sink, &mapper.known_topics()).await;
+        }
         // Logical messages carry heartbeats, the table-less outbox and the reshard marker.
         let messages = self.settings.heartbeats
             || self.settings.outbox.messages.is_some()
@@ -752,7 +781,7 @@ impl Relay {
     }
 
     /// Ends the relay: hands back the sink so the caller can flush it.
-    pub fn into_sink(self) -> KafkaSink {
+    pub fn into_sink(self) -> Sink {
         self.sink
     }
 }

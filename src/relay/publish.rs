@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use super::error::{send_failure, RelayError};
 use super::{Relay, Session};
-use crate::failure::{kafka_error, Class};
+use crate::failure::Class;
 use crate::fault::crash_point;
 use crate::outbox::{self, EventPosition, OutboxError, OutboxEvent, Rejected};
-use crate::sink::kafka::{FailedRecord, SinkError};
+use crate::sink::{DeliveryError, FailedRecord, Publisher, Sink, SinkError};
 use crate::timestamp::pg_now_micros;
 
 impl Relay {
@@ -66,7 +66,10 @@ impl Relay {
         event: &OutboxEvent,
         route: usize,
     ) -> Result<(), RelayError> {
-        if let Err(error) = self.topics.ensure(&self.sink, &event.topic).await {
+        let checked = match &self.sink {
+            Sink::Kafka(sink) => self.topics.ensure(sink, &event.topic).await,
+        };
+        if let Err(error) = checked {
             let id = String::from_utf8_lossy(&event.id);
             let reason = error.to_string();
             if let Some(letter) = self.dead_letter(s, route, Rejected::event(event, &id), &reason) {
@@ -108,13 +111,16 @@ impl Relay {
                     // The queue holds records of earlier events: let deliveries drain it.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err(SinkError::Send(e)) if kafka_error(&e) == Class::Rejected => {
+                Err(e) if e.class() == Class::Rejected => {
                     let id = String::from_utf8_lossy(&event.id);
-                    let reason =
-                        format!("kafka refused the record for topic {:?}: {e}", event.topic);
+                    let reason = format!(
+                        "{} refused the record for {:?}: {e}",
+                        self.sink.broker(),
+                        event.topic
+                    );
                     return match self.dead_letter(s, route, Rejected::event(event, &id), &reason) {
                         Some(letter) => Box::pin(self.send(s, &letter, seq, route)).await,
-                        None => Err(send_failure(event, SinkError::Send(e))),
+                        None => Err(send_failure(event, e)),
                     };
                 }
                 Err(source) => return Err(send_failure(event, source)),
@@ -131,7 +137,7 @@ impl Relay {
         seq: u64,
         route: usize,
         failed: &FailedRecord,
-        error: &rdkafka::error::KafkaError,
+        error: &DeliveryError,
     ) -> Option<Result<(), RelayError>> {
         if s.eos.is_some() {
             // The Kafka transaction cannot commit after a failed record: the error ends the
@@ -140,7 +146,8 @@ impl Relay {
         }
         let position = failed_position(s, failed);
         let reason = format!(
-            "kafka refused the record for topic {:?}: {error}",
+            "{} refused the record for {:?}: {error}",
+            self.sink.broker(),
             failed.topic
         );
         let rejected = Rejected {

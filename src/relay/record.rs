@@ -16,8 +16,8 @@ use tokio::sync::watch;
 
 use super::{Relay, RelayError, Session};
 use crate::lsn::Lsn;
-use crate::sink::kafka::SinkError;
 use crate::sink::progress::{self, ProgressKey, ProgressRecord, PROGRESS_INTERVAL};
+use crate::sink::{Publisher, SinkError};
 
 /// How long the read of [`Relay::committed_position`] may take: it only tells a standby's
 /// start how far to wait for replay; the read after fencing is the one that decides (and waits
@@ -101,11 +101,15 @@ impl Relay {
             error,
         };
         self.send_progress(&key, start, self.confirmed_commit_time)
-            .map_err(|e| match e {
-                SinkError::Config(e) | SinkError::Send(e) => write_error(e),
-                SinkError::QueueFull => write_error(rdkafka::error::KafkaError::MessageProduction(
-                    rdkafka::types::RDKafkaErrorCode::QueueFull,
-                )),
+            .map_err(|e| {
+                write_error(match e {
+                    SinkError::Config(e) | SinkError::Send(e) => e.into(),
+                    SinkError::Broker(e) => e.into(),
+                    SinkError::QueueFull => rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    )
+                    .into(),
+                })
             })?;
         s.start_record_pending = true;
         while s.start_record_pending {
@@ -137,10 +141,6 @@ impl Relay {
         let record = ProgressRecord::new(key, self.lineage, lsn, commit_time);
         // Strings and integers only: encoding cannot fail.
         let value = serde_json::to_vec(&record).unwrap_or_default();
-        self.sink.send_progress(
-            &self.settings.kafka.progress_topic,
-            &key.record_key(),
-            &value,
-        )
+        self.sink.send_progress(&key.record_key(), &value)
     }
 }

@@ -11,13 +11,13 @@ use super::coverage::Change;
 use super::error::{DeliveryFailure, RelayError, Uncovered};
 use super::kafka_txn::commit_returned;
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
-use crate::failure::{is_batch_refusal, kafka_error, Class};
+use crate::failure::Class;
 use crate::fault::crash_point;
 use crate::health::monitor::HEARTBEAT_PREFIX;
 use crate::lsn::Lsn;
 use crate::outbox::EventPosition;
 use crate::shard::RESHARD_PREFIX;
-use crate::sink::kafka::{Ack, PROGRESS_ROUTE};
+use crate::sink::{Ack, PROGRESS_ROUTE};
 use crate::source::pgoutput::LogicalMessage;
 use crate::source::replication::{ReplicationError, ReplicationMessage, StandbyStatus};
 use crate::timestamp::pg_now_micros;
@@ -189,7 +189,7 @@ impl Relay {
                 if let Err(e) = ack.result {
                     // Written again at the next opportunity.
                     self.progress_lsn = Lsn::ZERO;
-                    tracing::warn!(error = %e, topic = %self.settings.kafka.progress_topic, "kafka failed a progress record; writing it again");
+                    tracing::warn!(error = %e, "the broker failed a progress record; writing it again");
                 }
                 continue;
             }
@@ -229,7 +229,7 @@ impl Relay {
             Err(error) => {
                 self.metrics.delivery_errors.inc();
                 let failed = ack.failed.unwrap_or_default();
-                if is_batch_refusal(&error) {
+                if error.is_batch_refusal() {
                     if s.isolated {
                         // Produced alone: this record's own timestamp was refused.
                         if let Some(outcome) =
@@ -248,7 +248,7 @@ impl Relay {
                             "the broker refused a batch for a record's timestamp; producing one record at a time up to this one to find which"
                         );
                     }
-                } else if kafka_error(&error) == Class::Rejected {
+                } else if error.class() == Class::Rejected {
                     if let Some(outcome) =
                         self.on_rejected_delivery(s, ack.seq, ack.route, &failed, &error)
                     {

@@ -39,67 +39,13 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Message};
-use tokio::sync::Notify;
 
+use super::ack::{Ack, AckQueue, FailedRecord, PROGRESS_ROUTE};
 use super::silence::Silences;
-use crate::config::{KafkaConfig, KafkaRole};
-use crate::failure::{kafka_error, Class, Classify, Failure};
+use super::{Publisher, SinkError};
+use crate::config::{BrokerKind, KafkaConfig, KafkaRole};
+use crate::failure::{kafka_error, Class, Failure};
 use crate::outbox::OutboxEvent;
-
-/// The broker's verdict on one record.
-#[derive(Debug)]
-pub struct Ack {
-    /// The record's sequence number (see `checkpoint`).
-    pub seq: u64,
-    /// The route (outbox table) the record came from.
-    pub route: usize,
-    /// `Ok` when the broker acknowledged it with `acks=all`.
-    pub result: Result<(), KafkaError>,
-    /// For a failed record: what identifies it, read back from the record.
-    pub failed: Option<FailedRecord>,
-}
-
-/// A record the broker failed, read back for the error message or a dead letter.
-#[derive(Debug, Default, Clone)]
-pub struct FailedRecord {
-    /// The topic the record was produced to.
-    pub topic: String,
-    /// Header `id`.
-    pub id: String,
-    /// Header `walbox.commit_lsn`.
-    pub lsn: String,
-    /// Header `walbox.index`.
-    pub index: String,
-    /// The record key, as produced.
-    pub key: Option<bytes::Bytes>,
-    /// The record value, as produced.
-    pub payload: Option<bytes::Bytes>,
-}
-
-impl Classify for SinkError {
-    fn failure(&self) -> Option<Failure> {
-        match self {
-            SinkError::Send(e) => e.failure(),
-            SinkError::Config(_) => Some(Failure::Kafka),
-            SinkError::QueueFull => None,
-        }
-    }
-}
-
-/// Errors creating the producer or handing it a record.
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    /// librdkafka refused the configuration.
-    #[error("kafka producer configuration rejected: {0}")]
-    Config(#[source] KafkaError),
-    /// The record was refused by the producer itself, in `produce()`, before any broker saw
-    /// it; the message says which limit refused it (see [`refused_by_producer`]).
-    #[error("{}", refused_by_producer(.0))]
-    Send(#[source] KafkaError),
-    /// librdkafka's local queue is full; try again shortly.
-    #[error("kafka producer queue is full")]
-    QueueFull,
-}
 
 /// Why the producer refused a record in `produce()`. librdkafka reports its own size limit with
 /// the broker's error code (`MSG_SIZE_TOO_LARGE`, "Broker: Message size too large"), but no
@@ -145,67 +91,6 @@ pub fn describe_delivery_error(e: &KafkaError) -> String {
     }
 }
 
-/// Delivery reports waiting for the relay. librdkafka's polling thread pushes one per record;
-/// the relay is woken once per batch (when the queue turns non-empty) and takes the whole batch
-/// at once, instead of one channel hop and possible wake-up per record.
-#[derive(Default)]
-pub struct AckQueue {
-    pending: Mutex<Vec<Ack>>,
-    ready: Notify,
-    /// A client error after which the producer cannot deliver anything (authentication or
-    /// authorization refused, librdkafka's fatal error): no delivery report would ever come.
-    fatal: Mutex<Option<KafkaError>>,
-}
-
-impl AckQueue {
-    fn push(&self, ack: Ack) {
-        let mut pending = match self.pending.lock() {
-            Ok(p) => p,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let was_empty = pending.is_empty();
-        pending.push(ack);
-        drop(pending);
-        if was_empty {
-            // Stores a permit when nobody waits, so no batch is ever missed.
-            self.ready.notify_one();
-        }
-    }
-
-    /// Records a client error the producer cannot recover from, and wakes the relay.
-    fn fail(&self, error: KafkaError) {
-        let mut fatal = match self.fatal.lock() {
-            Ok(f) => f,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        fatal.get_or_insert(error);
-        drop(fatal);
-        self.ready.notify_one();
-    }
-
-    /// The client error the producer cannot recover from, if one happened.
-    pub fn fatal(&self) -> Option<KafkaError> {
-        match self.fatal.lock() {
-            Ok(f) => f.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    /// Waits until reports may be waiting (spurious wake-ups are possible).
-    pub async fn wait(&self) {
-        self.ready.notified().await;
-    }
-
-    /// Moves every waiting report into `out` (which should be empty; its capacity is reused).
-    pub fn drain_into(&self, out: &mut Vec<Ack>) {
-        let mut pending = match self.pending.lock() {
-            Ok(p) => p,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        std::mem::swap(&mut *pending, out);
-    }
-}
-
 /// Routes delivery reports to the relay.
 pub(super) struct SinkContext {
     /// One queue per relay sharing the producer, indexed by the lane in each record's opaque.
@@ -243,7 +128,7 @@ impl ClientContext for SinkContext {
             // Delivery reports would never come (records wait for the brokers forever): stop
             // every relay the producer serves.
             for lane in &self.lanes {
-                lane.fail(error.clone());
+                lane.fail(error.clone().into());
             }
             return;
         }
@@ -325,7 +210,7 @@ impl ProducerContext for SinkContext {
                     key: msg.key().map(bytes::Bytes::copy_from_slice),
                     payload: msg.payload().map(bytes::Bytes::copy_from_slice),
                 };
-                (Err(err.clone()), Some(failed))
+                (Err(err.clone().into()), Some(failed))
             }
         };
         let (seq, lane, route) = unpack_opaque(opaque);
@@ -350,16 +235,12 @@ const LANE_BITS: u32 = 6;
 /// Bits left for the sequence number: 2^48 events per relay and process, 44 years at 200k/s.
 const SEQ_BITS: u32 = usize::BITS - ROUTE_BITS - LANE_BITS;
 
-/// The route tag of progress records ([`crate::sink::progress`]): their acks never reach the
-/// checkpoint.
-pub const PROGRESS_ROUTE: usize = (1 << ROUTE_BITS) - 1;
-
 /// How many relays one producer can serve.
 pub const MAX_LANES: usize = 1 << LANE_BITS;
 
 const _: () = assert!(crate::config::MAX_SHARDS as usize <= MAX_LANES);
-// Every outbox table, and the messages route, has a route index below PROGRESS_ROUTE.
-const _: () = assert!(crate::config::MAX_OUTBOX_TABLES + 1 < PROGRESS_ROUTE);
+// The progress records' route is the highest the opaque holds.
+const _: () = assert!(PROGRESS_ROUTE == (1 << ROUTE_BITS) - 1);
 const _: () = assert!(SEQ_BITS >= 48);
 
 fn pack_opaque(seq: u64, lane: usize, route: usize) -> usize {
@@ -387,6 +268,8 @@ pub struct KafkaSink {
     producer: ThreadedProducer<SinkContext>,
     /// This handle's lane: where the delivery reports of the records it sends go.
     lane: usize,
+    /// Where [`Publisher::send_progress`] writes (`kafka.progress_topic`).
+    progress_topic: Arc<str>,
 }
 
 impl KafkaSink {
@@ -414,6 +297,7 @@ impl KafkaSink {
                 let handle = KafkaSink {
                     producer: sink.producer.clone(),
                     lane,
+                    progress_topic: sink.progress_topic.clone(),
                 };
                 (handle, acks)
             })
@@ -431,7 +315,7 @@ impl KafkaSink {
     ) -> Result<Self, KafkaError> {
         let mut cc = config.client_config(KafkaRole::TransactionalProducer);
         cc.set("transactional.id", id);
-        Self::create(cc, vec![acks])
+        Self::create(cc, vec![acks], &config.progress_topic)
     }
 
     fn with_role(
@@ -439,16 +323,24 @@ impl KafkaSink {
         lanes: Vec<Arc<AckQueue>>,
         role: KafkaRole,
     ) -> Result<Self, KafkaError> {
-        Self::create(config.client_config(role), lanes)
+        Self::create(config.client_config(role), lanes, &config.progress_topic)
     }
 
-    fn create(cc: ClientConfig, lanes: Vec<Arc<AckQueue>>) -> Result<Self, KafkaError> {
+    fn create(
+        cc: ClientConfig,
+        lanes: Vec<Arc<AckQueue>>,
+        progress_topic: &str,
+    ) -> Result<Self, KafkaError> {
         let producer = cc.create_with_context(SinkContext {
             lanes,
             last_error: Mutex::new(HashMap::new()),
             silences: Silences::default(),
         })?;
-        Ok(KafkaSink { producer, lane: 0 })
+        Ok(KafkaSink {
+            producer,
+            lane: 0,
+            progress_topic: progress_topic.into(),
+        })
     }
 
     /// Hands one event to the producer; its [`Ack`] arrives later with `seq` and `route`.
@@ -476,9 +368,9 @@ impl KafkaSink {
         self.hand_over(record)
     }
 
-    /// Hands one progress record to the producer; its [`Ack`] arrives with route
+    /// Hands one progress record for `topic` to the producer; its [`Ack`] arrives with route
     /// [`PROGRESS_ROUTE`].
-    pub fn send_progress(&self, topic: &str, key: &str, value: &[u8]) -> Result<(), SinkError> {
+    pub fn send_progress_to(&self, topic: &str, key: &str, value: &[u8]) -> Result<(), SinkError> {
         let record: BaseRecord<'_, str, [u8], usize> =
             BaseRecord::with_opaque_to(topic, pack_opaque(0, self.lane, PROGRESS_ROUTE))
                 .key(key)
@@ -570,6 +462,32 @@ impl KafkaSink {
             .client()
             .fetch_metadata(None, timeout)
             .map(|_| ())
+    }
+}
+
+impl Publisher for KafkaSink {
+    fn broker(&self) -> BrokerKind {
+        BrokerKind::Kafka
+    }
+
+    fn send(&self, event: &OutboxEvent, seq: u64, route: usize) -> Result<(), SinkError> {
+        KafkaSink::send(self, event, seq, route)
+    }
+
+    fn send_progress(&self, key: &str, value: &[u8]) -> Result<(), SinkError> {
+        self.send_progress_to(&self.progress_topic, key, value)
+    }
+
+    fn in_flight(&self) -> usize {
+        usize::try_from(KafkaSink::in_flight(self)).unwrap_or(0)
+    }
+
+    fn flush(&self, timeout: Duration) -> bool {
+        KafkaSink::flush(self, timeout)
+    }
+
+    fn silent_since(&self, from: Instant) -> Duration {
+        KafkaSink::silent_since(self, from)
     }
 }
 

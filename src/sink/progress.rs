@@ -46,7 +46,7 @@
 //!   status update. Read back `read_committed` at start, it says below which position
 //!   PostgreSQL's transactions are in Kafka already.
 //! - Records go through the relay's producer with their own delivery tag
-//!   ([`crate::sink::kafka::PROGRESS_ROUTE`]); they never enter the checkpoint. A session's
+//!   ([`crate::sink::PROGRESS_ROUTE`]); they never enter the checkpoint. A session's
 //!   first record gates streaming: no WAL is read until it is acknowledged, and a refused one
 //!   ends the session (`relay::record`). A later one that fails only costs a warning (the next
 //!   one replaces it; in exactly-once mode it fails its Kafka transaction).
@@ -222,6 +222,17 @@ pub enum ProgressError {
     /// It took too long.
     #[error("cannot read progress topic {0:?} to its end in time")]
     Timeout(String),
+    /// Another broker could not be read (its message names where walbox looked).
+    #[error("cannot read the progress record: {0}")]
+    Broker(#[from] super::BrokerError),
+    /// What the broker holds there is not a progress record.
+    #[error("the progress record at {place} is not walbox's: {error}")]
+    Malformed {
+        /// Where it was read.
+        place: String,
+        /// Why it does not parse.
+        error: String,
+    },
 }
 
 impl Classify for ProgressError {
@@ -231,6 +242,9 @@ impl Classify for ProgressError {
     fn failure(&self) -> Option<Failure> {
         match self {
             ProgressError::Kafka { error, .. } => kafka_error(error).fatal(),
+            ProgressError::Broker(e) => e.class.fatal(),
+            // Something else writes there: walbox cannot tell whether its slot existed.
+            ProgressError::Malformed { .. } => Some(Failure::Config),
             ProgressError::MissingTopic(_) | ProgressError::Timeout(_) => None,
         }
     }

@@ -337,7 +337,7 @@ mod tests {
     use rdkafka::producer::DefaultProducerContext;
 
     use super::*;
-    use crate::sink::kafka::AckQueue;
+    use crate::sink::AckQueue;
 
     fn config(brokers: String) -> KafkaConfig {
         KafkaConfig::for_brokers(brokers)

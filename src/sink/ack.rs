@@ -1,0 +1,206 @@
+//! What a broker says about each record handed to it: the [`Ack`]s of one relay's records,
+//! queued for the relay in batches ([`AckQueue`]), and the broker-neutral error of a failed one
+//! ([`DeliveryError`]), which says through `failure::Classify` whether it is the record's fault,
+//! transient, or fatal. Every broker's publisher ([`super::Publisher`]) reports through these, so
+//! the relay's acknowledged-prefix checkpoint is the same whichever broker it publishes to.
+//!
+//! # Invariants
+//! - A publisher pushes exactly one [`Ack`] for every record [`super::Publisher::send`] accepted,
+//!   into the queue of the relay that sent it.
+//! - A publisher that can deliver nothing more (credentials refused, the connection closed for
+//!   good) calls [`AckQueue::fail`]: no report would otherwise ever come.
+
+use std::sync::Mutex;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use tokio::sync::Notify;
+
+use crate::config::BrokerKind;
+use crate::failure::{kafka_error, Class, Classify, Failure};
+
+/// The route tag of progress records ([`crate::sink::progress`]): their acks never reach the
+/// checkpoint. Every outbox table, and the messages route, has a route index below it.
+pub const PROGRESS_ROUTE: usize = (1 << 10) - 1;
+
+const _: () = assert!(crate::config::MAX_OUTBOX_TABLES + 1 < PROGRESS_ROUTE);
+
+/// Why a broker failed a record, or can publish nothing more.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DeliveryError {
+    /// librdkafka's error (the delivery report's, or a client error).
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// Another broker's, classified by its publisher.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
+
+/// A failure reported by a broker other than Kafka, with its class decided where the broker's
+/// reply was read (the one place that knows that broker's codes).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{broker}: {message}")]
+pub struct BrokerError {
+    /// Which broker said it.
+    pub broker: BrokerKind,
+    /// The record's fault ([`Class::Rejected`]), transient, or fatal with its exit status.
+    pub class: Class,
+    /// What the broker said, and what to do about it.
+    pub message: String,
+}
+
+impl BrokerError {
+    /// A failure of `broker` of `class`, saying `message`.
+    pub fn new(broker: BrokerKind, class: Class, message: impl Into<String>) -> Self {
+        BrokerError {
+            broker,
+            class,
+            message: message.into(),
+        }
+    }
+}
+
+impl DeliveryError {
+    /// The record's fault, transient, or fatal.
+    pub fn class(&self) -> Class {
+        match self {
+            DeliveryError::Kafka(e) => kafka_error(e),
+            DeliveryError::Broker(e) => e.class,
+        }
+    }
+
+    /// Which broker said it.
+    pub fn broker(&self) -> BrokerKind {
+        match self {
+            DeliveryError::Kafka(_) => BrokerKind::Kafka,
+            DeliveryError::Broker(e) => e.broker,
+        }
+    }
+
+    /// librdkafka's error, when it is one.
+    pub fn kafka(&self) -> Option<&KafkaError> {
+        match self {
+            DeliveryError::Kafka(e) => Some(e),
+            DeliveryError::Broker(_) => None,
+        }
+    }
+
+    /// Whether the broker refused a whole batch for one record of it (Kafka's
+    /// `INVALID_TIMESTAMP`; see `relay::stream`'s `isolate_until`).
+    pub fn is_batch_refusal(&self) -> bool {
+        self.kafka().is_some_and(crate::failure::is_batch_refusal)
+    }
+
+    /// librdkafka's error code, when it is one.
+    pub fn kafka_code(&self) -> Option<RDKafkaErrorCode> {
+        self.kafka().and_then(|e| e.rdkafka_error_code())
+    }
+}
+
+impl Classify for DeliveryError {
+    fn failure(&self) -> Option<Failure> {
+        match self.class() {
+            Class::Fatal(f) => Some(f),
+            Class::Transient | Class::Rejected | Class::Effect => None,
+        }
+    }
+}
+
+impl Classify for BrokerError {
+    fn failure(&self) -> Option<Failure> {
+        self.class.fatal()
+    }
+}
+
+/// The broker's verdict on one record.
+#[derive(Debug)]
+pub struct Ack {
+    /// The record's sequence number (see `checkpoint`).
+    pub seq: u64,
+    /// The route (outbox table) the record came from.
+    pub route: usize,
+    /// `Ok` when the broker acknowledged it durably (Kafka: `acks=all`; see each broker's
+    /// module for what its acknowledgement means).
+    pub result: Result<(), DeliveryError>,
+    /// For a failed record: what identifies it, read back from the record.
+    pub failed: Option<FailedRecord>,
+}
+
+/// A record the broker failed, read back for the error message or a dead letter.
+#[derive(Debug, Default, Clone)]
+pub struct FailedRecord {
+    /// The destination the record was sent to (topic, stream key, subject, routing key).
+    pub topic: String,
+    /// Header `id`.
+    pub id: String,
+    /// Header `walbox.commit_lsn`.
+    pub lsn: String,
+    /// Header `walbox.index`.
+    pub index: String,
+    /// The record key, as produced.
+    pub key: Option<bytes::Bytes>,
+    /// The record value, as produced.
+    pub payload: Option<bytes::Bytes>,
+}
+
+/// Delivery reports waiting for the relay. The publisher (librdkafka's polling thread, or a
+/// broker's publishing task) pushes one per record;
+/// the relay is woken once per batch (when the queue turns non-empty) and takes the whole batch
+/// at once, instead of one channel hop and possible wake-up per record.
+#[derive(Default)]
+pub struct AckQueue {
+    pending: Mutex<Vec<Ack>>,
+    ready: Notify,
+    /// A client error after which the publisher cannot deliver anything (authentication or
+    /// authorization refused, librdkafka's fatal error): no delivery report would ever come.
+    fatal: Mutex<Option<DeliveryError>>,
+}
+
+impl AckQueue {
+    /// Queues one report, waking the relay when the queue was empty.
+    pub fn push(&self, ack: Ack) {
+        let mut pending = match self.pending.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let was_empty = pending.is_empty();
+        pending.push(ack);
+        drop(pending);
+        if was_empty {
+            // Stores a permit when nobody waits, so no batch is ever missed.
+            self.ready.notify_one();
+        }
+    }
+
+    /// Records a client error the publisher cannot recover from, and wakes the relay.
+    pub fn fail(&self, error: DeliveryError) {
+        let mut fatal = match self.fatal.lock() {
+            Ok(f) => f,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        fatal.get_or_insert(error);
+        drop(fatal);
+        self.ready.notify_one();
+    }
+
+    /// The client error the producer cannot recover from, if one happened.
+    pub fn fatal(&self) -> Option<DeliveryError> {
+        match self.fatal.lock() {
+            Ok(f) => f.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Waits until reports may be waiting (spurious wake-ups are possible).
+    pub async fn wait(&self) {
+        self.ready.notified().await;
+    }
+
+    /// Moves every waiting report into `out` (which should be empty; its capacity is reused).
+    pub fn drain_into(&self, out: &mut Vec<Ack>) {
+        let mut pending = match self.pending.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        std::mem::swap(&mut *pending, out);
+    }
+}
