@@ -4,6 +4,10 @@
 
 use std::fmt;
 
+use super::env::EnvLayout;
+use super::error::ConfigError;
+use super::kafka::{KafkaConfig, RawKafka};
+
 /// A broker walbox publishes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BrokerKind {
@@ -51,4 +55,41 @@ impl BrokerConfig {
             BrokerConfig::Kafka => BrokerKind::Kafka,
         }
     }
+}
+
+/// The broker of a configuration: Kafka unless another broker's section is present (`others`,
+/// at most one). With another broker, `[kafka]` may not set what `walbox run` would use
+/// (`brokers`, exactly-once mode), and the relay runs one slot (`postgres.shards = 1`): the
+/// shards of one process share a Kafka producer, which no other broker has.
+pub(super) fn choose(
+    kafka: RawKafka,
+    others: Vec<BrokerConfig>,
+    shards: u32,
+    env: &EnvLayout,
+) -> Result<(KafkaConfig, BrokerConfig), ConfigError> {
+    let mut others = others.into_iter();
+    let Some(other) = others.next() else {
+        return Ok((kafka.validate(env)?, BrokerConfig::Kafka));
+    };
+    if let Some(second) = others.next() {
+        return Err(ConfigError::Invalid(format!(
+            "[{}] and [{}] both configured: walbox run publishes to one broker; remove one",
+            other.kind(),
+            second.kind()
+        )));
+    }
+    if kafka.brokers.is_some() || kafka.exactly_once.is_some() {
+        return Err(ConfigError::Invalid(format!(
+            "[{}] and [kafka] both configured: walbox run publishes to one broker; remove kafka.brokers (and kafka.exactly_once), or the [{}] section",
+            other.kind(),
+            other.kind()
+        )));
+    }
+    if shards > 1 {
+        return Err(ConfigError::Invalid(format!(
+            "postgres.shards > 1 publishes to Kafka only (its shards share one producer); with [{}] run one walbox per slot",
+            other.kind()
+        )));
+    }
+    Ok((KafkaConfig::for_brokers(""), other))
 }

@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::alerts::{AlertsConfig, RawAlerts};
-use super::broker::BrokerConfig;
+use super::broker::{self, BrokerConfig};
 use super::env::{EnvLayout, INBOX_PREFIX, RUN_PREFIX};
 use super::error::ConfigError;
 use super::http::RawHttp;
@@ -143,7 +143,9 @@ impl RawConfig {
     pub fn validate(self) -> Result<Config, ConfigError> {
         let postgres = self.postgres.validate(&LAYOUT)?;
         let outbox = self.outbox.validate()?;
-        let mut kafka = self.kafka.validate(&LAYOUT)?;
+        // Each broker section present (`[kafka]` is the default).
+        let others = Vec::new();
+        let (mut kafka, broker) = broker::choose(self.kafka, others, postgres.shards, &LAYOUT)?;
         let relay = self.relay.validate()?;
         let slot = self.slot.validate()?;
         let alerts = self.alerts.validate()?;
@@ -156,7 +158,6 @@ impl RawConfig {
                 "postgres.shards > 1 cannot relay [outbox.messages]: logical messages reach every shard's slot, so each would publish them; use an outbox table, or postgres.shards = 1".into(),
             ));
         }
-        let broker = BrokerConfig::Kafka;
         Ok(Config {
             postgres,
             outbox,
