@@ -77,6 +77,10 @@ pub const COMMIT_LSN_HEADER: &str = "walbox.commit_lsn";
 /// The header carrying the event's index within its transaction.
 pub const INDEX_HEADER: &str = "walbox.index";
 
+/// Where brokers without a record key (NATS, RabbitMQ) carry the event's key (its aggregate
+/// id), as a header of this name; Redis Streams as the entry's field `key`.
+pub const KEY_HEADER: &str = "walbox.key";
+
 /// The header a dead letter carries: why the original event could not be published.
 pub use crate::dead_letter::ERROR_HEADER;
 

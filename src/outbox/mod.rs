@@ -46,7 +46,7 @@ pub use dead_letter::{dead_letter, Rejected};
 use envelope::{Payload, PayloadKind};
 pub use event::{
     EventPosition, HeaderName, Headers, OutboxEvent, COMMIT_LSN_HEADER, ERROR_HEADER, INDEX_HEADER,
-    SOURCE_HEADER,
+    KEY_HEADER, SOURCE_HEADER,
 };
 use template::Template;
 
