@@ -45,7 +45,8 @@ pub struct RawRoute {
     pub table: Option<String>,
     /// Logical message prefix; `[outbox.messages]` only.
     pub prefix: Option<String>,
-    /// Topic template with `${aggregate_type}`, `${event_type}`, `${table}`, `${schema}`.
+    /// Topic template with `${aggregate_type}`, `${aggregate_id}`, `${event_type}`, `${table}`,
+    /// `${schema}`.
     pub topic: Option<String>,
     /// Shorthand for `topic = "<prefix>${aggregate_type}"`.
     pub topic_prefix: Option<String>,
@@ -397,9 +398,17 @@ fn check_topic_template(what: &str, t: &str) -> Result<(), ConfigError> {
             return Err(invalid(format!("{what} {t:?}: unclosed ${{")));
         };
         let var = &after[..end];
-        if !["aggregate_type", "event_type", "table", "schema"].contains(&var) {
+        if ![
+            "aggregate_type",
+            "aggregate_id",
+            "event_type",
+            "table",
+            "schema",
+        ]
+        .contains(&var)
+        {
             return Err(invalid(format!(
-                "{what} {t:?}: unknown variable ${{{var}}} (use aggregate_type, event_type, table, schema)"
+                "{what} {t:?}: unknown variable ${{{var}}} (use aggregate_type, aggregate_id, event_type, table, schema)"
             )));
         }
         rest = &after[end + 1..];

@@ -161,6 +161,7 @@ impl OutboxMapper {
             None => {
                 let vars = Vars {
                     aggregate_type: row.aggregate_type,
+                    aggregate_id: row.key.as_deref(),
                     event_type: row.event_type.as_deref(),
                     source: &r.source,
                 };

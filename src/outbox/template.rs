@@ -1,4 +1,6 @@
-//! Topic templates (`events.${aggregate_type}`): parsed once per route, rendered per event.
+//! Topic templates (`events.${aggregate_type}`; for the brokers that route by it, a NATS subject
+//! or a RabbitMQ routing key such as `orders.${aggregate_id}`): parsed once per route, rendered
+//! per event.
 //!
 //! The variables a template may use were checked when the config was loaded, so parsing never
 //! fails; rendering gives `None` when a variable the template uses is NULL or not UTF-8, and the
@@ -9,6 +11,8 @@ use crate::config::RouteSource;
 /// Values a topic template may use.
 pub(super) struct Vars<'a> {
     pub(super) aggregate_type: Option<&'a [u8]>,
+    /// The event's key (the aggregate id column).
+    pub(super) aggregate_id: Option<&'a [u8]>,
     pub(super) event_type: Option<&'a [u8]>,
     pub(super) source: &'a RouteSource,
 }
@@ -17,6 +21,7 @@ pub(super) struct Vars<'a> {
 enum Segment {
     Literal(String),
     AggregateType,
+    AggregateId,
     EventType,
     Table,
     Schema,
@@ -38,6 +43,7 @@ impl Template {
             let end = after.find('}').unwrap_or(after.len());
             out.push(match &after[..end] {
                 "aggregate_type" => Segment::AggregateType,
+                "aggregate_id" => Segment::AggregateId,
                 "event_type" => Segment::EventType,
                 "table" => Segment::Table,
                 _ => Segment::Schema,
@@ -60,6 +66,7 @@ impl Template {
                 Segment::AggregateType => {
                     v.aggregate_type.and_then(|b| std::str::from_utf8(b).ok())
                 }
+                Segment::AggregateId => v.aggregate_id.and_then(|b| std::str::from_utf8(b).ok()),
                 Segment::EventType => v.event_type.and_then(|b| std::str::from_utf8(b).ok()),
                 Segment::Table => Some(match v.source {
                     RouteSource::Table { table, .. } => &table[..],

@@ -195,6 +195,41 @@ fn templates_fallbacks_and_explicit_partitions() {
     assert_eq!(&*e.topic, "unrouted.outbox");
 }
 
+/// A NATS subject or RabbitMQ routing key per aggregate: `${aggregate_id}` is the key column.
+#[test]
+fn templates_route_by_aggregate_id() {
+    let cfg = outbox("[outbox]\ntopic = \"outbox.${aggregate_type}.${aggregate_id}\"");
+    let mut m = OutboxMapper::new(&cfg);
+    m.relation(&relation(
+        1,
+        "outbox",
+        &[
+            ("id", 20),
+            ("aggregate_id", 25),
+            ("aggregate_type", 25),
+            ("event_type", 25),
+            ("payload", 25),
+        ],
+    ));
+    let e = m
+        .map_insert(
+            &insert(
+                1,
+                &[
+                    Some("1"),
+                    Some("o-42"),
+                    Some("order"),
+                    Some("created"),
+                    Some("{}"),
+                ],
+            ),
+            POS,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(&*e.topic, "outbox.order.o-42");
+}
+
 #[test]
 fn cloudevents_headers_and_custom_headers() {
     let cfg = outbox(
