@@ -339,6 +339,10 @@ pub async fn run_slot(
     borrowed: Borrowed,
 ) -> Result<(), FatalError> {
     let owns_producer = borrowed.producer.is_none();
+    metrics
+        .broker
+        .with_label_values(&[config.broker.kind().name()])
+        .set(1);
     let (sink, acks) = match borrowed.producer {
         Some((sink, acks)) => (Sink::Kafka(sink), acks),
         None => {

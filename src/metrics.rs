@@ -25,6 +25,9 @@ use prometheus::{
 /// Every metric walbox exports.
 pub struct Metrics {
     registry: Registry,
+    /// `walbox_broker_info{broker}`: 1 for the broker the relay publishes to (`kafka`,
+    /// `redis`, `nats`, `rabbitmq`).
+    pub broker: IntGaugeVec,
     /// `walbox_events_published_total`: events acknowledged by the broker.
     pub events_published: IntCounter,
     /// `walbox_transactions_total`: transactions confirmed to PostgreSQL.
@@ -305,6 +308,17 @@ impl Metrics {
                 &r,
                 "walbox_slot_wal_keep_used_ratio",
                 "Retained WAL divided by max_slot_wal_keep_size (absent when unlimited).",
+            ),
+            broker: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "walbox_broker_info",
+                        "1 for the broker the relay publishes to (kafka, redis, nats, rabbitmq).",
+                    ),
+                    &["broker"],
+                )
+                .expect("valid metric"),
             ),
             slot_wal_status: register(
                 &r,

@@ -20,7 +20,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::Config;
+use crate::config::{BrokerConfig, Config};
 
 pub mod kafka;
 pub mod postgres;
@@ -177,7 +177,9 @@ impl Report {
 /// Runs every check.
 pub async fn run(config: &Config) -> Report {
     let mut checks = postgres::checks(config).await;
-    checks.extend(kafka::checks(config).await);
+    match &config.broker {
+        BrokerConfig::Kafka => checks.extend(kafka::checks(config).await),
+    }
     Report { checks }
 }
 
