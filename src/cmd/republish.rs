@@ -37,9 +37,8 @@ use crate::failure::{Class, Classify, Failure, FatalError};
 use crate::lsn::Lsn;
 use crate::outbox::{dead_letter, EventPosition, OutboxError, OutboxMapper, Rejected};
 use crate::pg::control::{connect_control, error_chain};
-use crate::sink::kafka::KafkaSink;
 use crate::sink::topics::Topics;
-use crate::sink::{Ack, AckQueue, SinkError};
+use crate::sink::{Ack, AckQueue, Publisher, Sink, SinkError};
 use crate::source::pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
 use crate::timestamp::pg_now_micros;
 use postgres_protocol::escape::escape_identifier as quote_ident;
@@ -116,8 +115,9 @@ pub async fn republish(
         plans.push((route_index, route, relation, sql));
     }
     let acks = Arc::new(AckQueue::default());
-    let sink = KafkaSink::new(&config.kafka, acks.clone())
-        .map_err(|e| FatalError::new(Failure::Kafka, e.to_string()))?;
+    let sink = crate::sink::connect(config, acks.clone())
+        .await
+        .map_err(|e| FatalError::of_or(&e, Failure::Kafka))?;
     let mut topics = Topics::new(&config.kafka)
         .map_err(|e| FatalError::new(Failure::Kafka, format!("kafka admin client: {e}")))?;
     let mut mapper = OutboxMapper::new(&config.outbox);
@@ -164,7 +164,10 @@ pub async fn republish(
                 }
                 Err(e) => return Err(FatalError::new(Failure::Internal, e)),
             };
-            if let Err(e) = topics.ensure(&sink, &event.topic).await {
+            let checked = match &sink {
+                Sink::Kafka(kafka) => topics.ensure(kafka, &event.topic).await,
+            };
+            if let Err(e) = checked {
                 let id = String::from_utf8_lossy(&event.id).into_owned();
                 let letter = dead_letter(
                     &route.on_invalid,
@@ -397,7 +400,7 @@ pub(crate) fn select(
 
 /// Records handed to the producer and their acknowledgements.
 struct Batch<'a> {
-    sink: &'a KafkaSink,
+    sink: &'a Sink,
     acks: &'a AckQueue,
     max_in_flight: usize,
     ack_timeout: Duration,
@@ -423,7 +426,7 @@ impl Batch<'_> {
                     return Err(FatalError::new(
                         Failure::EventRejected,
                         format!(
-                            "cannot republish event {} to topic {:?}: {e}",
+                            "cannot republish event {} to {:?}: {e}",
                             String::from_utf8_lossy(&event.id),
                             event.topic
                         ),
@@ -444,7 +447,7 @@ impl Batch<'_> {
                 Failure::Kafka,
                 format!(
                     "no broker acknowledged a republished record for {:?} ({} acknowledged, {} \
-                     waiting): check that kafka.brokers are reachable (walbox check), then run \
+                     waiting): check that the broker is reachable (walbox check), then run \
                      the same republish again (consumers drop the duplicates by id)",
                     self.ack_timeout, self.acked, self.outstanding
                 ),
