@@ -13,7 +13,8 @@ use super::status::read;
 use crate::config::Config;
 use crate::failure::{Failure, FatalError};
 use crate::health::evidence::{last_progress, progress_key};
-use crate::sink::progress::{republish_command, write_reset};
+use crate::sink::progress::republish_command;
+use crate::sink::reset_progress;
 use crate::source::catalog;
 use crate::source::slot;
 use crate::source::standby::{self, Role};
@@ -34,7 +35,7 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
         }
     }
     let pg = &config.postgres;
-    let record = last_progress(&pg.conn, &pg.slot, &config.kafka).await;
+    let record = last_progress(&pg.conn, &pg.slot, &config.broker, &config.kafka).await;
     let old = health
         .as_ref()
         .and_then(|h| h.confirmed_flush_lsn)
@@ -61,16 +62,8 @@ pub async fn recreate_slot(config: &Config) -> Result<(), FatalError> {
     // new transactions below it would be skipped as already relayed.
     if let Some((key, timeline)) = progress_key(&config.postgres.conn, &config.postgres.slot).await
     {
-        let kafka = config.kafka.clone();
-        let reset = tokio::task::spawn_blocking(move || {
-            write_reset(&kafka, &key, timeline, new, Duration::from_secs(30))
-        })
-        .await;
-        let failed = match reset {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
+        let reset = reset_progress(config, &key, timeline, new, Duration::from_secs(30)).await;
+        let failed = reset.err().map(|e| e.to_string());
         match failed {
             None => println!("  progress record reset to the new slot's start"),
             // Exactly-once mode trusts the record at start: it must not outlive the old slot.

@@ -425,8 +425,13 @@ impl Relay {
             .await
             .ok()
             .flatten();
-        let record =
-            health::evidence::last_progress(&pg.conn, &pg.slot, &self.settings.kafka).await;
+        let record = health::evidence::last_progress(
+            &pg.conn,
+            &pg.slot,
+            &self.settings.broker,
+            &self.settings.kafka,
+        )
+        .await;
         RelayError::Uncovered(Box::new(Uncovered {
             publication: pg.publication.clone(),
             slot: pg.slot.clone(),
@@ -448,8 +453,13 @@ impl Relay {
     /// command's time column, each read on a connection of its own (the session's failed).
     async fn slot_lost(&self, slot: String, confirmed: Lsn, cause: String) -> RelayError {
         let pg = &self.settings.postgres;
-        let record =
-            health::evidence::last_progress(&pg.conn, &pg.slot, &self.settings.kafka).await;
+        let record = health::evidence::last_progress(
+            &pg.conn,
+            &pg.slot,
+            &self.settings.broker,
+            &self.settings.kafka,
+        )
+        .await;
         let time_column = match connect_control(&pg.conn).await {
             Ok(client) => catalog::time_column(&client, &self.settings.outbox)
                 .await

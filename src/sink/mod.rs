@@ -36,6 +36,7 @@ use rdkafka::error::KafkaError;
 
 use crate::config::{BrokerConfig, BrokerKind, Config, KafkaConfig};
 use crate::failure::{kafka_error, Class, Classify, Failure};
+use crate::lsn::Lsn;
 use crate::outbox::OutboxEvent;
 use kafka::{refused_by_producer, KafkaSink};
 use progress::{ProgressError, ProgressKey, ProgressRecord};
@@ -178,6 +179,83 @@ pub async fn read_progress(
             tokio::task::spawn_blocking(move || progress::read_last(&config, &key, timeout))
                 .await
                 .unwrap_or(Err(ProgressError::Timeout(topic)))
+        }
+    }
+}
+
+/// Writes `key`'s progress record for a slot made anew at `at` on `timeline` (`walbox
+/// recreate-slot`) where the broker keeps them, and waits (at most `timeout`) for the broker
+/// to acknowledge it.
+pub async fn reset_progress(
+    config: &Config,
+    key: &ProgressKey,
+    timeline: u32,
+    at: Lsn,
+    timeout: Duration,
+) -> Result<(), ProgressError> {
+    match &config.broker {
+        BrokerConfig::Kafka => {
+            let (kafka, key) = (config.kafka.clone(), key.clone());
+            let topic = kafka.progress_topic.clone();
+            tokio::task::spawn_blocking(move || {
+                progress::write_reset(&kafka, &key, timeline, at, timeout)
+            })
+            .await
+            .unwrap_or(Err(ProgressError::Timeout(topic)))
+        }
+    }
+}
+
+/// Sends `key`'s progress record `record` through a publisher of its own and waits (at most
+/// `timeout`) for its ack: how the brokers without a blocking client write one record.
+pub async fn publish_progress(
+    config: &Config,
+    key: &ProgressKey,
+    record: &ProgressRecord,
+    timeout: Duration,
+) -> Result<(), ProgressError> {
+    let acks = Arc::new(AckQueue::default());
+    let broker = config.broker.kind();
+    let unanswered = || {
+        BrokerError::new(
+            broker,
+            Class::Transient,
+            format!("no acknowledgement of the progress record within {timeout:?}"),
+        )
+    };
+    let sink = connect(config, acks.clone()).await.map_err(|e| match e {
+        SinkError::Broker(e) => ProgressError::Broker(e),
+        e => ProgressError::Broker(BrokerError::new(broker, e.class(), e.to_string())),
+    })?;
+    // Strings and integers only: encoding cannot fail.
+    let value = serde_json::to_vec(record).unwrap_or_default();
+    sink.send_progress(&key.record_key(), &value)
+        .map_err(|e| ProgressError::Broker(BrokerError::new(broker, e.class(), e.to_string())))?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let mut acks_now = Vec::new();
+        acks.drain_into(&mut acks_now);
+        if let Some(ack) = acks_now.into_iter().find(|a| a.route == PROGRESS_ROUTE) {
+            return ack.result.map_err(|e| match e {
+                DeliveryError::Broker(e) => ProgressError::Broker(e),
+                DeliveryError::Kafka(e) => ProgressError::Kafka {
+                    topic: config.kafka.progress_topic.clone(),
+                    error: e,
+                },
+            });
+        }
+        if let Some(e) = acks.fatal() {
+            return Err(ProgressError::Broker(BrokerError::new(
+                broker,
+                e.class(),
+                e.to_string(),
+            )));
+        }
+        if tokio::time::timeout_at(deadline, acks.wait())
+            .await
+            .is_err()
+        {
+            return Err(ProgressError::Broker(unanswered()));
         }
     }
 }
