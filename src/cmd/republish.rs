@@ -467,7 +467,10 @@ impl Batch<'_> {
                     let id = ack.failed.map(|f| f.id).unwrap_or_default();
                     return Err(FatalError::new(
                         failure,
-                        format!("{} failed to deliver republished event {id}: {e}", e.broker()),
+                        format!(
+                            "{} failed to deliver republished event {id}: {e}",
+                            e.broker()
+                        ),
                     ));
                 }
             }

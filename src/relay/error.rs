@@ -470,49 +470,6 @@ pub(super) fn send_failure(event: &OutboxEvent, source: SinkError) -> RelayError
     }))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_same_data_error_at_the_same_transaction_recurs() {
-        let mut last = None;
-        let at = Lsn(0x1000);
-        assert_eq!(
-            Recurrence::observe(&mut last, Some(("22021", at)), false),
-            1
-        );
-        assert_eq!(
-            Recurrence::observe(&mut last, Some(("22021", at)), false),
-            2
-        );
-        assert_eq!(
-            Recurrence::observe(&mut last, Some(("22021", at)), false),
-            3
-        );
-        // Elsewhere, after progress, or another error: counted afresh.
-        assert_eq!(
-            Recurrence::observe(&mut last, Some(("22021", Lsn(0x2000))), false),
-            1
-        );
-        assert_eq!(
-            Recurrence::observe(&mut last, Some(("22021", Lsn(0x2000))), true),
-            1
-        );
-        assert_eq!(
-            Recurrence::observe(&mut last, Some(("22P05", Lsn(0x2000))), false),
-            1
-        );
-        // Not a data error (out of memory, a restart): never permanent.
-        assert_eq!(
-            Recurrence::observe(&mut last, Some(("53200", Lsn(0x2000))), false),
-            0
-        );
-        assert_eq!(Recurrence::observe(&mut last, None, false), 0);
-        assert_eq!(last, None);
-    }
-}
-
 /// What stops a publisher for good, and where to look.
 fn producer_message(e: &DeliveryError) -> String {
     match e {
@@ -554,5 +511,48 @@ fn describe_delivery(e: &DeliveryError) -> String {
     match e {
         DeliveryError::Kafka(e) => crate::sink::kafka::describe_delivery_error(e),
         DeliveryError::Broker(e) => e.message.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_data_error_at_the_same_transaction_recurs() {
+        let mut last = None;
+        let at = Lsn(0x1000);
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", at)), false),
+            1
+        );
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", at)), false),
+            2
+        );
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", at)), false),
+            3
+        );
+        // Elsewhere, after progress, or another error: counted afresh.
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", Lsn(0x2000))), false),
+            1
+        );
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22021", Lsn(0x2000))), true),
+            1
+        );
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("22P05", Lsn(0x2000))), false),
+            1
+        );
+        // Not a data error (out of memory, a restart): never permanent.
+        assert_eq!(
+            Recurrence::observe(&mut last, Some(("53200", Lsn(0x2000))), false),
+            0
+        );
+        assert_eq!(Recurrence::observe(&mut last, None, false), 0);
+        assert_eq!(last, None);
     }
 }

@@ -41,34 +41,11 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::{ClientContext, Message};
 
 use super::ack::{Ack, AckQueue, FailedRecord, PROGRESS_ROUTE};
+use super::publisher::{Publisher, SinkError, NO_SUCH_PARTITION};
 use super::silence::Silences;
-use super::{Publisher, SinkError};
 use crate::config::{BrokerKind, KafkaConfig, KafkaRole};
 use crate::failure::{kafka_error, Class, Failure};
 use crate::outbox::OutboxEvent;
-
-/// Why the producer refused a record in `produce()`. librdkafka reports its own size limit with
-/// the broker's error code (`MSG_SIZE_TOO_LARGE`, "Broker: Message size too large"), but no
-/// broker was involved: the record is over the producer's `message.max.bytes`.
-pub fn refused_by_producer(e: &KafkaError) -> String {
-    match e {
-        KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge) => {
-            "the producer refused the record before sending it: it is larger than the producer's \
-             message.max.bytes (librdkafka's default: 1000000 bytes); raise \"message.max.bytes\" \
-             in [kafka.properties], and check that the broker's message.max.bytes and the topic's \
-             max.message.bytes accept it too"
-                .to_owned()
-        }
-        KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition) => {
-            format!("kafka refused the record: {NO_SUCH_PARTITION}")
-        }
-        e => format!("kafka refused the record: {e}"),
-    }
-}
-
-/// What an `UnknownPartition` refusal means: the row named the partition.
-const NO_SUCH_PARTITION: &str = "the topic has no partition of the number the row names \
-     (outbox.columns.partition; Local: Unknown partition)";
 
 /// A record the broker failed, as the relay reports it: for a size limit, which limits to
 /// raise.
@@ -462,6 +439,18 @@ impl KafkaSink {
             .client()
             .fetch_metadata(None, timeout)
             .map(|_| ())
+    }
+}
+
+/// Drops `client` on a thread of its own, named `name`: closing a librdkafka client waits for
+/// its threads to wind down (tens to hundreds of milliseconds), which start-up need not. When
+/// no thread can be started, it is dropped here.
+pub fn close_in_background<T: Send + 'static>(name: &str, client: T) {
+    if let Err(e) = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || drop(client))
+    {
+        tracing::debug!(error = %e, "closing a kafka client on this thread");
     }
 }
 

@@ -23,6 +23,7 @@
 pub mod ack;
 pub mod kafka;
 pub mod progress;
+mod publisher;
 pub mod silence;
 pub mod topics;
 pub mod transaction;
@@ -31,75 +32,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, PROGRESS_ROUTE};
-
-use rdkafka::error::KafkaError;
+pub use kafka::close_in_background;
+pub use publisher::{Publisher, SinkError};
 
 use crate::config::{BrokerConfig, BrokerKind, Config, KafkaConfig};
-use crate::failure::{kafka_error, Class, Classify, Failure};
+use crate::failure::Class;
 use crate::lsn::Lsn;
 use crate::outbox::OutboxEvent;
-use kafka::{refused_by_producer, KafkaSink};
+use kafka::KafkaSink;
 use progress::{ProgressError, ProgressKey, ProgressRecord};
-
-/// Errors creating a publisher or handing it a record.
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    /// librdkafka refused the configuration.
-    #[error("kafka producer configuration rejected: {0}")]
-    Config(#[source] KafkaError),
-    /// The record was refused by the producer itself, in `produce()`, before any broker saw
-    /// it; the message says which limit refused it (see [`refused_by_producer`]).
-    #[error("{}", refused_by_producer(.0))]
-    Send(#[source] KafkaError),
-    /// Another broker's publisher refused the record, or cannot take any (its class says which).
-    #[error(transparent)]
-    Broker(#[from] BrokerError),
-    /// The publisher has no room now (librdkafka's local queue, a broker's window); try again
-    /// shortly.
-    #[error("the publisher's queue is full")]
-    QueueFull,
-}
-
-impl SinkError {
-    /// The record's fault ([`Class::Rejected`]), transient, or fatal.
-    pub fn class(&self) -> Class {
-        match self {
-            SinkError::Send(e) => kafka_error(e),
-            SinkError::Config(_) => Class::Fatal(Failure::Kafka),
-            SinkError::Broker(e) => e.class,
-            SinkError::QueueFull => Class::Transient,
-        }
-    }
-}
-
-impl Classify for SinkError {
-    fn failure(&self) -> Option<Failure> {
-        self.class().fatal()
-    }
-}
-
-/// What the relay asks of a broker. Sending never blocks: a publisher that has no room returns
-/// [`SinkError::QueueFull`] and the relay tries again once acks freed some.
-pub trait Publisher {
-    /// Which broker this is (metrics labels, log lines).
-    fn broker(&self) -> BrokerKind;
-
-    /// Hands one event over; its [`Ack`] arrives later with `seq` and `route`.
-    fn send(&self, event: &OutboxEvent, seq: u64, route: usize) -> Result<(), SinkError>;
-
-    /// Hands over the progress record `value` of the slot `key` names; its [`Ack`] arrives with
-    /// route [`PROGRESS_ROUTE`].
-    fn send_progress(&self, key: &str, value: &[u8]) -> Result<(), SinkError>;
-
-    /// Records handed over whose ack has not come yet.
-    fn in_flight(&self) -> usize;
-
-    /// Waits up to `timeout` until every record handed over has its ack; whether none is left.
-    fn flush(&self, timeout: Duration) -> bool;
-
-    /// How long the broker left this publisher waiting for an answer since `from`.
-    fn silent_since(&self, from: Instant) -> Duration;
-}
 
 /// The publisher of `walbox run`: one per relay (or one shared by the shards of a process).
 #[derive(Clone)]
@@ -266,16 +207,4 @@ pub fn parse_progress(place: &str, value: &[u8]) -> Result<ProgressRecord, Progr
         place: place.to_owned(),
         error: e.to_string(),
     })
-}
-
-/// Drops `client` on a thread of its own, named `name`: closing a librdkafka client waits for
-/// its threads to wind down (tens to hundreds of milliseconds), which start-up need not. When
-/// no thread can be started, it is dropped here.
-pub fn close_in_background<T: Send + 'static>(name: &str, client: T) {
-    if let Err(e) = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || drop(client))
-    {
-        tracing::debug!(error = %e, "closing a kafka client on this thread");
-    }
 }

@@ -224,7 +224,7 @@ pub enum ProgressError {
     Timeout(String),
     /// Another broker could not be read (its message names where walbox looked).
     #[error("cannot read the progress record: {0}")]
-    Broker(#[from] super::BrokerError),
+    Broker(#[from] super::ack::BrokerError),
     /// What the broker holds there is not a progress record.
     #[error("the progress record at {place} is not walbox's: {error}")]
     Malformed {
@@ -319,7 +319,7 @@ pub fn read_last(
             "read the progress topic from its end"
         );
     }
-    crate::sink::close_in_background("progress-reader-close", (consumer, watermarks));
+    super::kafka::close_in_background("progress-reader-close", (consumer, watermarks));
     found
 }
 
