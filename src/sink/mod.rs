@@ -23,6 +23,8 @@
 pub mod ack;
 pub mod kafka;
 pub mod progress;
+pub mod redis;
+pub mod redis_reply;
 pub mod silence;
 pub mod topics;
 pub mod transaction;
@@ -105,6 +107,8 @@ pub trait Publisher {
 pub enum Sink {
     /// Kafka, through librdkafka.
     Kafka(KafkaSink),
+    /// Redis Streams.
+    Redis(redis::RedisSink),
 }
 
 impl Sink {
@@ -112,12 +116,14 @@ impl Sink {
     pub fn kafka(&self) -> Option<&KafkaSink> {
         match self {
             Sink::Kafka(k) => Some(k),
+            Sink::Redis(_) => None,
         }
     }
 
     fn publisher(&self) -> &dyn Publisher {
         match self {
             Sink::Kafka(k) => k,
+            Sink::Redis(r) => r,
         }
     }
 }
@@ -159,6 +165,7 @@ impl Publisher for Sink {
 pub async fn connect(config: &Config, acks: Arc<AckQueue>) -> Result<Sink, SinkError> {
     match &config.broker {
         BrokerConfig::Kafka => KafkaSink::new(&config.kafka, acks).map(Sink::Kafka),
+        BrokerConfig::Redis(redis) => redis::connect(redis, acks).await.map(Sink::Redis),
     }
 }
 
@@ -178,6 +185,21 @@ pub async fn read_progress(
             tokio::task::spawn_blocking(move || progress::read_last(&config, &key, timeout))
                 .await
                 .unwrap_or(Err(ProgressError::Timeout(topic)))
+        }
+        BrokerConfig::Redis(redis) => {
+            let record_key = key.record_key();
+            let place = redis::progress_place(redis, &record_key);
+            let read = tokio::time::timeout(timeout, redis::read_progress(redis, &record_key));
+            match read.await {
+                Ok(Ok(Some(value))) => parse_progress(&place, &value).map(Some),
+                Ok(Ok(None)) => Ok(None),
+                Ok(Err(e)) => Err(ProgressError::Broker(e)),
+                Err(_) => Err(ProgressError::Broker(BrokerError::new(
+                    BrokerKind::Redis,
+                    Class::Transient,
+                    format!("cannot read {place} within {timeout:?}"),
+                ))),
+            }
         }
     }
 }
