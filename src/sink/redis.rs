@@ -20,12 +20,15 @@
 //! derive the same ids) — is refused by Redis with "equal or smaller than the target stream top
 //! item", and is confirmed, not assumed: the entry with exactly that id exists (`XRANGE key id
 //! id`) → `Ok`, already delivered (counted: [`RedisSink::already_delivered`]); absent but not
-//! above the stream's `max-deleted-entry-id` (`XINFO STREAM`, Redis 7.0+) → it was delivered
-//! and trimmed (`MAXLEN`) or deleted → `Ok`; absent otherwise → a gap: another client wrote
+//! above the stream's `max-deleted-entry-id` (`XINFO STREAM`, Redis 7.0+: the highest id `XDEL`
+//! removed), or below its `recorded-first-entry-id` (the first entry kept: trimming by `MAXLEN`
+//! or `XTRIM` moves it, and leaves `max-deleted-entry-id` alone) when entries were removed
+//! (`entries-added` above `length`) → it was delivered and deleted
+//! or trimmed → `Ok`; absent otherwise → a gap: another client wrote
 //! higher ids into the stream, or an earlier failure let a later entry through → fatal
 //! (`Failure::Kafka`, exit 9), naming the stream, the id and the event, never silent.
 //! Consequences: with `redis.maxlen`, a re-sent entry trimmed since is counted as delivered (it
-//! was); another producer writing to walbox's streams with auto ids (`*`, milliseconds since
+//! was; a gap that trimming already passed can no longer be told from it); another producer writing to walbox's streams with auto ids (`*`, milliseconds since
 //! the epoch, above any LSN of a young cluster) makes walbox's next entry a gap. Two walbox
 //! processes on one slot stream one at a time (the leader lock); the second's re-sends of what
 //! the first delivered are confirmed as delivered, so consumers see each entry once.
@@ -65,8 +68,8 @@ use tokio::sync::mpsc;
 
 use super::ack::{Ack, AckQueue, DeliveryError, FailedRecord, PROGRESS_ROUTE};
 use super::redis_reply::{
-    broker_error, classify_client, classify_server, has_entry, is_id_not_above_top,
-    max_deleted_entry_id, StreamId,
+    broker_error, classify_client, classify_server, entries_removed, has_entry,
+    is_id_not_above_top, max_deleted_entry_id, recorded_first_entry_id, StreamId,
 };
 use super::silence::Silences;
 use super::{BrokerError, Publisher, SinkError};
@@ -582,12 +585,17 @@ impl Task {
             }
             let info = streams.get(&*e.stream).and_then(|&n| infos.get(n));
             let max_deleted = info.and_then(max_deleted_entry_id);
-            if max_deleted.is_some_and(|m| e.id <= m) {
+            // Below the first entry kept, only once entries were removed.
+            let first = info
+                .filter(|i| entries_removed(i))
+                .and_then(recorded_first_entry_id);
+            if max_deleted.is_some_and(|m| e.id <= m) || first.is_some_and(|f| e.id < f) {
                 self.shared
                     .already_delivered
                     .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            let first = first.map_or_else(|| "unknown".to_owned(), |f| f.to_string());
             let deleted = max_deleted.map_or_else(
                 || "unknown (XINFO STREAM gave none; Redis before 7.0?)".to_owned(),
                 |m| m.to_string(),
@@ -595,7 +603,7 @@ impl Task {
             outcomes[i] = Err(broker_error(
                 Class::Fatal(Failure::Kafka),
                 format!(
-                    "gap in redis stream {:?}: entry {} (event {}) is absent, yet the stream holds higher ids and its max-deleted-entry-id is {deleted}: another client wrote higher ids into the stream, or an earlier entry was lost; inspect the stream (XINFO STREAM) before restarting",
+                    "gap in redis stream {:?}: entry {} (event {}) is absent, yet the stream holds higher ids and its max-deleted-entry-id is {deleted} and its first entry {first}: another client wrote higher ids into the stream, or an earlier entry was lost; inspect the stream (XINFO STREAM) before restarting",
                     &*e.stream,
                     e.id,
                     String::from_utf8_lossy(&e.event_id)

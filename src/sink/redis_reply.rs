@@ -137,8 +137,35 @@ pub fn text(value: &Value) -> Option<String> {
 }
 
 /// The `max-deleted-entry-id` of an `XINFO STREAM` reply (RESP2 array of names and values, or
-/// RESP3 map); `None` when the reply has none (Redis before 7.0) or is not one.
+/// RESP3 map): the highest id `XDEL` removed (trimming does not raise it); `None` when the
+/// reply has none (Redis before 7.0) or is not one.
 pub fn max_deleted_entry_id(reply: &Value) -> Option<StreamId> {
+    info_id(reply, "max-deleted-entry-id")
+}
+
+/// The `recorded-first-entry-id` of an `XINFO STREAM` reply: the stream's first entry, which
+/// trimming (`MAXLEN`, `XTRIM`) moves up; `None` as for [`max_deleted_entry_id`].
+pub fn recorded_first_entry_id(reply: &Value) -> Option<StreamId> {
+    info_id(reply, "recorded-first-entry-id")
+}
+
+/// Whether entries left the stream (`entries-added` above `length`: trimmed or deleted), from
+/// an `XINFO STREAM` reply; `false` when it does not say.
+pub fn entries_removed(reply: &Value) -> bool {
+    let int = |field| match info_field(reply, field) {
+        Some(Value::Int(n)) => Some(*n),
+        _ => None,
+    };
+    matches!((int("entries-added"), int("length")), (Some(added), Some(len)) if added > len)
+}
+
+/// The id under `field` of an `XINFO STREAM` reply.
+fn info_id(reply: &Value, field: &str) -> Option<StreamId> {
+    StreamId::parse(&text(info_field(reply, field)?)?)
+}
+
+/// The value under `field` of an `XINFO STREAM` reply.
+fn info_field<'a>(reply: &'a Value, field: &str) -> Option<&'a Value> {
     let pairs: Vec<(&Value, &Value)> = match reply {
         Value::Array(items) => items.chunks_exact(2).map(|p| (&p[0], &p[1])).collect(),
         Value::Map(items) => items.iter().map(|(k, v)| (k, v)).collect(),
@@ -146,8 +173,8 @@ pub fn max_deleted_entry_id(reply: &Value) -> Option<StreamId> {
     };
     pairs
         .into_iter()
-        .find(|(name, _)| text(name).as_deref() == Some("max-deleted-entry-id"))
-        .and_then(|(_, value)| StreamId::parse(&text(value)?))
+        .find(|(name, _)| text(name).as_deref() == Some(field))
+        .map(|(_, value)| value)
 }
 
 /// Whether an `XRANGE` reply holds an entry.
@@ -205,6 +232,15 @@ mod tests {
             bulk("17-2"),
         ]);
         assert_eq!(max_deleted_entry_id(&resp2), Some(StreamId(17, 2)));
+        assert_eq!(recorded_first_entry_id(&resp2), None);
+        assert!(!entries_removed(&resp2));
+        let trimmed = Value::Array(vec![
+            bulk("length"),
+            Value::Int(3),
+            bulk("entries-added"),
+            Value::Int(5),
+        ]);
+        assert!(entries_removed(&trimmed));
         let resp3 = Value::Map(vec![(bulk("max-deleted-entry-id"), bulk("0-0"))]);
         assert_eq!(max_deleted_entry_id(&resp3), Some(StreamId(0, 0)));
         assert_eq!(max_deleted_entry_id(&Value::Nil), None);
