@@ -318,3 +318,82 @@ async fn a_killed_server_fails_what_it_did_not_acknowledge_and_keeps_what_it_did
     );
     assert_eq!(xlen(&redis, stream), events.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walbox_check_reports_reachability_version_persistence_acl_and_progress() {
+    let Some(redis) = redis() else { return };
+    let stream = unique("checked");
+    let user = unique("check_user");
+    // May write only its progress keys: XADD on the stream is refused.
+    redis
+        .command(&["ACL", "SETUSER", &user, "on", ">pw", "~walbox:*", "+@all"])
+        .unwrap();
+    let load = |user: Option<&str>| {
+        let mut vars = vec![
+            (
+                "WALBOX_POSTGRES_URL".to_owned(),
+                "postgres://walbox@localhost/app".to_owned(),
+            ),
+            ("WALBOX_REDIS_URL".to_owned(), redis.url()),
+            ("WALBOX_OUTBOX_TOPIC".to_owned(), stream.clone()),
+        ];
+        if let Some(user) = user {
+            vars.push(("WALBOX_REDIS_USER".to_owned(), user.to_owned()));
+            vars.push(("WALBOX_REDIS_PASSWORD".to_owned(), "pw".to_owned()));
+        }
+        walbox::config::load_from(None, &mut vars.into_iter()).expect("config")
+    };
+    let status = |checks: &[walbox::preflight::Check], name: &str| {
+        checks
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("{name} in {checks:?}"))
+            .clone()
+    };
+    use walbox::preflight::Status;
+    let config = load(None);
+    let walbox::config::BrokerConfig::Redis(r) = &config.broker else {
+        panic!("the broker is redis")
+    };
+    let checks = walbox::preflight::redis::checks(&config, r).await;
+    assert_eq!(
+        status(&checks, "redis server").status,
+        Status::Ok,
+        "{checks:?}"
+    );
+    assert_eq!(status(&checks, "redis version").status, Status::Ok);
+    // The shared server keeps no append-only file.
+    let persistence = status(&checks, "redis persistence");
+    assert_eq!(persistence.status, Status::Warn);
+    assert!(
+        persistence.detail.contains("appendonly no"),
+        "{persistence:?}"
+    );
+    let xadd = format!("redis stream {stream}");
+    assert_eq!(status(&checks, &xadd).status, Status::Ok, "{checks:?}");
+    assert_eq!(
+        status(&checks, "redis progress key").status,
+        Status::Ok,
+        "{checks:?}"
+    );
+
+    let config = load(Some(&user));
+    let walbox::config::BrokerConfig::Redis(r) = &config.broker else {
+        panic!("the broker is redis")
+    };
+    let checks = walbox::preflight::redis::checks(&config, r).await;
+    let refused = status(&checks, &xadd);
+    assert_eq!(refused.status, Status::Fail, "{checks:?}");
+    assert!(refused.fix.unwrap().contains("+xadd"), "{checks:?}");
+    assert_eq!(
+        status(&checks, "redis progress key").status,
+        Status::Ok,
+        "{checks:?}"
+    );
+
+    let mut wrong = r.clone();
+    wrong.password = Some(walbox::config::secret::Secret::new("nope".into()));
+    let checks = walbox::preflight::redis::checks(&config, &wrong).await;
+    assert_eq!(status(&checks, "redis server").status, Status::Fail);
+    assert_eq!(status(&checks, "redis version").status, Status::Skipped);
+}
