@@ -66,13 +66,14 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, Value};
 use tokio::sync::mpsc;
 
+use super::ack::BrokerError;
 use super::ack::{Ack, AckQueue, DeliveryError, FailedRecord, PROGRESS_ROUTE};
 use super::redis_reply::{
     broker_error, classify_client, classify_server, entries_removed, has_entry,
     is_id_not_above_top, max_deleted_entry_id, recorded_first_entry_id, StreamId,
 };
 use super::silence::Silences;
-use super::{BrokerError, Publisher, SinkError};
+use super::{Publisher, SinkError};
 use crate::config::{BrokerKind, RedisConfig};
 use crate::failure::{Class, Failure};
 use crate::outbox::{Headers, OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER};
