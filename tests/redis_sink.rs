@@ -397,3 +397,29 @@ async fn walbox_check_reports_reachability_version_persistence_acl_and_progress(
     assert_eq!(status(&checks, "redis server").status, Status::Fail);
     assert_eq!(status(&checks, "redis version").status, Status::Skipped);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_publishes_over_tls_verified_by_the_configured_ca() {
+    let Some(redis) = own_redis(RedisOptions {
+        tls: true,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let (url, ca) = (redis.tls_url().unwrap(), redis.ca_file().unwrap());
+    let mut config = RedisConfig::for_url(url.clone());
+    config.tls_ca = Some(std::fs::read(ca).unwrap());
+    let queue = Arc::new(AckQueue::default());
+    let sink = connect(&config, queue.clone())
+        .await
+        .expect("TLS with the CA");
+    send_all(&sink, &[event("tls", 7, 0)], 0).await;
+    assert!(acks(&queue, 1).await[0].result.is_ok());
+    assert_eq!(xlen(&redis, "tls"), 1);
+    // The system's roots do not know the sandbox's CA: refused.
+    let e = connect(&RedisConfig::for_url(url), Arc::default())
+        .await
+        .err()
+        .expect("an unknown CA is refused");
+    assert!(e.to_string().contains("redis"), "{e}");
+}

@@ -4,8 +4,9 @@
 //! Invariants (checked by [`RawRedis::validate`]): `url` is a `redis://` URL without a
 //! password (the password comes from `password_file`, `password` or `WALBOX_REDIS_PASSWORD`,
 //! and is held as a [`Secret`]); no message quotes the URL (it may embed a password);
-//! `rediss://` (TLS) is refused until this build has a TLS client; `maxlen`, when set, is at
-//! least 1; `wait_timeout` is at least 1ms when `wait_replicas` is set.
+//! `rediss://` is TLS (rustls), verifying the server against `tls_ca_file` (PEM, read when the
+//! configuration is loaded) or the system's roots, and `tls_ca_file` without `rediss://` is
+//! refused; `maxlen`, when set, is at least 1; `wait_timeout` is at least 1ms.
 
 use std::fmt;
 use std::time::Duration;
@@ -24,8 +25,11 @@ pub const DEFAULT_PROGRESS_KEY_PREFIX: &str = "walbox:progress:";
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRedis {
-    /// `redis://host:6379/0`.
+    /// `redis://host:6379/0`, or `rediss://` for TLS.
     pub url: Option<String>,
+    /// PEM file of the CA that signed the server's certificate (`rediss://`); without it, the
+    /// system's roots.
+    pub tls_ca_file: Option<String>,
     /// ACL user (`AUTH <user> <password>`); without it, the `default` user.
     pub user: Option<String>,
     /// The password (usually from `password_file`).
@@ -58,8 +62,11 @@ impl fmt::Debug for RawRedis {
 /// Validated `[redis]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// `redis://host:port/db`, without credentials.
+    /// `redis://host:port/db` (or `rediss://`), without credentials.
     pub url: String,
+    /// The CA certificates (PEM) that verify the server of a `rediss://` URL; `None`: the
+    /// system's roots.
+    pub tls_ca: Option<Vec<u8>>,
     /// ACL user; `None`: the `default` user.
     pub user: Option<String>,
     /// The password (redacted in `Debug`).
@@ -81,6 +88,7 @@ impl RedisConfig {
     pub fn for_url(url: impl Into<String>) -> Self {
         RedisConfig {
             url: url.into(),
+            tls_ca: None,
             user: None,
             password: None,
             progress_key_prefix: DEFAULT_PROGRESS_KEY_PREFIX.to_owned(),
@@ -96,6 +104,7 @@ impl RawRedis {
     /// The settings of `[redis]`.
     pub(super) const SETTINGS: &'static [Setting] = &[
         (&["redis"], "url", Kind::Str),
+        (&["redis"], "tls_ca_file", Kind::Str),
         (&["redis"], "user", Kind::Str),
         (&["redis"], "password", Kind::Str),
         (&["redis"], "progress_key_prefix", Kind::Str),
@@ -116,6 +125,17 @@ impl RawRedis {
             )
         })?;
         check_url(&url)?;
+        let tls_ca = match &self.tls_ca_file {
+            None => None,
+            Some(_) if !url.starts_with("rediss://") => {
+                return Err(ConfigError::Invalid(
+                    "redis.tls_ca_file applies to rediss:// URLs only: use rediss:// in redis.url, or remove it".into(),
+                ))
+            }
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                ConfigError::Invalid(format!("redis.tls_ca_file: cannot read {path}: {e}"))
+            })?),
+        };
         if self.user.as_deref().is_some_and(str::is_empty) {
             return Err(ConfigError::Invalid(
                 "redis.user must not be empty; remove it to use the default user".into(),
@@ -158,6 +178,7 @@ impl RawRedis {
         }
         Ok(RedisConfig {
             url,
+            tls_ca,
             user: self.user,
             password: self.password.map(Secret::new),
             progress_key_prefix,
@@ -169,18 +190,21 @@ impl RawRedis {
     }
 }
 
-/// `url` is `redis://[user@]host[:port][/db]`, without a password. Never quoted in a message.
+/// `url` is `redis[s]://host[:port][/db]`, without a user or password. Never quoted in a message.
 fn check_url(url: &str) -> Result<(), ConfigError> {
-    if url.starts_with("rediss://") {
+    let Some(rest) = url
+        .strip_prefix("redis://")
+        .or_else(|| url.strip_prefix("rediss://"))
+    else {
         return Err(ConfigError::Invalid(
-            "redis.url: rediss:// (TLS) is not supported by this build; use redis:// on a trusted network or a TLS tunnel".into(),
-        ));
-    }
-    let Some(rest) = url.strip_prefix("redis://") else {
-        return Err(ConfigError::Invalid(
-            "redis.url must start with redis:// (redis://host:6379/0)".into(),
+            "redis.url must start with redis:// (redis://host:6379/0), or rediss:// for TLS".into(),
         ));
     };
+    if url.contains("#insecure") {
+        return Err(ConfigError::Invalid(
+            "redis.url: #insecure would skip verifying the server's certificate; set redis.tls_ca_file to the CA that signed it".into(),
+        ));
+    }
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     if let Some((userinfo, _)) = authority.rsplit_once('@') {
         if userinfo.contains(':') {
@@ -222,7 +246,24 @@ mod tests {
         let cases: &[(RawRedis, &str)] = &[
             (RawRedis::default(), "redis.url is required"),
             (raw("http://h:6379"), "redis.url must start with redis://"),
-            (raw("rediss://h:6379"), "rediss:// (TLS) is not supported"),
+            (
+                raw("rediss://h:6379/#insecure"),
+                "#insecure would skip verifying",
+            ),
+            (
+                RawRedis {
+                    tls_ca_file: Some("/ca.pem".into()),
+                    ..raw("redis://h")
+                },
+                "redis.tls_ca_file applies to rediss:// URLs only",
+            ),
+            (
+                RawRedis {
+                    tls_ca_file: Some("/nonexistent/ca.pem".into()),
+                    ..raw("rediss://h")
+                },
+                "redis.tls_ca_file: cannot read /nonexistent/ca.pem",
+            ),
             (
                 raw("redis://:s3cret@h:6379/0"),
                 "must not contain a password: remove it from the URL and set redis.password_file",
@@ -269,6 +310,7 @@ mod tests {
         for (raw, message) in cases {
             let e = RawRedis {
                 url: raw.url.clone(),
+                tls_ca_file: raw.tls_ca_file.clone(),
                 user: raw.user.clone(),
                 password: raw.password.clone(),
                 progress_key_prefix: raw.progress_key_prefix.clone(),

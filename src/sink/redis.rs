@@ -166,7 +166,17 @@ pub async fn open(
         settings = settings.set_password(password.expose());
     }
     let info = info.set_redis_settings(settings);
-    let client = Client::open(info).map_err(|e| classify_client(&e, &at, "connect", ""))?;
+    let client = match &config.tls_ca {
+        Some(ca) => Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.clone()),
+            },
+        ),
+        None => Client::open(info),
+    }
+    .map_err(|e| classify_client(&e, &at, "connect", ""))?;
     let options = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(config.timeout))
         .set_response_timeout(Some(reply));
