@@ -423,3 +423,89 @@ async fn rediss_publishes_over_tls_verified_by_the_configured_ca() {
         .expect("an unknown CA is refused");
     assert!(e.to_string().contains("redis"), "{e}");
 }
+
+/// Out of memory: the refused event and every later one fail (transient), later ones without
+/// being sent, until the refused one comes again; then they are published, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_transient_refusal_nothing_later_is_published_until_the_resend() {
+    let Some(redis) = own_redis(RedisOptions::default()) else {
+        return;
+    };
+    let stream = "oom";
+    let (sink, queue) = sink_for(redis.url()).await;
+    send_all(&sink, &[event(stream, 10, 0)], 0).await;
+    assert!(acks(&queue, 1).await[0].result.is_ok());
+    redis.command(&["CONFIG", "SET", "maxmemory", "1"]).unwrap();
+    let events: Vec<OutboxEvent> = (11..=20).map(|i| event(stream, i, 0)).collect();
+    send_all(&sink, &events[..5], 1).await;
+    let failed = acks(&queue, 5).await;
+    assert!(
+        failed.iter().all(|a| class(a) == Some(Class::Transient)),
+        "{failed:?}"
+    );
+    let first = failed[0].result.as_ref().unwrap_err().to_string();
+    assert!(
+        first.contains("OOM") && first.contains("maxmemory"),
+        "{first}"
+    );
+    redis.command(&["CONFIG", "SET", "maxmemory", "0"]).unwrap();
+    // Sent by the failed session before it saw the failure: not published.
+    send_all(&sink, &events[5..7], 6).await;
+    let held = acks(&queue, 2).await;
+    assert!(
+        held.iter().all(|a| class(a) == Some(Class::Transient)),
+        "{held:?}"
+    );
+    assert!(held[0]
+        .result
+        .as_ref()
+        .unwrap_err()
+        .to_string()
+        .contains("an earlier record (entry 11-0) failed"));
+    assert_eq!(
+        xlen(&redis, stream),
+        1,
+        "nothing overtook the refused event"
+    );
+    // The next session re-sends from the refused event.
+    send_all(&sink, &events, 100).await;
+    assert!(acks(&queue, 10).await.iter().all(|a| a.result.is_ok()));
+    assert_eq!(xlen(&redis, stream), 11);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_or_a_forbidden_key_is_fatal_with_what_to_fix() {
+    let Some(shared) = redis() else { return };
+    let (stream, user) = (unique("forbidden"), unique("no_xadd"));
+    shared
+        .command(&["ACL", "SETUSER", &user, "on", ">pw", "~*", "+@all", "-xadd"])
+        .unwrap();
+    let mut config = RedisConfig::for_url(shared.url());
+    config.user = Some(user);
+    config.password = Some(walbox::config::secret::Secret::new("pw".into()));
+    let queue = Arc::new(AckQueue::default());
+    let sink = connect(&config, queue.clone()).await.unwrap();
+    send_all(&sink, &[event(&stream, 3, 0)], 0).await;
+    let ack = acks(&queue, 1).await.remove(0);
+    assert_eq!(class(&ack), Some(Class::Fatal(Failure::Kafka)));
+    let message = ack.result.unwrap_err().to_string();
+    assert!(
+        message.contains("NOPERM") && message.contains("XADD") && message.contains(&stream),
+        "{message}"
+    );
+
+    let Some(replica) = own_redis(RedisOptions::default()) else {
+        return;
+    };
+    let port = shared.port().to_string();
+    replica.command(&["REPLICAOF", "127.0.0.1", &port]).unwrap();
+    let (sink, queue) = sink_for(replica.url()).await;
+    send_all(&sink, &[event(&stream, 4, 0)], 0).await;
+    let ack = acks(&queue, 1).await.remove(0);
+    assert_eq!(class(&ack), Some(Class::Fatal(Failure::Kafka)));
+    let message = ack.result.unwrap_err().to_string();
+    assert!(
+        message.contains("point redis.url at the primary"),
+        "{message}"
+    );
+}
