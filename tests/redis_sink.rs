@@ -391,6 +391,22 @@ async fn walbox_check_reports_reachability_version_persistence_acl_and_progress(
         "{checks:?}"
     );
 
+    // XADD, but not XINFO: re-sent entries could not be confirmed.
+    let reader = unique("no_xinfo");
+    redis
+        .command(&[
+            "ACL", "SETUSER", &reader, "on", ">pw", "~*", "+@all", "-xinfo",
+        ])
+        .unwrap();
+    let config = load(Some(&reader));
+    let walbox::config::BrokerConfig::Redis(r) = &config.broker else {
+        panic!("the broker is redis")
+    };
+    let checks = walbox::preflight::redis::checks(&config, r).await;
+    let refused = status(&checks, &xadd);
+    assert_eq!(refused.status, Status::Fail, "{checks:?}");
+    assert!(refused.fix.unwrap().contains("+xinfo|stream"), "{checks:?}");
+
     let mut wrong = r.clone();
     wrong.password = Some(walbox::config::secret::Secret::new("nope".into()));
     let checks = walbox::preflight::redis::checks(&config, &wrong).await;

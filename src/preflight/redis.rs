@@ -187,9 +187,7 @@ async fn xadd_permitted(conn: &mut MultiplexedConnection, stream: &str, who: &st
         .arg("")
         .clone();
     match query(conn, &probe).await {
-        Err(e) if e.contains("greater than 0-0") => {
-            Check::ok(stream_check(stream), "XADD permitted")
-        }
+        Err(e) if e.contains("greater than 0-0") => confirm_permitted(conn, stream, who).await,
         Err(e) if e.starts_with("NOPERM") => Check::fail(
             stream_check(stream),
             format!("XADD refused for user {who:?}: {e}"),
@@ -206,6 +204,44 @@ async fn xadd_permitted(conn: &mut MultiplexedConnection, stream: &str, who: &st
             "check the server is Redis 7.0 or later",
         ),
     }
+}
+
+/// `XRANGE` and `XINFO STREAM`, which confirm a re-sent entry: read-only probes (`XINFO` of a
+/// stream not created yet answers "no such key", after the ACL check).
+async fn confirm_permitted(conn: &mut MultiplexedConnection, stream: &str, who: &str) -> Check {
+    let probes = [
+        (
+            "XRANGE",
+            redis::cmd("XRANGE")
+                .arg(stream)
+                .arg("0-0")
+                .arg("0-0")
+                .clone(),
+        ),
+        (
+            "XINFO STREAM",
+            redis::cmd("XINFO").arg("STREAM").arg(stream).clone(),
+        ),
+    ];
+    for (name, probe) in &probes {
+        match query(conn, probe).await {
+            Err(e) if e.starts_with("NOPERM") => {
+                return Check::fail(
+                    stream_check(stream),
+                    format!("XADD permitted, {name} refused for user {who:?} ({e}): walbox confirms re-sent entries with XRANGE and XINFO STREAM"),
+                    format!("ACL SETUSER {who} +xrange +xinfo|stream ~{stream}"),
+                )
+            }
+            Err(e) if !e.contains("no such key") => {
+                return Check::fail(stream_check(stream), format!("{name} probe failed: {e}"), "see the message")
+            }
+            _ => {}
+        }
+    }
+    Check::ok(
+        stream_check(stream),
+        "XADD, XRANGE and XINFO STREAM permitted",
+    )
 }
 
 /// Writes, reads back and deletes a scratch key under `progress_key_prefix`.

@@ -595,6 +595,11 @@ impl Task {
                 continue;
             }
             let info = streams.get(&*e.stream).and_then(|&n| infos.get(n));
+            if let Some(Value::ServerError(err)) = info {
+                let detail = err.details().unwrap_or("");
+                outcomes[i] = Err(classify_server(err.code(), detail, "XINFO", &e.stream));
+                continue;
+            }
             let max_deleted = info.and_then(max_deleted_entry_id);
             // Below the first entry kept, only once entries were removed.
             let first = info
