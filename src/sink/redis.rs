@@ -18,20 +18,36 @@
 //! the order walbox publishes (commit order), so every stream's ids increase. An event sent
 //! again — after a walbox crash, a transient failure, or by a standby taking over the slot (both
 //! derive the same ids) — is refused by Redis with "equal or smaller than the target stream top
-//! item", and is confirmed, not assumed: the entry with exactly that id exists (`XRANGE key id
-//! id`) → `Ok`, already delivered (counted: [`RedisSink::already_delivered`]); absent but not
-//! above the stream's `max-deleted-entry-id` (`XINFO STREAM`, Redis 7.0+: the highest id `XDEL`
-//! removed), or below its `recorded-first-entry-id` (the first entry kept: trimming by `MAXLEN`
-//! or `XTRIM` moves it, and leaves `max-deleted-entry-id` alone) when entries were removed
-//! (`entries-added` above `length`) → it was delivered and deleted
-//! or trimmed → `Ok`; absent otherwise → a gap: another client wrote
-//! higher ids into the stream, or an earlier failure let a later entry through → fatal
-//! (`Failure::Kafka`, exit 9), naming the stream, the id and the event, never silent.
-//! Consequences: with `redis.maxlen`, a re-sent entry trimmed since is counted as delivered (it
-//! was; a gap that trimming already passed can no longer be told from it); another producer writing to walbox's streams with auto ids (`*`, milliseconds since
-//! the epoch, above any LSN of a young cluster) makes walbox's next entry a gap. Two walbox
-//! processes on one slot stream one at a time (the leader lock); the second's re-sends of what
-//! the first delivered are confirmed as delivered, so consumers see each entry once.
+//! item", and is confirmed, not assumed:
+//! - the entry with exactly that id exists (`XRANGE key id id`) → `Ok`, already delivered
+//!   (counted: [`RedisSink::already_delivered`]);
+//! - absent, but not above the stream's `max-deleted-entry-id` (`XINFO STREAM`, Redis 7.0+: the
+//!   highest id `XDEL` removed), or below its `recorded-first-entry-id` once entries were
+//!   removed (`entries-added` above `length`: trimming by `MAXLEN` or `XTRIM` moves the first
+//!   entry and leaves `max-deleted-entry-id` alone) → delivered, then deleted or trimmed → `Ok`;
+//! - absent otherwise → a gap: another client wrote higher ids into the stream, or an earlier
+//!   failure let a later entry through → fatal (`Failure::Kafka`, exit 9), naming the stream,
+//!   the id and the event; never silent.
+//!
+//! Consequences. With `redis.maxlen`, a re-sent entry trimmed since counts as delivered (it
+//! was); a gap that trimming has already passed can no longer be told from that. Another
+//! producer writing to walbox's streams with automatic ids (`*`: milliseconds since the epoch,
+//! above any LSN of a young cluster) makes walbox's next entry a gap. A stream deleted whole
+//! (`DEL`) takes any id again: a re-send then duplicates. Two walbox processes on one slot stream
+//! one at a time (the leader lock); the second's re-sends of what the first delivered are
+//! confirmed as delivered, so consumers see each entry once. With `redis.wait_replicas`, a
+//! re-sent entry confirmed on the primary is not waited for again.
+//!
+//! # Progress records
+//! A string key per slot, `SET <progress_key_prefix><system id>/<database>/<slot> <json>`: the
+//! last write wins, as on Kafka's compacted topic, `GET` reads it in one round trip, and no
+//! stream trimming reaches it. The records go through the same queue and pipeline as the events
+//! (their acks on [`PROGRESS_ROUTE`]); a failed event does not hold them back. An eviction policy
+//! other than `noeviction`, or an expiry someone sets, could remove them (`walbox check` warns).
+//!
+//! # TLS
+//! `rediss://` connects with rustls (ring), verifying the server's name and certificate
+//! against `redis.tls_ca_file` or the system's roots.
 //!
 //! # Ordering under pipelining
 //! One connection, one task: records are taken from a bounded queue in `send` order and written
