@@ -6,8 +6,8 @@
 //!   password, protected mode off, no RDB snapshots (`save ""`).
 //! - Cleanup: dropping it kills the server and removes the directory; with
 //!   [`RedisOptions::watchdog`] the same happens once this process is gone.
-//! - What survives [`RedisServer::restart`] (and [`RedisServer::kill`] then
-//!   [`RedisServer::start_again`]): with [`RedisOptions::appendonly`], every write the server
+//! - What survives [`RedisServer::restart`](Server::restart) (and [`RedisServer::kill`](Server::kill) then
+//!   [`RedisServer::start_again`](Server::start_again)): with [`RedisOptions::appendonly`], every write the server
 //!   acknowledged (`appendfsync always`); without it, nothing. Port and directory stay.
 //! - [`RedisServer::start`] returns once the server answers `PING` with `+PONG`.
 //! - With [`RedisOptions::tls`], the server also listens with TLS on a port of its own
