@@ -35,6 +35,7 @@ mod progress_topic;
 mod promotion;
 mod publication;
 mod recovery;
+mod redis_sink;
 mod relay;
 mod retention;
 mod routing;

@@ -166,6 +166,9 @@ pub async fn republish(
             };
             let checked = match &sink {
                 Sink::Kafka(kafka) => topics.ensure(kafka, &event.topic).await,
+                // Destinations of the other brokers need no creation: a refusal is the
+                // record's, on delivery.
+                _ => Ok(()),
             };
             if let Err(e) = checked {
                 let id = String::from_utf8_lossy(&event.id).into_owned();

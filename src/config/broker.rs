@@ -7,6 +7,7 @@ use std::fmt;
 use super::env::EnvLayout;
 use super::error::ConfigError;
 use super::kafka::{KafkaConfig, RawKafka};
+use super::redis::RedisConfig;
 
 /// A broker walbox publishes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +47,8 @@ pub enum BrokerConfig {
     /// `[kafka]`.
     #[default]
     Kafka,
+    /// `[redis]`: Redis Streams.
+    Redis(RedisConfig),
 }
 
 impl BrokerConfig {
@@ -53,6 +56,7 @@ impl BrokerConfig {
     pub fn kind(&self) -> BrokerKind {
         match self {
             BrokerConfig::Kafka => BrokerKind::Kafka,
+            BrokerConfig::Redis(_) => BrokerKind::Redis,
         }
     }
 }

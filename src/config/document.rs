@@ -25,6 +25,7 @@ use super::layers::read_document;
 use super::log::{LogConfig, RawLog, LOG_ENV};
 use super::outbox::{self, OutboxConfig, RawOutbox};
 use super::postgres::{PostgresConfig, RawPgConnection, RawPostgres};
+use super::redis::RawRedis;
 use super::relay::{RawRelay, RelayConfig};
 use super::retention::RawRetention;
 use super::slot::{RawSlot, SlotConfig};
@@ -42,6 +43,9 @@ pub struct RawConfig {
     /// `[kafka]`
     #[serde(default)]
     pub kafka: RawKafka,
+    /// `[redis]`: publish to Redis Streams instead of Kafka.
+    #[serde(default)]
+    pub redis: Option<RawRedis>,
     /// `[relay]`
     #[serde(default)]
     pub relay: RawRelay,
@@ -92,6 +96,7 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
         RawRetention::SETTINGS,
         RawKafkaConnection::SETTINGS,
         RawKafka::SETTINGS,
+        RawRedis::SETTINGS,
         RawRelay::SETTINGS,
         RawSlot::SETTINGS,
         RawAlerts::SETTINGS,
@@ -102,6 +107,7 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
         RawPgConnection::SECRETS,
         RawPostgres::SECRETS,
         RawAlerts::SECRETS,
+        RawRedis::SECRETS,
     ],
     // The config file (clap reads it) and the log filter override (main reads it).
     accepted: &["WALBOX_CONFIG", LOG_ENV],
@@ -144,7 +150,10 @@ impl RawConfig {
         let postgres = self.postgres.validate(&LAYOUT)?;
         let outbox = self.outbox.validate()?;
         // Each broker section present (`[kafka]` is the default).
-        let others = Vec::new();
+        let mut others = Vec::new();
+        if let Some(redis) = self.redis {
+            others.push(BrokerConfig::Redis(redis.validate()?));
+        }
         let (mut kafka, broker) = broker::choose(self.kafka, others, postgres.shards, &LAYOUT)?;
         let relay = self.relay.validate()?;
         let slot = self.slot.validate()?;

@@ -24,6 +24,7 @@ use crate::config::{BrokerConfig, Config};
 
 pub mod kafka;
 pub mod postgres;
+pub mod redis;
 pub mod tables;
 
 /// A check's outcome.
@@ -179,6 +180,7 @@ pub async fn run(config: &Config) -> Report {
     let mut checks = postgres::checks(config).await;
     match &config.broker {
         BrokerConfig::Kafka => checks.extend(kafka::checks(config).await),
+        BrokerConfig::Redis(r) => checks.extend(redis::checks(config, r).await),
     }
     Report { checks }
 }

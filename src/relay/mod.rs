@@ -102,6 +102,7 @@ pub fn progress_place(broker: &BrokerConfig, kafka: &KafkaConfig, key: &Progress
             let _ = key;
             format!("kafka topic {:?}", kafka.progress_topic)
         }
+        BrokerConfig::Redis(redis) => crate::sink::redis::progress_place(redis, &key.record_key()),
     }
 }
 
@@ -491,6 +492,9 @@ impl Relay {
     fn txn_sink(&self) -> &KafkaSink {
         match &self.sink {
             Sink::Kafka(k) => k,
+            Sink::Redis(_) => {
+                unreachable!("the configuration refuses kafka.exactly_once with [redis]")
+            }
         }
     }
 

@@ -68,6 +68,8 @@ impl Relay {
     ) -> Result<(), RelayError> {
         let checked = match &self.sink {
             Sink::Kafka(sink) => self.topics.ensure(sink, &event.topic).await,
+            // A stream is created by its first XADD.
+            Sink::Redis(_) => Ok(()),
         };
         if let Err(error) = checked {
             let id = String::from_utf8_lossy(&event.id);

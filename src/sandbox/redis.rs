@@ -6,17 +6,22 @@
 //!   password, protected mode off, no RDB snapshots (`save ""`).
 //! - Cleanup: dropping it kills the server and removes the directory; with
 //!   [`RedisOptions::watchdog`] the same happens once this process is gone.
-//! - What survives [`RedisServer::restart`] (and [`RedisServer::kill`] then
-//!   [`RedisServer::start_again`]): with [`RedisOptions::appendonly`], every write the server
+//! - What survives [`RedisServer::restart`](Server::restart) (and [`RedisServer::kill`](Server::kill) then
+//!   [`RedisServer::start_again`](Server::start_again)): with [`RedisOptions::appendonly`], every write the server
 //!   acknowledged (`appendfsync always`); without it, nothing. Port and directory stay.
 //! - [`RedisServer::start`] returns once the server answers `PING` with `+PONG`.
+//! - With [`RedisOptions::tls`], the server also listens with TLS on a port of its own
+//!   ([`RedisServer::tls_url`]), its certificate (for `localhost` and `127.0.0.1`) signed by a
+//!   fresh CA ([`RedisServer::ca_file`]); clients need no certificate. The plain port stays, for
+//!   the readiness probe and [`RedisServer::command`].
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::daemon::{find_program, free_port, Daemon, Result, Server};
+use super::daemon::{find_program, free_port, Daemon, DaemonError, Result, Server};
+use super::tls::issue_cert;
 
 /// How long the server may take to answer `PING`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -30,23 +35,55 @@ pub struct RedisOptions {
     /// Also spawn a detached watchdog that kills the server and removes its directory once
     /// this process is gone. Set it for servers that are never dropped, e.g. kept in a `static`.
     pub watchdog: bool,
+    /// Also listen with TLS (see the module docs).
+    pub tls: bool,
 }
 
 /// A running throwaway Redis server; see the [module docs](self).
 #[derive(Debug)]
-pub struct RedisServer(Server);
+pub struct RedisServer {
+    server: Server,
+    /// The TLS port and the CA file, with [`RedisOptions::tls`].
+    tls: Option<(u16, PathBuf)>,
+}
 
 impl std::ops::Deref for RedisServer {
     type Target = Server;
     fn deref(&self) -> &Server {
-        &self.0
+        &self.server
     }
 }
 
 impl std::ops::DerefMut for RedisServer {
     fn deref_mut(&mut self) -> &mut Server {
-        &mut self.0
+        &mut self.server
     }
+}
+
+/// The CA, and the server's certificate and key, in `daemon`'s directory: `redis.conf` lines.
+fn tls_config(daemon: &Daemon, port: u16) -> Result<(String, PathBuf)> {
+    let failed = |e: openssl::error::ErrorStack| {
+        DaemonError::Command(
+            "issue TLS certificates".into(),
+            "openssl".into(),
+            e.to_string(),
+        )
+    };
+    let (ca, ca_key) = issue_cert("walbox test Redis CA", None).map_err(failed)?;
+    let (cert, key) = issue_cert("localhost", Some((&ca, &ca_key))).map_err(failed)?;
+    let ca_file = daemon.write("ca.crt", &ca.to_pem().map_err(failed)?)?;
+    let cert_file = daemon.write("server.crt", &cert.to_pem().map_err(failed)?)?;
+    let key_file = daemon.write(
+        "server.key",
+        &key.private_key_to_pem_pkcs8().map_err(failed)?,
+    )?;
+    let config = format!(
+        "tls-port {port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients no\n",
+        quote(&cert_file),
+        quote(&key_file),
+        quote(&ca_file),
+    );
+    Ok((config, ca_file))
 }
 
 impl RedisServer {
@@ -56,8 +93,16 @@ impl RedisServer {
         let mut daemon = Daemon::new("Redis", "walbox-redis.", program)?;
         let port = free_port()?;
         let appendonly = if opts.appendonly { "yes" } else { "no" };
+        let mut tls = None;
+        let mut tls_lines = String::new();
+        if opts.tls {
+            let tls_port = free_port()?;
+            let (lines, ca_file) = tls_config(&daemon, tls_port)?;
+            tls_lines = lines;
+            tls = Some((tls_port, ca_file));
+        }
         let config = format!(
-            "bind 127.0.0.1\nport {port}\nprotected-mode no\ndaemonize no\n\
+            "{tls_lines}bind 127.0.0.1\nport {port}\nprotected-mode no\ndaemonize no\n\
              dir {dir}\nsave \"\"\nappendonly {appendonly}\nappendfsync always\n\
              logfile \"\"\nloglevel notice\n",
             dir = quote(daemon.root()),
@@ -67,17 +112,27 @@ impl RedisServer {
         if opts.watchdog {
             daemon.spawn_watchdog()?;
         }
-        Ok(RedisServer(Server::start(
-            daemon,
-            port,
-            ping,
-            START_TIMEOUT,
-        )?))
+        Ok(RedisServer {
+            server: Server::start(daemon, port, ping, START_TIMEOUT)?,
+            tls,
+        })
     }
 
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port())
+    }
+
+    /// `rediss://localhost:<TLS port>`, with [`RedisOptions::tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls
+            .as_ref()
+            .map(|(port, _)| format!("rediss://localhost:{port}"))
+    }
+
+    /// The PEM file of the CA that signed the server's TLS certificate.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|(_, ca)| ca.as_path())
     }
 
     /// Sends one command (`args`, as a RESP array of bulk strings) and returns the raw reply,

@@ -24,6 +24,8 @@ pub mod ack;
 pub mod kafka;
 pub mod progress;
 mod publisher;
+pub mod redis;
+pub mod redis_reply;
 pub mod silence;
 pub mod topics;
 pub mod transaction;
@@ -47,6 +49,8 @@ use progress::{ProgressError, ProgressKey, ProgressRecord};
 pub enum Sink {
     /// Kafka, through librdkafka.
     Kafka(KafkaSink),
+    /// Redis Streams.
+    Redis(redis::RedisSink),
 }
 
 impl Sink {
@@ -54,12 +58,14 @@ impl Sink {
     pub fn kafka(&self) -> Option<&KafkaSink> {
         match self {
             Sink::Kafka(k) => Some(k),
+            Sink::Redis(_) => None,
         }
     }
 
     fn publisher(&self) -> &dyn Publisher {
         match self {
             Sink::Kafka(k) => k,
+            Sink::Redis(r) => r,
         }
     }
 }
@@ -101,6 +107,7 @@ impl Publisher for Sink {
 pub async fn connect(config: &Config, acks: Arc<AckQueue>) -> Result<Sink, SinkError> {
     match &config.broker {
         BrokerConfig::Kafka => KafkaSink::new(&config.kafka, acks).map(Sink::Kafka),
+        BrokerConfig::Redis(redis) => redis::connect(redis, acks).await.map(Sink::Redis),
     }
 }
 
@@ -120,6 +127,21 @@ pub async fn read_progress(
             tokio::task::spawn_blocking(move || progress::read_last(&config, &key, timeout))
                 .await
                 .unwrap_or(Err(ProgressError::Timeout(topic)))
+        }
+        BrokerConfig::Redis(redis) => {
+            let record_key = key.record_key();
+            let place = redis::progress_place(redis, &record_key);
+            let read = tokio::time::timeout(timeout, redis::read_progress(redis, &record_key));
+            match read.await {
+                Ok(Ok(Some(value))) => parse_progress(&place, &value).map(Some),
+                Ok(Ok(None)) => Ok(None),
+                Ok(Err(e)) => Err(ProgressError::Broker(e)),
+                Err(_) => Err(ProgressError::Broker(BrokerError::new(
+                    BrokerKind::Redis,
+                    Class::Transient,
+                    format!("cannot read {place} within {timeout:?}"),
+                ))),
+            }
         }
     }
 }
@@ -143,6 +165,14 @@ pub async fn reset_progress(
             })
             .await
             .unwrap_or(Err(ProgressError::Timeout(topic)))
+        }
+        _ => {
+            let lineage = progress::Lineage {
+                timeline,
+                slot_floor: at,
+            };
+            let record = ProgressRecord::new(key, lineage, at, None);
+            publish_progress(config, key, &record, timeout).await
         }
     }
 }
