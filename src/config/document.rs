@@ -23,6 +23,7 @@ use super::http::RawHttp;
 use super::kafka::{KafkaConfig, RawKafka, RawKafkaConnection};
 use super::layers::read_document;
 use super::log::{LogConfig, RawLog, LOG_ENV};
+use super::nats::RawNats;
 use super::outbox::{self, OutboxConfig, RawOutbox};
 use super::postgres::{PostgresConfig, RawPgConnection, RawPostgres};
 use super::relay::{RawRelay, RelayConfig};
@@ -57,6 +58,9 @@ pub struct RawConfig {
     /// `[log]`
     #[serde(default)]
     pub log: RawLog,
+    /// `[nats]`: NATS JetStream is the broker.
+    #[serde(default)]
+    pub nats: Option<RawNats>,
 }
 
 /// The validated configuration.
@@ -97,11 +101,13 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
         RawAlerts::SETTINGS,
         RawHttp::SETTINGS,
         RawLog::SETTINGS,
+        RawNats::SETTINGS,
     ],
     secrets: &[
         RawPgConnection::SECRETS,
         RawPostgres::SECRETS,
         RawAlerts::SECRETS,
+        RawNats::SECRETS,
     ],
     // The config file (clap reads it) and the log filter override (main reads it).
     accepted: &["WALBOX_CONFIG", LOG_ENV],
@@ -144,7 +150,10 @@ impl RawConfig {
         let postgres = self.postgres.validate(&LAYOUT)?;
         let outbox = self.outbox.validate()?;
         // Each broker section present (`[kafka]` is the default).
-        let others = Vec::new();
+        let mut others = Vec::new();
+        if let Some(nats) = self.nats {
+            others.push(BrokerConfig::Nats(nats.validate(&LAYOUT)?));
+        }
         let (mut kafka, broker) = broker::choose(self.kafka, others, postgres.shards, &LAYOUT)?;
         let relay = self.relay.validate()?;
         let slot = self.slot.validate()?;

@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 use crate::config::Config;
 
 pub mod kafka;
+pub mod nats;
 pub mod postgres;
 pub mod tables;
 
@@ -177,7 +178,10 @@ impl Report {
 /// Runs every check.
 pub async fn run(config: &Config) -> Report {
     let mut checks = postgres::checks(config).await;
-    checks.extend(kafka::checks(config).await);
+    match &config.broker {
+        crate::config::BrokerConfig::Kafka => checks.extend(kafka::checks(config).await),
+        crate::config::BrokerConfig::Nats(_) => checks.extend(nats::checks(config).await),
+    }
     Report { checks }
 }
 

@@ -102,6 +102,11 @@ pub fn progress_place(broker: &BrokerConfig, kafka: &KafkaConfig, key: &Progress
             let _ = key;
             format!("kafka topic {:?}", kafka.progress_topic)
         }
+        BrokerConfig::Nats(n) => format!(
+            "nats key-value bucket {:?}, key {:?}",
+            n.progress_bucket,
+            crate::sink::nats::sanitize_key(&key.record_key())
+        ),
     }
 }
 
@@ -481,6 +486,9 @@ impl Relay {
     fn txn_sink(&self) -> &KafkaSink {
         match &self.sink {
             Sink::Kafka(k) => k,
+            Sink::Nats(_) => {
+                unreachable!("kafka.exactly_once is refused with [nats] (config::broker::choose)")
+            }
         }
     }
 

@@ -68,6 +68,9 @@ impl Relay {
     ) -> Result<(), RelayError> {
         let checked = match &self.sink {
             Sink::Kafka(sink) => self.topics.ensure(sink, &event.topic).await,
+            // JetStream has no topics to create: a subject no stream captures is refused on
+            // publish, as the record's fault.
+            Sink::Nats(_) => Ok(()),
         };
         if let Err(error) = checked {
             let id = String::from_utf8_lossy(&event.id);

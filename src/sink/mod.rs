@@ -22,6 +22,7 @@
 
 pub mod ack;
 pub mod kafka;
+pub mod nats;
 pub mod progress;
 pub mod silence;
 pub mod topics;
@@ -105,6 +106,8 @@ pub trait Publisher {
 pub enum Sink {
     /// Kafka, through librdkafka.
     Kafka(KafkaSink),
+    /// NATS JetStream.
+    Nats(nats::NatsSink),
 }
 
 impl Sink {
@@ -112,12 +115,14 @@ impl Sink {
     pub fn kafka(&self) -> Option<&KafkaSink> {
         match self {
             Sink::Kafka(k) => Some(k),
+            Sink::Nats(_) => None,
         }
     }
 
     fn publisher(&self) -> &dyn Publisher {
         match self {
             Sink::Kafka(k) => k,
+            Sink::Nats(n) => n,
         }
     }
 }
@@ -159,6 +164,7 @@ impl Publisher for Sink {
 pub async fn connect(config: &Config, acks: Arc<AckQueue>) -> Result<Sink, SinkError> {
     match &config.broker {
         BrokerConfig::Kafka => KafkaSink::new(&config.kafka, acks).map(Sink::Kafka),
+        BrokerConfig::Nats(n) => nats::connect(n, acks).await.map(Sink::Nats),
     }
 }
 
@@ -178,6 +184,23 @@ pub async fn read_progress(
             tokio::task::spawn_blocking(move || progress::read_last(&config, &key, timeout))
                 .await
                 .unwrap_or(Err(ProgressError::Timeout(topic)))
+        }
+        BrokerConfig::Nats(n) => {
+            let key = key.record_key();
+            let read = tokio::time::timeout(timeout, nats::read_progress(n, &key))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(nats::error(
+                        Class::Transient,
+                        format!("reading progress record {key:?} took longer than {timeout:?}"),
+                    ))
+                })?;
+            let place = format!(
+                "nats bucket {:?} key {:?}",
+                n.progress_bucket,
+                nats::sanitize_key(&key)
+            );
+            read.map(|v| parse_progress(&place, &v)).transpose()
         }
     }
 }
