@@ -96,5 +96,8 @@ pub use units::{parse_duration, parse_size, ByteSize, HumanDuration};
 #[cfg(test)]
 pub(crate) mod fixture;
 #[cfg(test)]
+#[path = "nats_tests.rs"]
+mod nats_tests;
+#[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;

@@ -9,7 +9,7 @@ use async_nats::jetstream::context::{
 };
 use async_nats::jetstream::{self, ErrorCode};
 
-use super::{error, lock};
+use super::shared::{error, lock};
 use crate::failure::{Class, Failure};
 use crate::sink::BrokerError;
 
@@ -67,15 +67,6 @@ pub(crate) fn check_subject(subject: &str) -> Result<(), &'static str> {
 /// Whether `e` is JetStream's "stream not found".
 pub(crate) fn is_stream_not_found(e: &GetStreamError) -> bool {
     matches!(e.kind(), GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND)
-}
-
-/// The class of a failed JetStream API call described by `text`.
-pub(crate) fn js_class(text: &str) -> Class {
-    if text.to_ascii_lowercase().contains("permission") {
-        Class::Fatal(Failure::Kafka)
-    } else {
-        Class::Transient
-    }
 }
 
 /// What a refused or unanswered publish to `subject` means.

@@ -13,7 +13,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 
 use super::classify::Judge;
-use super::{error, who, Connection, Shared, DEFAULT_DUPLICATE_WINDOW};
+use super::shared::{error, who, Connection, Shared, DEFAULT_DUPLICATE_WINDOW};
 use crate::config::NatsConfig;
 use crate::failure::Class;
 use crate::sink::ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, PROGRESS_ROUTE};
