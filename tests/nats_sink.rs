@@ -382,3 +382,58 @@ async fn progress_records_round_trip_and_an_unknown_key_is_none() {
     );
     assert_eq!(read_progress(&c, "other/app/walbox").await.unwrap(), None);
 }
+
+/// `walbox check` with `[nats]`: the subjects the routes name outright, against the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_jetstream_the_bucket_and_each_literal_subject() {
+    let Some(server) = nats() else { return };
+    let js = jetstream_of(&server.url()).await;
+    let name = unique("checked").replace('_', "-");
+    make_stream(&js, &name).await;
+    let short = format!("{name}-short");
+    js.create_stream(stream::Config {
+        name: short.clone(),
+        subjects: vec![format!("{short}.>")],
+        duplicate_window: Duration::from_secs(30),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(
+        &mut file,
+        format!(
+            "[postgres]\nurl = \"postgres://walbox@127.0.0.1:1/app\"\n\
+             [[outbox.tables]]\ntable = \"public.a\"\ntopic = \"{name}.orders\"\n\
+             [[outbox.tables]]\ntable = \"public.b\"\ntopic = \"{short}.orders\"\n\
+             [[outbox.tables]]\ntable = \"public.c\"\ntopic = \"nowhere-{name}.orders\"\n\
+             [nats]\nurl = \"{}\"\n",
+            server.url()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let config = walbox::config::load_from(Some(file.path()), &mut std::iter::empty()).unwrap();
+    let checks = walbox::preflight::nats::checks(&config).await;
+    let status = |prefix: &str| {
+        checks
+            .iter()
+            .find(|c| c.name.starts_with(prefix))
+            .map(|c| (c.status, c.detail.clone()))
+            .unwrap_or_else(|| panic!("no check {prefix}: {checks:?}"))
+    };
+    use walbox::preflight::Status;
+    assert_eq!(status("nats servers").0, Status::Ok, "{checks:?}");
+    assert_eq!(status("nats jetstream").0, Status::Ok, "{checks:?}");
+    assert_eq!(status("nats progress bucket").0, Status::Ok, "{checks:?}");
+    let (s, detail) = status(&format!("subject {name}.orders"));
+    assert_eq!(s, Status::Ok, "{detail}");
+    assert!(detail.contains("publish permitted"), "{detail}");
+    assert_eq!(status(&format!("subject {short}.orders")).0, Status::Warn);
+    assert_eq!(
+        status(&format!("subject nowhere-{name}.orders")).0,
+        Status::Fail
+    );
+    // The probe stored nothing.
+    assert!(read_stream(&js, &name).await.is_empty());
+}
