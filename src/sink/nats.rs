@@ -46,8 +46,9 @@
 //!
 //! # Progress records
 //! In the key-value bucket `nats.progress_bucket` (created with history 1 and file storage when
-//! missing), under the key given (characters outside `[-/_=.a-zA-Z0-9]` replaced by `_`): the
-//! newest value wins, which is what a bucket keeps, without a stream walbox must size.
+//! missing), under the key given (`<system id>/<database>/<slot>`; characters a key may not
+//! hold are written `=` and two hex digits, see [`sanitize_key`]): the newest value wins, which
+//! is what a bucket keeps, without a stream walbox must size.
 
 mod classify;
 mod shared;

@@ -21,28 +21,22 @@ const STREAM_FULL: [ErrorCode; 3] = [
     ErrorCode::INSUFFICIENT_RESOURCES,
 ];
 
-/// `key` as a key-value key: characters outside `[-/_=.a-zA-Z0-9]`, and a leading or
-/// trailing `.`, become `_` (an empty key is `_`).
+/// `key` as a key-value key (`[-/_=.a-zA-Z0-9]`, no leading or trailing `.`), one to one:
+/// every other byte, `=` itself, and a leading or trailing `.` become `=` and two hex digits
+/// (`my db` → `my=20db`), so two slots never share a key. An empty key is `=`.
 pub fn sanitize_key(key: &str) -> String {
-    let mut out: String = key
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '/' | '_' | '=' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let bytes = key.as_bytes();
+    let mut out = String::with_capacity(key.len());
+    for (i, &b) in bytes.iter().enumerate() {
+        let edge_dot = b == b'.' && (i == 0 || i + 1 == bytes.len());
+        if (b.is_ascii_alphanumeric() || matches!(b, b'-' | b'/' | b'_' | b'.')) && !edge_dot {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("={b:02X}"));
+        }
+    }
     if out.is_empty() {
-        out.push('_');
-    }
-    if out.starts_with('.') {
-        out.replace_range(..1, "_");
-    }
-    if out.ends_with('.') {
-        let end = out.len() - 1;
-        out.replace_range(end.., "_");
+        out.push('=');
     }
     out
 }
@@ -179,10 +173,12 @@ mod tests {
     #[test]
     fn keys_are_made_valid() {
         assert_eq!(sanitize_key("7312/app/walbox"), "7312/app/walbox");
-        assert_eq!(sanitize_key("a b:c"), "a_b_c");
-        assert_eq!(sanitize_key(".x."), "_x_");
-        assert_eq!(sanitize_key(""), "_");
-        assert_eq!(sanitize_key("é"), "_");
+        assert_eq!(sanitize_key("a b:c"), "a=20b=3Ac");
+        assert_eq!(sanitize_key(".x."), "=2Ex=2E");
+        assert_eq!(sanitize_key("a=b"), "a=3Db");
+        assert_eq!(sanitize_key(""), "=");
+        assert_eq!(sanitize_key("é"), "=C3=A9");
+        assert_ne!(sanitize_key("my db"), sanitize_key("my_db"));
     }
 
     #[test]
