@@ -437,3 +437,46 @@ async fn check_reports_jetstream_the_bucket_and_each_literal_subject() {
     // The probe stored nothing.
     assert!(read_stream(&js, &name).await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_walbox_may_not_publish_to_is_fatal_and_names_it() {
+    let Some(server) = own_nats(NatsOptions {
+        config: Some(
+            "authorization {\n users = [\n  { user: walbox, password: pw, permissions: {\n   \
+             publish: { allow: [\"$JS.API.>\", \"$KV.>\", \"perm.allowed.>\"] },\n   \
+             subscribe: { allow: [\"_INBOX.>\"] } } }\n ]\n}\n"
+                .into(),
+        ),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let mut c = config(&server.url());
+    c.auth = NatsAuth::UserPassword {
+        user: "walbox".into(),
+        password: Secret::new("pw".into()),
+    };
+    c.ack_timeout = Duration::from_secs(1);
+    let client = async_nats::ConnectOptions::with_user_and_password("walbox".into(), "pw".into())
+        .connect(server.url())
+        .await
+        .unwrap();
+    make_stream(&jetstream::new(client), "perm").await;
+    let acks = Arc::new(AckQueue::default());
+    let sink = connect(&c, acks.clone()).await.unwrap();
+    sink.send(&event("perm.allowed.a", 0, "ok-0"), 0, 0)
+        .unwrap();
+    assert!(take(&acks, 1, Duration::from_secs(30)).await[0]
+        .result
+        .is_ok());
+    sink.send(&event("perm.denied.a", 1, "no-1"), 1, 0).unwrap();
+    let got = take(&acks, 1, Duration::from_secs(30)).await;
+    let e = got[0].result.as_ref().unwrap_err();
+    assert_eq!(e.class(), Class::Fatal(Failure::Kafka), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("perm.denied.a") && msg.contains("walbox"),
+        "{msg}"
+    );
+    assert!(!msg.contains("pw\"") && !msg.contains('\n'), "{msg}");
+}
