@@ -4,12 +4,12 @@
 //! A record is published to the subject `event.topic` (the route's topic template rendered),
 //! through JetStream, with header `Nats-Msg-Id` = the event id, every walbox header as a NATS
 //! header (a null header has an empty value), the key as header [`KEY_HEADER`], and the value
-//! as payload (empty for a tombstone). Its [`Ack`] is `Ok` once the PubAck came back: the stream
-//! capturing the subject stored it (a file-storage stream has written it to its store and
-//! syncs it per JetStream's `sync_interval`, 2 minutes by default, so the record survives a
-//! crash of the server process, and survives a power loss of the host once synced or replicated
-//! to a quorum of an R3 stream). A PubAck saying `duplicate` is `Ok` too: the stream already
-//! holds that event id.
+//! as payload (empty for a tombstone). Its [`Ack`](super::Ack) is `Ok` once the PubAck came
+//! back: the stream capturing the subject stored it (a file-storage stream has written it to
+//! its store and syncs it per JetStream's `sync_interval`, 2 minutes by default, so the record
+//! survives a crash of the server process, and a power loss of the host once synced, or once
+//! replicated to a quorum of an R3 stream). A PubAck saying `duplicate` is `Ok` too: the
+//! stream already holds that event id.
 //!
 //! # Ordering under pipelining
 //! At most one publish per subject waits for its PubAck; the later records of that subject
@@ -36,12 +36,14 @@
 //!   subjects match): [`Class::Rejected`], the record's route names a subject nothing stores.
 //!   503 while a stream does match (JetStream starting): transient.
 //! - Larger than the server's `max_payload` or the stream's `max_msg_size`: rejected.
-//! - Publish permission denied: fatal ([`Failure::Kafka`], "the publisher cannot continue").
+//! - Publish permission denied (the server's "Permissions Violation for Publish", seen when the
+//!   PubAck does not come): fatal, `Failure::Kafka` ("the publisher cannot continue"), naming
+//!   the subject and the user.
 //! - Stream full with `discard: new` ("maximum messages/bytes exceeded"), or JetStream out of
-//!   resources: fatal ([`Failure::Kafka`]): every later record of the stream would be refused
-//!   too, retrying cannot heal it, and a record dead-lettered past it would let the relay
-//!   confirm past records the stream never stored. An operator raises the limits and restarts.
-//! - Authorization refused (on connect, or on a reconnect): fatal ([`Failure::Auth`]).
+//!   resources: fatal, `Failure::Kafka`: every later record of the stream would be refused too,
+//!   retrying cannot heal it, and a record dead-lettered past it would let the relay confirm
+//!   past records the stream never stored. An operator raises the limits and restarts walbox.
+//! - Authorization refused (on connect, or on a reconnect): fatal, `Failure::Auth`.
 //! - Timeouts, lost connections: transient.
 //!
 //! # Progress records
