@@ -516,3 +516,74 @@ async fn a_subject_walbox_may_not_publish_to_is_fatal_and_names_it() {
     );
     assert!(!msg.contains("pw\"") && !msg.contains('\n'), "{msg}");
 }
+
+/// `walbox run` with `[nats]`: rows of the outbox reach the stream, once each, and the slot's
+/// progress record is in the bucket.
+#[test]
+fn walbox_run_relays_the_outbox_to_jetstream() {
+    use crate::support::events::write_txns;
+    use crate::support::{wait_until_or, walbox_env, TestDb, Walbox};
+    let Some(server) = nats() else { return };
+    let db = TestDb::new("nats_run");
+    let name = unique("relayed").replace('_', "-");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let js = rt.block_on(jetstream_of(&server.url()));
+    rt.block_on(make_stream(&js, &name));
+    let mut env: Vec<(String, String)> = walbox_env(&db, &db.name, "")
+        .into_iter()
+        .filter(|(k, _)| k != "WALBOX_KAFKA_BROKERS")
+        .collect();
+    env.push(("WALBOX_NATS_URL".into(), server.url()));
+    env.push(("WALBOX_NATS_PROGRESS_BUCKET".into(), name.clone()));
+    let aggregates: Vec<String> = (0..5).map(|i| format!("a{i}")).collect();
+    let subject = format!("{name}.orders");
+    let walbox = Walbox::spawn(&env);
+    // The slot streams what commits after it was made.
+    wait_until_or(
+        Duration::from_secs(30),
+        "walbox streaming",
+        || walbox.log().contains("streaming"),
+        || walbox.log(),
+    );
+    let mut ids = write_txns(&db, &subject, &aggregates, 10);
+    let count = |n: usize| {
+        rt.block_on(async {
+            let mut s = js.get_stream(&name).await.unwrap();
+            s.info().await.unwrap().state.messages as usize >= n
+        })
+    };
+    wait_until_or(
+        Duration::from_secs(20),
+        "the first rows in the stream",
+        || count(ids.len()),
+        || walbox.log(),
+    );
+    ids.extend(write_txns(&db, &subject, &aggregates, 10));
+    wait_until_or(
+        Duration::from_secs(60),
+        "every row in the stream",
+        || count(ids.len()),
+        || walbox.log(),
+    );
+    let stored = rt.block_on(read_stream(&js, &name));
+    let msg_ids: HashSet<String> = stored
+        .iter()
+        .map(|(_, h, _)| header(h, "Nats-Msg-Id").to_owned())
+        .collect();
+    assert_eq!(stored.len(), ids.len(), "{}", walbox.log());
+    assert_eq!(msg_ids.len(), ids.len(), "one message per row");
+    let mut c = config(&server.url());
+    c.progress_bucket = name.clone();
+    let progress = rt.block_on(async {
+        let store = jetstream_of(&server.url())
+            .await
+            .get_key_value(name.as_str())
+            .await
+            .unwrap();
+        let mut keys = store.keys().await.unwrap();
+        futures_util::StreamExt::next(&mut keys).await
+    });
+    let key = progress.expect("a progress record").unwrap();
+    assert!(key.ends_with(&db.name), "{key}");
+    walbox.terminate();
+}
