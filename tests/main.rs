@@ -30,6 +30,7 @@ mod kafka_acls;
 mod kafka_security;
 mod layout;
 mod manual;
+mod nats_sink;
 mod progress;
 mod progress_topic;
 mod promotion;

@@ -7,6 +7,7 @@ use std::fmt;
 use super::env::EnvLayout;
 use super::error::ConfigError;
 use super::kafka::{KafkaConfig, RawKafka};
+use super::nats::NatsConfig;
 use super::redis::RedisConfig;
 
 /// A broker walbox publishes to.
@@ -49,6 +50,8 @@ pub enum BrokerConfig {
     Kafka,
     /// `[redis]`: Redis Streams.
     Redis(RedisConfig),
+    /// `[nats]`.
+    Nats(NatsConfig),
 }
 
 impl BrokerConfig {
@@ -57,6 +60,7 @@ impl BrokerConfig {
         match self {
             BrokerConfig::Kafka => BrokerKind::Kafka,
             BrokerConfig::Redis(_) => BrokerKind::Redis,
+            BrokerConfig::Nats(_) => BrokerKind::Nats,
         }
     }
 }

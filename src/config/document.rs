@@ -23,6 +23,7 @@ use super::http::RawHttp;
 use super::kafka::{KafkaConfig, RawKafka, RawKafkaConnection};
 use super::layers::read_document;
 use super::log::{LogConfig, RawLog, LOG_ENV};
+use super::nats::RawNats;
 use super::outbox::{self, OutboxConfig, RawOutbox};
 use super::postgres::{PostgresConfig, RawPgConnection, RawPostgres};
 use super::redis::RawRedis;
@@ -61,6 +62,9 @@ pub struct RawConfig {
     /// `[log]`
     #[serde(default)]
     pub log: RawLog,
+    /// `[nats]`: NATS JetStream is the broker.
+    #[serde(default)]
+    pub nats: Option<RawNats>,
 }
 
 /// The validated configuration.
@@ -102,12 +106,14 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
         RawAlerts::SETTINGS,
         RawHttp::SETTINGS,
         RawLog::SETTINGS,
+        RawNats::SETTINGS,
     ],
     secrets: &[
         RawPgConnection::SECRETS,
         RawPostgres::SECRETS,
         RawAlerts::SECRETS,
         RawRedis::SECRETS,
+        RawNats::SECRETS,
     ],
     // The config file (clap reads it) and the log filter override (main reads it).
     accepted: &["WALBOX_CONFIG", LOG_ENV],
@@ -153,6 +159,9 @@ impl RawConfig {
         let mut others = Vec::new();
         if let Some(redis) = self.redis {
             others.push(BrokerConfig::Redis(redis.validate()?));
+        }
+        if let Some(nats) = self.nats {
+            others.push(BrokerConfig::Nats(nats.validate(&LAYOUT)?));
         }
         let (mut kafka, broker) = broker::choose(self.kafka, others, postgres.shards, &LAYOUT)?;
         let relay = self.relay.validate()?;

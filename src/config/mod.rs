@@ -57,6 +57,7 @@ mod kafka;
 mod kafka_client;
 mod layers;
 mod log;
+mod nats;
 pub mod outbox;
 mod postgres;
 mod redis;
@@ -79,6 +80,7 @@ pub use kafka::{
 pub use kafka_client::{client_config, KafkaRole};
 pub(crate) use layers::read_document;
 pub use log::{check_log_filter, LogConfig, LogFormat, RawLog, LOG_ENV};
+pub use nats::{NatsAuth, NatsConfig, NatsTls, RawNats};
 pub use outbox::{
     ColumnNames, Compat, Converter, Converters, JsonNulls, OnChange, OutboxConfig, Route,
     RouteSource, ValueFormat, MAX_OUTBOX_TABLES,
@@ -95,6 +97,9 @@ pub use units::{parse_duration, parse_size, ByteSize, HumanDuration};
 
 #[cfg(test)]
 pub(crate) mod fixture;
+#[cfg(test)]
+#[path = "nats_tests.rs"]
+mod nats_tests;
 #[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;

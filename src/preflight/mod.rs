@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 use crate::config::{BrokerConfig, Config};
 
 pub mod kafka;
+pub mod nats;
 pub mod postgres;
 pub mod redis;
 pub mod tables;
@@ -181,6 +182,7 @@ pub async fn run(config: &Config) -> Report {
     match &config.broker {
         BrokerConfig::Kafka => checks.extend(kafka::checks(config).await),
         BrokerConfig::Redis(r) => checks.extend(redis::checks(config, r).await),
+        BrokerConfig::Nats(_) => checks.extend(nats::checks(config).await),
     }
     Report { checks }
 }

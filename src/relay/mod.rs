@@ -84,7 +84,7 @@ use crate::sink::kafka::KafkaSink;
 use crate::sink::progress::{Lineage, ProgressKey};
 use crate::sink::topics::Topics;
 use crate::sink::transaction::{is_fencing, transactional_id, TxnError};
-use crate::sink::{Ack, AckQueue, DeliveryError, Sink};
+use crate::sink::{Ack, AckQueue, DeliveryError, Publisher, Sink};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::pgoutput::{self, LogicalMessage};
 use crate::source::replication::{ReplicationError, ReplicationMessage, ReplicationStream};
@@ -103,6 +103,11 @@ pub fn progress_place(broker: &BrokerConfig, kafka: &KafkaConfig, key: &Progress
             format!("kafka topic {:?}", kafka.progress_topic)
         }
         BrokerConfig::Redis(redis) => crate::sink::redis::progress_place(redis, &key.record_key()),
+        BrokerConfig::Nats(n) => format!(
+            "nats key-value bucket {:?}, key {:?}",
+            n.progress_bucket,
+            crate::sink::nats::sanitize_key(&key.record_key())
+        ),
     }
 }
 
@@ -492,9 +497,9 @@ impl Relay {
     fn txn_sink(&self) -> &KafkaSink {
         match &self.sink {
             Sink::Kafka(k) => k,
-            Sink::Redis(_) => {
-                unreachable!("the configuration refuses kafka.exactly_once with [redis]")
-            }
+            // Exactly-once mode is this function's only caller, and the configuration refuses
+            // it with any other broker (`config::broker::choose`).
+            other => unreachable!("exactly-once mode publishing to {}", other.broker()),
         }
     }
 

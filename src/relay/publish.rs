@@ -70,6 +70,9 @@ impl Relay {
             Sink::Kafka(sink) => self.topics.ensure(sink, &event.topic).await,
             // A stream is created by its first XADD.
             Sink::Redis(_) => Ok(()),
+            // JetStream has no topics to create: a subject no stream captures is refused on
+            // publish, as the record's fault.
+            Sink::Nats(_) => Ok(()),
         };
         if let Err(error) = checked {
             let id = String::from_utf8_lossy(&event.id);

@@ -4,7 +4,8 @@
 //! Invariants:
 //! - One server per [`NatsServer`]: its own private directory (JetStream's store in `store/`),
 //!   its own client port on 127.0.0.1, a fixed server name (`walbox-<port>`, so that a restart
-//!   is the same server to JetStream), no authentication, no monitoring port, no cluster.
+//!   is the same server to JetStream), no authentication unless [`NatsOptions::user`] or
+//!   [`NatsOptions::config`] asks for it, no monitoring port, no cluster.
 //! - Cleanup: dropping it kills the server and removes the directory; with
 //!   [`NatsOptions::watchdog`] the same happens once this process is gone.
 //! - What survives [`NatsServer::restart`] (and [`NatsServer::kill`] then
@@ -29,6 +30,11 @@ pub struct NatsOptions {
     /// Also spawn a detached watchdog that kills the server and removes its directory once
     /// this process is gone. Set it for servers that are never dropped, e.g. kept in a `static`.
     pub watchdog: bool,
+    /// Require this user and password (`--user`, `--pass`) of every client.
+    pub user: Option<(String, String)>,
+    /// A configuration file's text (e.g. an `authorization` block with users and their
+    /// permissions), passed with `-c`; the command line's settings win over it.
+    pub config: Option<String>,
 }
 
 /// A running throwaway NATS server; see the [module docs](self).
@@ -67,7 +73,18 @@ impl NatsServer {
             &format!("walbox-{port}"),
         ]
         .map(str::to_owned);
-        daemon.set_command(args.to_vec(), Vec::new());
+        let mut args = args.to_vec();
+        if let Some(text) = &opts.config {
+            let path = daemon.root().join("nats.conf");
+            std::fs::write(&path, text).map_err(|e| {
+                super::daemon::DaemonError::Io(format!("writing {}", path.display()), e)
+            })?;
+            args.extend(["-c".into(), path.display().to_string()]);
+        }
+        if let Some((user, pass)) = &opts.user {
+            args.extend(["--user".into(), user.clone(), "--pass".into(), pass.clone()]);
+        }
+        daemon.set_command(args, Vec::new());
         if opts.watchdog {
             daemon.spawn_watchdog()?;
         }

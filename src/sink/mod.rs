@@ -22,6 +22,7 @@
 
 pub mod ack;
 pub mod kafka;
+pub mod nats;
 pub mod progress;
 mod publisher;
 pub mod redis;
@@ -51,6 +52,8 @@ pub enum Sink {
     Kafka(KafkaSink),
     /// Redis Streams.
     Redis(redis::RedisSink),
+    /// NATS JetStream.
+    Nats(nats::NatsSink),
 }
 
 impl Sink {
@@ -59,6 +62,7 @@ impl Sink {
         match self {
             Sink::Kafka(k) => Some(k),
             Sink::Redis(_) => None,
+            Sink::Nats(_) => None,
         }
     }
 
@@ -66,6 +70,7 @@ impl Sink {
         match self {
             Sink::Kafka(k) => k,
             Sink::Redis(r) => r,
+            Sink::Nats(n) => n,
         }
     }
 }
@@ -108,6 +113,7 @@ pub async fn connect(config: &Config, acks: Arc<AckQueue>) -> Result<Sink, SinkE
     match &config.broker {
         BrokerConfig::Kafka => KafkaSink::new(&config.kafka, acks).map(Sink::Kafka),
         BrokerConfig::Redis(redis) => redis::connect(redis, acks).await.map(Sink::Redis),
+        BrokerConfig::Nats(n) => nats::connect(n, acks).await.map(Sink::Nats),
     }
 }
 
@@ -142,6 +148,23 @@ pub async fn read_progress(
                     format!("cannot read {place} within {timeout:?}"),
                 ))),
             }
+        }
+        BrokerConfig::Nats(n) => {
+            let key = key.record_key();
+            let read = tokio::time::timeout(timeout, nats::read_progress(n, &key))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(nats::error(
+                        Class::Transient,
+                        format!("reading progress record {key:?} took longer than {timeout:?}"),
+                    ))
+                })?;
+            let place = format!(
+                "nats bucket {:?} key {:?}",
+                n.progress_bucket,
+                nats::sanitize_key(&key)
+            );
+            read.map(|v| parse_progress(&place, &v)).transpose()
         }
     }
 }

@@ -58,7 +58,12 @@ pub fn own_redis(opts: RedisOptions) -> Option<RedisServer> {
 pub fn nats() -> Option<&'static NatsServer> {
     static SERVER: OnceLock<Option<NatsServer>> = OnceLock::new();
     SERVER
-        .get_or_init(|| own_nats(NatsOptions { watchdog: true }))
+        .get_or_init(|| {
+            own_nats(NatsOptions {
+                watchdog: true,
+                ..Default::default()
+            })
+        })
         .as_ref()
 }
 

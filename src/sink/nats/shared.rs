@@ -1,0 +1,255 @@
+//! What the NATS publisher's handle, its publishing task and `walbox check` share: the
+//! connection ([`open`]), the progress bucket, the records waiting for their acks ([`Shared`]),
+//! and the error constructor. A leaf of `sink::nats`: it imports none of its siblings.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use async_nats::{ConnectErrorKind, ConnectOptions};
+
+use crate::config::{BrokerKind, NatsAuth, NatsConfig};
+use crate::failure::{Class, Failure};
+use crate::sink::ack::{AckQueue, BrokerError};
+use crate::sink::silence::Silences;
+
+/// How many records may wait for the publishing task (the relay's in-flight cap is lower).
+pub(crate) const QUEUE: usize = 1 << 16;
+
+/// JetStream's default duplicate window: a shorter one is warned about.
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// A NATS JetStream error of `class` saying `message`.
+pub fn error(class: Class, message: impl Into<String>) -> BrokerError {
+    BrokerError::new(BrokerKind::Nats, class, message)
+}
+
+/// What the handles and the publishing task share.
+pub(crate) struct Shared {
+    /// Records accepted and not yet acked: accept time by ticket.
+    pub(crate) pending: Mutex<Pending>,
+    /// Signalled when `pending` empties.
+    pub(crate) idle: Condvar,
+    pub(crate) silences: Silences,
+}
+
+#[derive(Default)]
+pub(crate) struct Pending {
+    next_ticket: u64,
+    pub(crate) since: BTreeMap<u64, Instant>,
+}
+
+impl Shared {
+    pub(crate) fn accept(&self) -> u64 {
+        let mut p = lock(&self.pending);
+        let ticket = p.next_ticket;
+        p.next_ticket += 1;
+        p.since.insert(ticket, Instant::now());
+        drop(p);
+        self.silences.waiting();
+        ticket
+    }
+
+    pub(crate) fn withdraw(&self, ticket: u64) {
+        lock(&self.pending).since.remove(&ticket);
+        self.silences.withdrawn();
+        self.idle.notify_all();
+    }
+
+    /// The record of `ticket` has its ack (pushed just before).
+    pub(crate) fn done(&self, ticket: u64) {
+        let mut p = lock(&self.pending);
+        p.since.remove(&ticket);
+        let empty = p.since.is_empty();
+        drop(p);
+        self.silences.answered();
+        if empty {
+            self.idle.notify_all();
+        }
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        lock(&self.pending).since.len()
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// A connected client and its JetStream context.
+pub(crate) struct Connection {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    /// Permission violations the server reported (their text), newest last.
+    pub violations: Arc<Mutex<Vec<String>>>,
+}
+
+/// Connects to `config`'s servers; a refusal of the credentials is fatal ([`Failure::Auth`]),
+/// and once connected, a refusal on a reconnect is reported through `acks` (when given).
+pub(crate) async fn open(
+    config: &NatsConfig,
+    acks: Option<Arc<AckQueue>>,
+) -> Result<Connection, BrokerError> {
+    let mut options =
+        match &config.auth {
+            NatsAuth::Credentials(path) => ConnectOptions::with_credentials_file(path)
+                .await
+                .map_err(|e| {
+                    error(
+                        Class::Fatal(Failure::Config),
+                        format!("cannot read nats.credentials_file {}: {e}", path.display()),
+                    )
+                })?,
+            NatsAuth::UserPassword { user, password } => {
+                ConnectOptions::new().user_and_password(user.clone(), password.expose().to_owned())
+            }
+            NatsAuth::Token(token) => ConnectOptions::new().token(token.expose().to_owned()),
+            NatsAuth::None => ConnectOptions::new(),
+        };
+    if let Some(tls) = &config.tls {
+        options = options.require_tls(true);
+        if let Some(ca) = &tls.ca_file {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &tls.client {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+    }
+    let violations = Arc::new(Mutex::new(Vec::new()));
+    let seen = violations.clone();
+    let who = who(config);
+    options = options
+        .name("walbox")
+        .connection_timeout(config.ack_timeout)
+        .request_timeout(Some(config.ack_timeout))
+        .event_callback(move |event| {
+            let (acks, seen, who) = (acks.clone(), seen.clone(), who.clone());
+            async move {
+                match event {
+                    async_nats::Event::ServerError(async_nats::ServerError::AuthorizationViolation) => {
+                        if let Some(acks) = &acks {
+                            acks.fail(
+                                error(
+                                    Class::Fatal(Failure::Auth),
+                                    format!("the server refused the credentials of {who} (authorization violation): check nats.user and nats.password_file, nats.token_file or nats.credentials_file"),
+                                )
+                                .into(),
+                            );
+                        }
+                    }
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(text))
+                        if text.to_ascii_lowercase().contains("permissions violation") =>
+                    {
+                        tracing::error!(broker = "nats", "{text}");
+                        let mut seen = lock(&seen);
+                        if seen.len() >= 64 {
+                            seen.remove(0);
+                        }
+                        seen.push(text);
+                    }
+                    other => tracing::debug!(broker = "nats", event = %other, "nats client"),
+                }
+            }
+        });
+    let client = options
+        .connect(config.servers.as_slice())
+        .await
+        .map_err(|e| {
+            let (class, hint) = match e.kind() {
+                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => (
+                    Class::Fatal(Failure::Auth),
+                    "the server refused the credentials: check nats.user and nats.password_file, nats.token_file or nats.credentials_file",
+                ),
+                ConnectErrorKind::ServerParse => (Class::Fatal(Failure::Config), "check nats.url"),
+                ConnectErrorKind::Tls => (
+                    Class::Fatal(Failure::Config),
+                    "check nats.tls_ca_file, nats.tls_cert_file and nats.tls_key_file, and that the server speaks TLS",
+                ),
+                _ => (Class::Transient, "is the server running and reachable?"),
+            };
+            error(class, format!("cannot connect as {}: {}: {hint}", who_of(config), e.kind()))
+        })?;
+    let js = jetstream::ContextBuilder::new()
+        .timeout(config.ack_timeout)
+        .max_ack_inflight(QUEUE)
+        .backpressure_on_inflight(true)
+        .build(client.clone());
+    Ok(Connection {
+        client,
+        js,
+        violations,
+    })
+}
+
+/// Who walbox connects as, for messages.
+pub(crate) fn who_of(config: &NatsConfig) -> String {
+    match &config.auth {
+        NatsAuth::UserPassword { user, .. } => format!("user {user:?}"),
+        NatsAuth::Token(_) => "the token of nats.token_file".into(),
+        NatsAuth::Credentials(path) => format!("the user of {}", path.display()),
+        NatsAuth::None => "no user (no credentials configured)".into(),
+    }
+}
+
+pub(crate) fn who(config: &NatsConfig) -> Arc<str> {
+    who_of(config).into()
+}
+
+/// The progress bucket of `config`, created (history 1, file storage) when missing.
+pub(crate) async fn progress_bucket(
+    js: &jetstream::Context,
+    config: &NatsConfig,
+) -> Result<kv::Store, BrokerError> {
+    let bucket = &config.progress_bucket;
+    if let Ok(store) = js.get_key_value(bucket.as_str()).await {
+        return Ok(store);
+    }
+    // The bucket's stream as `create_key_value` would make it; created directly because that
+    // call first reads the account's JetStream info, whose reply from servers before 2.10 the
+    // client cannot parse (it lacks `reserved_memory`).
+    let created = js
+        .create_stream(jetstream::stream::Config {
+            name: format!("KV_{bucket}"),
+            description: Some("walbox progress records (one per replication slot)".into()),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            storage: jetstream::stream::StorageType::File,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            num_replicas: 1,
+            discard: jetstream::stream::DiscardPolicy::New,
+            ..Default::default()
+        })
+        .await;
+    let opened = match created {
+        Ok(_) => js
+            .get_key_value(bucket.as_str())
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    opened.map_err(|e| {
+        error(
+            js_class(&e),
+            format!(
+                "cannot open or create the progress bucket {bucket:?} (nats.progress_bucket): {e}; is JetStream enabled (nats-server -js), and may {} create key-value buckets?",
+                who_of(config)
+            ),
+        )
+    })
+}
+
+/// The class of a failed JetStream API call described by `text`.
+pub(crate) fn js_class(text: &str) -> Class {
+    if text.to_ascii_lowercase().contains("permission") {
+        Class::Fatal(Failure::Kafka)
+    } else {
+        Class::Transient
+    }
+}
