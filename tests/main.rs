@@ -34,6 +34,7 @@ mod progress;
 mod progress_topic;
 mod promotion;
 mod publication;
+mod rabbitmq_sink;
 mod recovery;
 mod relay;
 mod retention;

@@ -7,6 +7,7 @@ use std::fmt;
 use super::env::EnvLayout;
 use super::error::ConfigError;
 use super::kafka::{KafkaConfig, RawKafka};
+use super::rabbitmq::RabbitMqConfig;
 
 /// A broker walbox publishes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +47,8 @@ pub enum BrokerConfig {
     /// `[kafka]`.
     #[default]
     Kafka,
+    /// `[rabbitmq]`.
+    RabbitMq(RabbitMqConfig),
 }
 
 impl BrokerConfig {
@@ -53,6 +56,7 @@ impl BrokerConfig {
     pub fn kind(&self) -> BrokerKind {
         match self {
             BrokerConfig::Kafka => BrokerKind::Kafka,
+            BrokerConfig::RabbitMq(_) => BrokerKind::RabbitMq,
         }
     }
 }

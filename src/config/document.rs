@@ -25,6 +25,7 @@ use super::layers::read_document;
 use super::log::{LogConfig, RawLog, LOG_ENV};
 use super::outbox::{self, OutboxConfig, RawOutbox};
 use super::postgres::{PostgresConfig, RawPgConnection, RawPostgres};
+use super::rabbitmq::RawRabbitMq;
 use super::relay::{RawRelay, RelayConfig};
 use super::retention::RawRetention;
 use super::slot::{RawSlot, SlotConfig};
@@ -57,6 +58,9 @@ pub struct RawConfig {
     /// `[log]`
     #[serde(default)]
     pub log: RawLog,
+    /// `[rabbitmq]`: present when RabbitMQ is the broker.
+    #[serde(default)]
+    pub rabbitmq: Option<RawRabbitMq>,
 }
 
 /// The validated configuration.
@@ -97,11 +101,13 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
         RawAlerts::SETTINGS,
         RawHttp::SETTINGS,
         RawLog::SETTINGS,
+        RawRabbitMq::SETTINGS,
     ],
     secrets: &[
         RawPgConnection::SECRETS,
         RawPostgres::SECRETS,
         RawAlerts::SECRETS,
+        RawRabbitMq::SECRETS,
     ],
     // The config file (clap reads it) and the log filter override (main reads it).
     accepted: &["WALBOX_CONFIG", LOG_ENV],
@@ -144,7 +150,10 @@ impl RawConfig {
         let postgres = self.postgres.validate(&LAYOUT)?;
         let outbox = self.outbox.validate()?;
         // Each broker section present (`[kafka]` is the default).
-        let others = Vec::new();
+        let mut others = Vec::new();
+        if let Some(rabbitmq) = self.rabbitmq {
+            others.push(BrokerConfig::RabbitMq(rabbitmq.validate(&LAYOUT)?));
+        }
         let (mut kafka, broker) = broker::choose(self.kafka, others, postgres.shards, &LAYOUT)?;
         let relay = self.relay.validate()?;
         let slot = self.slot.validate()?;

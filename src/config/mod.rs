@@ -59,6 +59,7 @@ mod layers;
 mod log;
 pub mod outbox;
 mod postgres;
+mod rabbitmq;
 mod relay;
 pub mod retention;
 pub mod secret;
@@ -84,6 +85,7 @@ pub use outbox::{
 };
 pub(crate) use postgres::{valid_identifier, RawPgConnection};
 pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};
+pub use rabbitmq::{RabbitMqConfig, RawRabbitMq};
 pub(crate) use relay::backoff;
 pub use relay::{RawRelay, RelayConfig, DEFAULT_MAX_IN_FLIGHT};
 // `self::`: the `http` crate has the same name.

@@ -102,6 +102,10 @@ pub fn progress_place(broker: &BrokerConfig, kafka: &KafkaConfig, key: &Progress
             let _ = key;
             format!("kafka topic {:?}", kafka.progress_topic)
         }
+        BrokerConfig::RabbitMq(r) => format!(
+            "rabbitmq queue {:?}",
+            crate::sink::rabbitmq::progress_queue(r, &key.record_key())
+        ),
     }
 }
 
@@ -481,6 +485,7 @@ impl Relay {
     fn txn_sink(&self) -> &KafkaSink {
         match &self.sink {
             Sink::Kafka(k) => k,
+            Sink::RabbitMq(_) => unreachable!("kafka.exactly_once is refused with [rabbitmq]"),
         }
     }
 

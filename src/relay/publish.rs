@@ -68,6 +68,8 @@ impl Relay {
     ) -> Result<(), RelayError> {
         let checked = match &self.sink {
             Sink::Kafka(sink) => self.topics.ensure(sink, &event.topic).await,
+            // The exchange routes; there is no destination to create or check per event.
+            Sink::RabbitMq(_) => Ok(()),
         };
         if let Err(error) = checked {
             let id = String::from_utf8_lossy(&event.id);

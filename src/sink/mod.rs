@@ -23,6 +23,7 @@
 pub mod ack;
 pub mod kafka;
 pub mod progress;
+pub mod rabbitmq;
 pub mod silence;
 pub mod topics;
 pub mod transaction;
@@ -105,6 +106,8 @@ pub trait Publisher {
 pub enum Sink {
     /// Kafka, through librdkafka.
     Kafka(KafkaSink),
+    /// RabbitMQ, through lapin.
+    RabbitMq(rabbitmq::RabbitMqSink),
 }
 
 impl Sink {
@@ -112,12 +115,14 @@ impl Sink {
     pub fn kafka(&self) -> Option<&KafkaSink> {
         match self {
             Sink::Kafka(k) => Some(k),
+            Sink::RabbitMq(_) => None,
         }
     }
 
     fn publisher(&self) -> &dyn Publisher {
         match self {
             Sink::Kafka(k) => k,
+            Sink::RabbitMq(r) => r,
         }
     }
 }
@@ -159,6 +164,7 @@ impl Publisher for Sink {
 pub async fn connect(config: &Config, acks: Arc<AckQueue>) -> Result<Sink, SinkError> {
     match &config.broker {
         BrokerConfig::Kafka => KafkaSink::new(&config.kafka, acks).map(Sink::Kafka),
+        BrokerConfig::RabbitMq(r) => rabbitmq::connect(r, acks).await.map(Sink::RabbitMq),
     }
 }
 
@@ -178,6 +184,17 @@ pub async fn read_progress(
             tokio::task::spawn_blocking(move || progress::read_last(&config, &key, timeout))
                 .await
                 .unwrap_or(Err(ProgressError::Timeout(topic)))
+        }
+        BrokerConfig::RabbitMq(r) => {
+            let key = key.record_key();
+            let place = rabbitmq::progress_queue(r, &key);
+            let read = tokio::time::timeout(timeout, rabbitmq::read_progress(r, &key));
+            match read.await {
+                Err(_) => Err(ProgressError::Timeout(place)),
+                Ok(Err(e)) => Err(ProgressError::Broker(e)),
+                Ok(Ok(None)) => Ok(None),
+                Ok(Ok(Some(bytes))) => parse_progress(&place, &bytes).map(Some),
+            }
         }
     }
 }

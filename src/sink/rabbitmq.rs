@@ -1,0 +1,837 @@
+//! The RabbitMQ publisher (AMQP 0-9-1, through `lapin`): one connection, one channel in
+//! publisher-confirm mode, records published in `send` order to `rabbitmq.exchange` with the
+//! event's destination (`event.topic`) as routing key.
+//!
+//! # What an `Ok` ack means
+//! A publisher confirm (`basic.ack`) without a `basic.return`. Records are published
+//! `mandatory` and persistent (`delivery_mode = 2`); RabbitMQ confirms a persistent message
+//! routed to durable classic queues once every such queue has written it to disk (fsync'd, or
+//! delivered and acknowledged by a consumer first), and for quorum queues once a majority of
+//! the queue's replicas have written it to their log. A message routed to no queue is
+//! returned (`basic.return`, then confirmed): that record is failed as the record's fault
+//! ([`Class::Rejected`], naming exchange and routing key), never silently acked. Durability
+//! therefore also needs the user's queues to be durable (transient queues lose messages with
+//! the node, whatever the confirm said).
+//!
+//! # Order
+//! Records are published on one channel by one task, in `send` order; RabbitMQ routes and
+//! enqueues the messages of one channel in publish order. Confirms are read in publish order
+//! (up to [`WINDOW`] unconfirmed). On any failure but a return — a `basic.nack`, a channel or
+//! connection closed, a confirm later than `rabbitmq.confirm_timeout` — the record is failed
+//! and so is every record published or queued after it ([`Class::Transient`], unless the
+//! broker's reply names a fatal cause), the connection is dropped, and the task ends: nothing
+//! is ever re-sent here. The first `send` after that is refused (transient), which ends the
+//! relay's session if it is the old session's; the next one connects again. So a record of the
+//! failed session can never be published on the new connection ahead of an earlier record
+//! PostgreSQL will re-send.
+//!
+//! The one reordering that remains is in the broker, not here: after a `basic.nack` for record
+//! *n*, records *n+1…* published before the nack arrived may already be enqueued (RabbitMQ
+//! nacks only when a queue process failed internally, so this is rare), and PostgreSQL re-sends
+//! *n* after them. A consumer sees *n+1…*, then *n, n+1…* again: the duplicates that
+//! at-least-once delivery has anyway, with one record out of place. A connection lost with
+//! records unconfirmed is the common case and does not reorder: RabbitMQ enqueues a channel's
+//! messages in order, so what reached the queues is a prefix of what was published.
+//!
+//! # Duplicates across a crash
+//! At least once: a record the broker enqueued but whose confirm walbox never received (crash,
+//! connection loss, timeout) is published again by the next session. `message_id` is the
+//! event id, for consumers that deduplicate.
+//!
+//! # Failures
+//! `ACCESS_REFUSED` on connect is [`Failure::Auth`]; on publish (no write permission on the
+//! exchange) and `NOT_FOUND` (the exchange does not exist) [`Failure::Kafka`] with what to fix
+//! (the exchange is one configuration value: every record would fail alike). A message over
+//! the node's `max_message_size` (RabbitMQ 3.10's default: 128 MiB; the channel is closed with
+//! `PRECONDITION_FAILED`) is the record's fault. Everything else (connection errors, the node
+//! restarting, timeouts) is transient.
+//!
+//! # Progress records
+//! One durable queue per slot key, `<rabbitmq.progress_queue>.<key>` (see [`progress_queue`]),
+//! declared by walbox with `x-max-length = 1` and `x-overflow = drop-head`: it always holds
+//! the newest record, published through the default exchange (persistent, confirmed like
+//! events). [`read_progress`] reads it with `basic.get` without acknowledging it and
+//! requeues it, so the record stays.
+//!
+//! # Per-aggregate order for several consumers
+//! One queue keeps commit order for every aggregate, but several consumers on one queue do not.
+//! For parallel consumers with per-aggregate order, publish to an `x-consistent-hash` exchange
+//! (plugin `rabbitmq_consistent_hash_exchange`, shipped with RabbitMQ) with the aggregate id as
+//! routing key (the route's topic `${aggregate_id}`), bind N queues to it with weights (the
+//! binding key is the weight, e.g. `"1"`), and give each queue one consumer: every aggregate
+//! hashes to one queue, which holds its events in commit order.
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
+};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::AMQPUri;
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind,
+    PublisherConfirm,
+};
+use tokio::sync::mpsc;
+
+use super::ack::{Ack, AckQueue, BrokerError, FailedRecord, PROGRESS_ROUTE};
+use super::silence::Silences;
+use super::{Publisher, SinkError};
+use crate::config::{BrokerKind, RabbitMqConfig};
+use crate::failure::{Class, Failure};
+use crate::outbox::{OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER, KEY_HEADER};
+
+/// Records published and not yet confirmed, at most.
+pub const WINDOW: usize = 10_000;
+/// Records waiting for the publishing task, at most (then [`SinkError::QueueFull`]).
+const QUEUE: usize = 20_000;
+
+/// A RabbitMQ failure of `class`.
+fn err(class: Class, message: impl Into<String>) -> BrokerError {
+    BrokerError::new(BrokerKind::RabbitMq, class, message)
+}
+
+/// One record for the publishing task.
+struct Job {
+    seq: u64,
+    route: usize,
+    exchange: String,
+    routing_key: String,
+    body: Bytes,
+    properties: BasicProperties,
+    failed: FailedRecord,
+}
+
+/// What the sink's handles share.
+struct Shared {
+    config: RabbitMqConfig,
+    acks: Arc<AckQueue>,
+    /// The running publishing task's queue; `None` after a refused `send` (the next connects).
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    in_flight: AtomicUsize,
+    /// Signalled when `in_flight` drops to 0.
+    idle: (Mutex<()>, Condvar),
+    silences: Silences,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Shared {
+    fn push(&self, job: Job, result: Result<(), BrokerError>) {
+        self.silences.answered();
+        let failed = result.is_err().then_some(job.failed);
+        self.acks.push(Ack {
+            seq: job.seq,
+            route: job.route,
+            result: result.map_err(Into::into),
+            failed,
+        });
+        if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _guard = lock(&self.idle.0);
+            self.idle.1.notify_all();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// The publisher; see the [module docs](self). Clones share one connection.
+#[derive(Clone)]
+pub struct RabbitMqSink {
+    shared: Arc<Shared>,
+}
+
+/// Connects (on the current tokio runtime) and starts the publishing task; acks go to `acks`.
+pub async fn connect(
+    config: &RabbitMqConfig,
+    acks: Arc<AckQueue>,
+) -> Result<RabbitMqSink, SinkError> {
+    let link = open(config).await?;
+    let shared = Arc::new(Shared {
+        config: config.clone(),
+        acks,
+        tx: Mutex::new(None),
+        in_flight: AtomicUsize::new(0),
+        idle: (Mutex::new(()), Condvar::new()),
+        silences: Silences::default(),
+        runtime: tokio::runtime::Handle::current(),
+    });
+    let sink = RabbitMqSink { shared };
+    *lock(&sink.shared.tx) = Some(sink.start(Some(link)));
+    Ok(sink)
+}
+
+/// An open connection and its confirm-mode channel.
+struct Link {
+    conn: Connection,
+    channel: Channel,
+    /// Progress queues declared on this connection.
+    declared: HashSet<String>,
+}
+
+/// Connects, opens a channel and selects confirms.
+async fn open(config: &RabbitMqConfig) -> Result<Link, BrokerError> {
+    let conn = dial(config).await?;
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(|e| classify(&e, "opening a channel", config))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| classify(&e, "selecting publisher confirms", config))?;
+    Ok(Link {
+        conn,
+        channel,
+        declared: HashSet::new(),
+    })
+}
+
+/// The connection `config` describes (password and TLS files added to the URL).
+pub(crate) async fn dial(config: &RabbitMqConfig) -> Result<Connection, BrokerError> {
+    let mut uri: AMQPUri = config.url.parse().map_err(|e: String| {
+        err(
+            Class::Fatal(Failure::Config),
+            format!("rabbitmq.url cannot be parsed: {e}"),
+        )
+    })?;
+    if let Some(password) = &config.password {
+        uri.authority.userinfo.password = password.expose().to_owned();
+    }
+    let mut tls = OwnedTLSConfig::default();
+    let read = |p: &std::path::Path, what: &str| {
+        std::fs::read(p).map_err(|e| {
+            err(
+                Class::Fatal(Failure::Config),
+                format!("{what}: cannot read {}: {e}", p.display()),
+            )
+        })
+    };
+    if let Some(ca) = &config.tls_ca_file {
+        let pem = read(ca, "rabbitmq.tls_ca_file")?;
+        tls.cert_chain = Some(String::from_utf8_lossy(&pem).into_owned());
+    }
+    if let Some((cert, key)) = &config.tls_client {
+        tls.identity = Some(OwnedIdentity::PKCS8 {
+            pem: read(cert, "rabbitmq.tls_cert_file")?,
+            key: read(key, "rabbitmq.tls_key_file")?,
+        });
+    }
+    let props = ConnectionProperties::default().with_connection_name("walbox".into());
+    let runtime = lapin::runtime::default_runtime().map_err(|e| {
+        err(
+            Class::Fatal(Failure::Kafka),
+            format!("no runtime for lapin: {e}"),
+        )
+    })?;
+    Connection::connect_uri_with_config(uri, props, tls, runtime)
+        .await
+        .map_err(|e| classify_connect(&e, config))
+}
+
+/// Where `user` comes from in messages: the URL's user.
+fn user(config: &RabbitMqConfig) -> String {
+    let rest = config
+        .url
+        .split_once("://")
+        .map(|x| x.1)
+        .unwrap_or_default();
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    match authority.rsplit_once('@') {
+        Some((user, _)) => user.to_owned(),
+        None => "guest".to_owned(),
+    }
+}
+
+/// The node's address for messages (no user, no password).
+fn node(config: &RabbitMqConfig) -> String {
+    let rest = config
+        .url
+        .split_once("://")
+        .map(|x| x.1)
+        .unwrap_or_default();
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    authority
+        .rsplit_once('@')
+        .map_or(authority, |x| x.1)
+        .to_owned()
+}
+
+/// A connect error: refused credentials are [`Failure::Auth`], the rest transient.
+fn classify_connect(e: &lapin::Error, config: &RabbitMqConfig) -> BrokerError {
+    if let ErrorKind::ProtocolError(amqp) = e.kind() {
+        if matches!(
+            amqp.kind(),
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
+        ) || matches!(amqp.kind(), AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED))
+        {
+            return err(
+                Class::Fatal(Failure::Auth),
+                format!(
+                    "{} refused user {:?} (or its access to the url's virtual host): {}; check the user, rabbitmq.password_file and its permissions",
+                    node(config),
+                    user(config),
+                    amqp.get_message()
+                ),
+            );
+        }
+    }
+    classify(e, &format!("connecting to {}", node(config)), config)
+}
+
+/// A channel or connection error while `doing`.
+fn classify(e: &lapin::Error, doing: &str, config: &RabbitMqConfig) -> BrokerError {
+    let ErrorKind::ProtocolError(amqp) = e.kind() else {
+        return err(Class::Transient, format!("{doing}: {e}"));
+    };
+    let text = amqp.get_message().to_string();
+    match amqp.kind() {
+        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => err(
+            Class::Fatal(Failure::Kafka),
+            format!(
+                "{doing}: access refused ({text}): grant user {:?} write permission on exchange {:?} (and configure permission on the {}.* queues)",
+                user(config),
+                config.exchange,
+                config.progress_queue
+            ),
+        ),
+        AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => err(
+            Class::Fatal(Failure::Kafka),
+            format!(
+                "{doing}: not found ({text}): declare exchange {:?} (walbox does not create it) or fix rabbitmq.exchange",
+                config.exchange
+            ),
+        ),
+        AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) if text.contains("message size") => {
+            err(
+                Class::Rejected,
+                format!("{doing}: {text}: the message is over the node's max_message_size"),
+            )
+        }
+        AMQPErrorKind::Soft(AMQPSoftError::CONTENTTOOLARGE) => err(
+            Class::Rejected,
+            format!("{doing}: {text}: the message is too large for the node"),
+        ),
+        _ => err(Class::Transient, format!("{doing}: {e}")),
+    }
+}
+
+impl RabbitMqSink {
+    /// Starts a publishing task on `link` (or on a connection it opens first).
+    fn start(&self, link: Option<Link>) -> mpsc::Sender<Job> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let shared = self.shared.clone();
+        self.shared.runtime.spawn(run(shared, link, rx));
+        tx
+    }
+
+    fn hand_over(&self, job: Job) -> Result<(), SinkError> {
+        let mut tx = lock(&self.shared.tx);
+        let sender = match tx.as_ref() {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.start(None);
+                *tx = Some(s.clone());
+                s
+            }
+        };
+        // Counted before the send: its ack may come before `send` returns.
+        self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.shared.silences.waiting();
+        match sender.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.shared.silences.withdrawn();
+                self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+                match e {
+                    mpsc::error::TrySendError::Full(_) => Err(SinkError::QueueFull),
+                    mpsc::error::TrySendError::Closed(_) => {
+                        // The task failed: refuse this record (it may be the failed session's),
+                        // connect again on the next one.
+                        *tx = None;
+                        Err(err(
+                            Class::Transient,
+                            "publishing stopped after a failure (see the failed record's error); the next session connects again",
+                        )
+                        .into())
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The AMQP properties of `event`.
+fn properties(event: &OutboxEvent) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    let mut props = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(String::from_utf8_lossy(&event.id).as_ref().into());
+    for (name, value) in &event.headers {
+        let name = name.as_str();
+        let v = match value {
+            Some(v) => {
+                if name == "event_type" {
+                    props = props.with_type(String::from_utf8_lossy(v).as_ref().into());
+                } else if name == "content-type" {
+                    props = props.with_content_type(String::from_utf8_lossy(v).as_ref().into());
+                }
+                AMQPValue::LongString(LongString::from(v.to_vec()))
+            }
+            None => AMQPValue::Void,
+        };
+        headers.insert(ShortString::from(name), v);
+    }
+    if let Some(key) = &event.key {
+        headers.insert(
+            KEY_HEADER.into(),
+            AMQPValue::LongString(LongString::from(key.to_vec())),
+        );
+    }
+    if let Ok(secs) = u64::try_from(event.timestamp_ms / 1000) {
+        props = props.with_timestamp(secs);
+    }
+    props.with_headers(headers)
+}
+
+fn header(event: &OutboxEvent, name: &str) -> String {
+    event
+        .headers
+        .iter()
+        .find(|(n, _)| n.as_str() == name)
+        .and_then(|(_, v)| v.as_ref())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
+}
+
+impl Publisher for RabbitMqSink {
+    fn broker(&self) -> BrokerKind {
+        BrokerKind::RabbitMq
+    }
+
+    fn send(&self, event: &OutboxEvent, seq: u64, route: usize) -> Result<(), SinkError> {
+        let failed = FailedRecord {
+            topic: event.topic.to_string(),
+            id: String::from_utf8_lossy(&event.id).into_owned(),
+            lsn: header(event, COMMIT_LSN_HEADER),
+            index: header(event, INDEX_HEADER),
+            key: event.key.clone(),
+            payload: event.value.clone(),
+        };
+        self.hand_over(Job {
+            seq,
+            route,
+            exchange: self.shared.config.exchange.clone(),
+            routing_key: event.topic.to_string(),
+            body: event.value.clone().unwrap_or_default(),
+            properties: properties(event),
+            failed,
+        })
+    }
+
+    fn send_progress(&self, key: &str, value: &[u8]) -> Result<(), SinkError> {
+        let queue = progress_queue(&self.shared.config, key);
+        let body = Bytes::copy_from_slice(value);
+        self.hand_over(Job {
+            seq: 0,
+            route: PROGRESS_ROUTE,
+            exchange: String::new(),
+            routing_key: queue.clone(),
+            body: body.clone(),
+            properties: BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_content_type("application/json".into()),
+            failed: FailedRecord {
+                topic: queue,
+                key: Some(Bytes::copy_from_slice(key.as_bytes())),
+                payload: Some(body),
+                ..Default::default()
+            },
+        })
+    }
+
+    fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = lock(&self.shared.idle.0);
+        while self.in_flight() > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            guard = match self.shared.idle.1.wait_timeout(guard, left) {
+                Ok((g, _)) => g,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        true
+    }
+
+    fn silent_since(&self, from: Instant) -> Duration {
+        self.shared.silences.since(from)
+    }
+}
+
+/// The progress queue of slot key `key`: `<progress_queue>.<key>`, every byte outside
+/// `[A-Za-z0-9._-]` written as `_`, cut to AMQP's 255 bytes.
+pub fn progress_queue(config: &RabbitMqConfig, key: &str) -> String {
+    let mut name = format!("{}.", config.progress_queue);
+    name.extend(key.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+            c
+        } else {
+            '_'
+        }
+    }));
+    name.truncate(255);
+    name
+}
+
+/// The progress queue's arguments: it keeps the newest record only.
+fn progress_arguments() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("drop-head".into()),
+    );
+    args
+}
+
+/// A record published and waiting for its confirm.
+struct Published {
+    job: Job,
+    confirm: Pin<Box<PublisherConfirm>>,
+}
+
+/// What woke the publishing task.
+enum Step {
+    Confirmed(lapin::Result<Confirmation>),
+    Job(Option<Job>),
+    TimedOut,
+}
+
+/// The publishing task: publishes what `rx` brings, reads confirms in order, acks each record;
+/// on a failure fails everything left and ends (see the module docs).
+async fn run(shared: Arc<Shared>, link: Option<Link>, mut rx: mpsc::Receiver<Job>) {
+    let config = shared.config.clone();
+    let mut link = match link {
+        Some(l) => l,
+        None => match open(&config).await {
+            Ok(l) => l,
+            Err(e) => return fail_rest(&shared, Vec::new(), &mut rx, e),
+        },
+    };
+    let mut pending: VecDeque<Published> = VecDeque::new();
+    let timer = tokio::time::sleep(config.confirm_timeout);
+    tokio::pin!(timer);
+    let mut timer_armed = false;
+    loop {
+        if !timer_armed && !pending.is_empty() {
+            timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + config.confirm_timeout);
+            timer_armed = true;
+        }
+        let step = std::future::poll_fn(|cx| {
+            if let Some(front) = pending.front_mut() {
+                if let Poll::Ready(r) = front.confirm.as_mut().poll(cx) {
+                    return Poll::Ready(Step::Confirmed(r));
+                }
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Step::TimedOut);
+                }
+            }
+            if pending.len() < WINDOW {
+                if let Poll::Ready(j) = rx.poll_recv(cx) {
+                    return Poll::Ready(Step::Job(j));
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        match step {
+            Step::Job(None) => {
+                // Every handle is gone: wait for the confirms still due, then close.
+                if pending.is_empty() {
+                    let _ = link.conn.close(200, "walbox done".into()).await;
+                    return;
+                }
+                // `rx` is closed and empty: poll_recv keeps returning None, harmlessly.
+                rx.close();
+                while let Some(p) = pending.pop_front() {
+                    let r = confirm_result(
+                        tokio::time::timeout(config.confirm_timeout, p.confirm).await,
+                        &p.job,
+                        &config,
+                    );
+                    shared.push(p.job, r);
+                }
+                let _ = link.conn.close(200, "walbox done".into()).await;
+                return;
+            }
+            Step::Job(Some(job)) => match publish(&mut link, &job).await {
+                Ok(confirm) => pending.push_back(Published {
+                    job,
+                    confirm: Box::pin(confirm),
+                }),
+                Err(e) => {
+                    let e = classify(&e, "publishing", &config);
+                    let mut jobs = jobs_of(pending);
+                    jobs.push(job);
+                    return fail_rest(&shared, jobs, &mut rx, e);
+                }
+            },
+            Step::TimedOut => {
+                let e = err(
+                    Class::Transient,
+                    format!(
+                        "no publisher confirm within rabbitmq.confirm_timeout ({:?}); the node is overloaded or unreachable",
+                        config.confirm_timeout
+                    ),
+                );
+                return fail_rest(&shared, jobs_of(pending), &mut rx, e);
+            }
+            Step::Confirmed(result) => {
+                timer_armed = false;
+                let Some(p) = pending.pop_front() else {
+                    continue;
+                };
+                match result {
+                    Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => {
+                        shared.push(p.job, Ok(()))
+                    }
+                    Ok(Confirmation::Ack(Some(returned))) => {
+                        let e = err(
+                            Class::Rejected,
+                            format!(
+                                "the message was returned unroutable ({} {}): exchange {:?} routes routing key {:?} to no queue; bind a queue for it",
+                                returned.reply_code, returned.reply_text, p.job.exchange, p.job.routing_key
+                            ),
+                        );
+                        shared.push(p.job, Err(e));
+                    }
+                    Ok(Confirmation::Nack(_)) => {
+                        let e = err(
+                            Class::Transient,
+                            "the node refused the message (basic.nack: a queue failed to take it)",
+                        );
+                        pending.push_front(p);
+                        return fail_rest(&shared, jobs_of(pending), &mut rx, e);
+                    }
+                    Err(e) => {
+                        let e = classify(&e, "waiting for the publisher confirm", &config);
+                        pending.push_front(p);
+                        return fail_rest(&shared, jobs_of(pending), &mut rx, e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The records of `pending`, in publish order.
+fn jobs_of(pending: VecDeque<Published>) -> Vec<Job> {
+    pending.into_iter().map(|p| p.job).collect()
+}
+
+/// One confirm read at shutdown.
+fn confirm_result(
+    r: Result<lapin::Result<Confirmation>, tokio::time::error::Elapsed>,
+    job: &Job,
+    config: &RabbitMqConfig,
+) -> Result<(), BrokerError> {
+    match r {
+        Ok(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => Ok(()),
+        Ok(Ok(Confirmation::Ack(Some(_)))) => Err(err(
+            Class::Rejected,
+            format!(
+                "the message was returned unroutable: exchange {:?} routes routing key {:?} to no queue",
+                job.exchange, job.routing_key
+            ),
+        )),
+        Ok(Ok(Confirmation::Nack(_))) => Err(err(Class::Transient, "basic.nack")),
+        Ok(Err(e)) => Err(classify(&e, "waiting for the publisher confirm", config)),
+        Err(_) => Err(err(Class::Transient, "no publisher confirm before shutdown")),
+    }
+}
+
+/// Publishes `job` on `link`, declaring its progress queue first when it is one.
+async fn publish(link: &mut Link, job: &Job) -> lapin::Result<PublisherConfirm> {
+    if job.route == PROGRESS_ROUTE && !link.declared.contains(&job.routing_key) {
+        link.channel
+            .queue_declare(
+                job.routing_key.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                progress_arguments(),
+            )
+            .await?;
+        link.declared.insert(job.routing_key.clone());
+    }
+    link.channel
+        .basic_publish(
+            job.exchange.as_str().into(),
+            job.routing_key.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            &job.body,
+            job.properties.clone(),
+        )
+        .await
+}
+
+/// Fails every record of `jobs` (the first with `error`, the rest transient, except the
+/// record a size refusal names) and everything still queued, then closes `rx`: the next
+/// `send` is refused and the one after connects again.
+fn fail_rest(
+    shared: &Shared,
+    mut jobs: Vec<Job>,
+    rx: &mut mpsc::Receiver<Job>,
+    error: BrokerError,
+) {
+    rx.close();
+    tracing::warn!(error = %error, "rabbitmq publisher stopped; records after the failure fail transiently");
+    let size = (error.class == Class::Rejected)
+        .then(|| refused_size(&error.message))
+        .flatten();
+    while let Ok(job) = rx.try_recv() {
+        jobs.push(job);
+    }
+    // The record a size refusal names (by its size); else the first gets the error itself.
+    let culprit = match size {
+        Some(n) => jobs.iter().position(|j| j.body.len() as u64 == n),
+        None if error.class == Class::Rejected => None,
+        None => Some(0),
+    };
+    let transient = err(
+        Class::Transient,
+        format!(
+            "not confirmed: an earlier record failed ({})",
+            error.message
+        ),
+    );
+    for (i, job) in jobs.into_iter().enumerate() {
+        let e = if Some(i) == culprit {
+            error.clone()
+        } else {
+            transient.clone()
+        };
+        shared.push(job, Err(e));
+    }
+}
+
+/// The size in RabbitMQ's refusal `message size N is larger than configured max size M`.
+fn refused_size(message: &str) -> Option<u64> {
+    let rest = message.split("message size ").nth(1)?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The newest progress record of slot key `key`, read from its progress queue and left there;
+/// `None` when the queue does not exist or is empty.
+pub async fn read_progress(
+    config: &RabbitMqConfig,
+    key: &str,
+) -> Result<Option<Vec<u8>>, BrokerError> {
+    let conn = dial(config).await?;
+    let result = read_queue(&conn, &progress_queue(config, key), config).await;
+    let _ = conn.close(200, "walbox done".into()).await;
+    result
+}
+
+async fn read_queue(
+    conn: &Connection,
+    queue: &str,
+    config: &RabbitMqConfig,
+) -> Result<Option<Vec<u8>>, BrokerError> {
+    let doing = format!("reading progress queue {queue:?}");
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(|e| classify(&e, &doing, config))?;
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    match declared {
+        Ok(_) => {}
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(classify(&e, &doing, config)),
+    }
+    let got = channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+        .await
+        .map_err(|e| classify(&e, &doing, config))?;
+    let Some(message) = got else {
+        return Ok(None);
+    };
+    let body = message.delivery.data.clone();
+    // Back where it was: the record stays for the next reader.
+    channel
+        .basic_reject(
+            message.delivery.delivery_tag,
+            BasicRejectOptions { requeue: true },
+        )
+        .await
+        .map_err(|e| classify(&e, &doing, config))?;
+    let _ = channel.close(200, "done".into()).await;
+    Ok(Some(body))
+}
+
+/// Whether `e` is a `NOT_FOUND` channel close.
+pub(crate) fn is_not_found(e: &lapin::Error) -> bool {
+    matches!(e.kind(), ErrorKind::ProtocolError(a) if matches!(a.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_queue_names_are_safe() {
+        let c = RabbitMqConfig::for_url("amqp://u@h");
+        assert_eq!(
+            progress_queue(&c, "db/walbox slot"),
+            "walbox.progress.db_walbox_slot"
+        );
+    }
+
+    #[test]
+    fn refused_size_is_read() {
+        assert_eq!(
+            refused_size("PRECONDITION_FAILED - message size 134217729 is larger than configured max size 134217728"),
+            Some(134_217_729)
+        );
+        assert_eq!(refused_size("PRECONDITION_FAILED - other"), None);
+    }
+}
