@@ -17,6 +17,7 @@ use walbox::config::secret::Secret;
 use walbox::config::RabbitMqConfig;
 use walbox::failure::{Class, Failure};
 use walbox::outbox::{EventPosition, HeaderName, OutboxEvent, KEY_HEADER};
+use walbox::preflight::Status;
 use walbox::sandbox::rabbitmq::{RabbitMq, RabbitMqOptions};
 use walbox::sink::rabbitmq::{self, RabbitMqSink};
 use walbox::sink::{Ack, AckQueue, Publisher, SinkError, PROGRESS_ROUTE};
@@ -464,4 +465,43 @@ async fn rabbitmq_killed_node_loses_no_acked_record_and_fails_the_rest_transient
     send(&sink, &event("k", "a", sent + 1), sent + 1).await;
     let after = acks(&ackq, 1).await;
     assert!(after[0].result.is_ok(), "{:?}", after[0].result);
+}
+
+/// `walbox check`'s RabbitMQ lines: (name, status) pairs.
+async fn check_lines(c: &RabbitMqConfig) -> Vec<(String, Status)> {
+    walbox::preflight::rabbitmq::checks_of(c)
+        .await
+        .into_iter()
+        .map(|c| (c.name, c.status))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_check_lines() {
+    let Some(node) = rabbitmq() else { return };
+    let (_conn, ch) = client(node).await;
+    exchange(&ch, "check.x", ExchangeKind::Topic).await;
+    exchange(
+        &ch,
+        "check.hash",
+        ExchangeKind::Custom("x-consistent-hash".into()),
+    )
+    .await;
+    queue(&ch, "check.hash.q", "check.hash", "1").await;
+    let ok = check_lines(&config(node, "check.x", "guest")).await;
+    assert!(ok.iter().all(|(_, s)| *s == Status::Ok), "{ok:?}");
+    assert_eq!(ok.len(), 5, "{ok:?}");
+    let hash = walbox::preflight::rabbitmq::checks_of(&config(node, "check.hash", "guest")).await;
+    let publish = hash
+        .iter()
+        .find(|c| c.name.contains("publish"))
+        .expect("publish line");
+    assert_eq!(publish.status, Status::Ok, "{publish:?}");
+    assert!(publish.detail.contains("routes every key"), "{publish:?}");
+    let missing = check_lines(&config(node, "check.none", "guest")).await;
+    assert_eq!(missing[2].1, Status::Fail, "{missing:?}");
+    assert_eq!(missing[3].1, Status::Skipped, "{missing:?}");
+    let refused = check_lines(&config(node, "check.x", "wrong-password")).await;
+    assert_eq!(refused[0].1, Status::Ok, "{refused:?}");
+    assert_eq!(refused[1].1, Status::Fail, "{refused:?}");
 }

@@ -24,6 +24,7 @@ use crate::config::Config;
 
 pub mod kafka;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod tables;
 
 /// A check's outcome.
@@ -177,7 +178,10 @@ impl Report {
 /// Runs every check.
 pub async fn run(config: &Config) -> Report {
     let mut checks = postgres::checks(config).await;
-    checks.extend(kafka::checks(config).await);
+    match config.broker {
+        crate::config::BrokerConfig::Kafka => checks.extend(kafka::checks(config).await),
+        crate::config::BrokerConfig::RabbitMq(_) => checks.extend(rabbitmq::checks(config).await),
+    }
     Report { checks }
 }
 

@@ -505,7 +505,7 @@ pub fn progress_queue(config: &RabbitMqConfig, key: &str) -> String {
 }
 
 /// The progress queue's arguments: it keeps the newest record only.
-fn progress_arguments() -> FieldTable {
+pub(crate) fn progress_arguments() -> FieldTable {
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
     args.insert(
