@@ -24,6 +24,7 @@ pub mod ack;
 pub mod kafka;
 pub mod progress;
 pub mod rabbitmq;
+mod rabbitmq_client;
 pub mod silence;
 pub mod topics;
 pub mod transaction;
