@@ -505,3 +505,45 @@ async fn rabbitmq_check_lines() {
     assert_eq!(refused[0].1, Status::Ok, "{refused:?}");
     assert_eq!(refused[1].1, Status::Fail, "{refused:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_message_over_max_message_size_is_rejected_and_the_rest_fail_transient() {
+    let Some(node) = own_rabbitmq(RabbitMqOptions::default()) else {
+        return;
+    };
+    // Channels opened from now on take the smaller limit (RabbitMQ 3.10's default: 128 MiB).
+    node.run(
+        "rabbitmqctl",
+        &[
+            "eval",
+            "application:set_env(rabbit, max_message_size, 1048576).",
+        ],
+    )
+    .expect("set max_message_size");
+    let (_conn, ch) = client(&node).await;
+    exchange(&ch, "size.x", ExchangeKind::Direct).await;
+    queue(&ch, "size.q", "size.x", "k").await;
+    let ackq = Arc::new(AckQueue::default());
+    let sink = rabbitmq::connect(&config(&node, "size.x", "guest"), ackq.clone())
+        .await
+        .expect("connect");
+    send(&sink, &event("k", "a", 0), 0).await;
+    let mut big = event("k", "a", 1);
+    big.value = Some(Bytes::from(vec![b'x'; 2 << 20]));
+    send(&sink, &big, 1).await;
+    send(&sink, &event("k", "a", 2), 2).await;
+    let got = acks(&ackq, 3).await;
+    assert_in_order(&got, 3);
+    let e = got[1].result.as_ref().expect_err("the large record");
+    assert_eq!(e.class(), Class::Rejected, "{e}");
+    assert!(e.to_string().contains("max_message_size"), "{e}");
+    for a in [&got[0], &got[2]] {
+        if let Err(e) = &a.result {
+            assert_eq!(e.class(), Class::Transient, "{e}");
+        }
+    }
+    assert!(
+        got[2].result.is_err(),
+        "a record after the refusal is never acked"
+    );
+}
