@@ -547,3 +547,66 @@ async fn rabbitmq_message_over_max_message_size_is_rejected_and_the_rest_fail_tr
         "a record after the refusal is never acked"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walbox_run_relays_the_outbox_to_rabbitmq_in_commit_order() {
+    use crate::support::events::write_txns;
+    use crate::support::{wait_until, walbox_env, TestDb, Walbox};
+    let Some(node) = rabbitmq() else { return };
+    let db = TestDb::new("rabbit_e2e");
+    let slot = db.name.clone();
+    let (_conn, ch) = client(node).await;
+    exchange(&ch, "e2e.x", ExchangeKind::Topic).await;
+    let q = format!("e2e.{slot}");
+    queue(&ch, &q, "e2e.x", "#").await;
+    let mut env: Vec<(String, String)> = walbox_env(&db, &slot, "")
+        .into_iter()
+        .filter(|(k, _)| k != "WALBOX_KAFKA_BROKERS")
+        .collect();
+    env.extend(
+        [
+            (
+                "WALBOX_RABBITMQ_URL",
+                format!("amqp://guest@127.0.0.1:{}/%2f", node.port()),
+            ),
+            ("WALBOX_RABBITMQ_PASSWORD", "guest".to_owned()),
+            ("WALBOX_RABBITMQ_EXCHANGE", "e2e.x".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let walbox = Walbox::spawn(&env);
+    let aggregates: Vec<String> = (0..5).map(|i| format!("agg-{i}")).collect();
+    wait_until(PATIENCE, "walbox to stream", || db.slot_active(&slot));
+    let ids = write_txns(&db, "e2e", &aggregates, 40);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    while got.len() < ids.len() {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} events; log:\n{}",
+            got.len(),
+            ids.len(),
+            walbox.log()
+        );
+        got.extend(drain(&ch, &q).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bodies: Vec<i64> = got
+        .iter()
+        .map(|m| long_string(header(m, "id")).parse().expect("id header"))
+        .collect();
+    assert_eq!(bodies, ids, "every event once, in commit order");
+    // The slot's progress record: one message in its own progress queue.
+    let suffix = format!("_{slot}");
+    wait_until(PATIENCE, "the progress queue", || {
+        let queues = node
+            .run("rabbitmqctl", &["-q", "list_queues", "name", "messages"])
+            .expect("list_queues");
+        queues.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            let (name, n) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+            name.starts_with("walbox.progress.") && name.ends_with(&suffix) && n == "1"
+        })
+    });
+    drop(walbox);
+}
