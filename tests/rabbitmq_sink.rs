@@ -610,3 +610,38 @@ async fn walbox_run_relays_the_outbox_to_rabbitmq_in_commit_order() {
     });
     drop(walbox);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_publish_without_write_permission_is_fatal_naming_exchange_and_user() {
+    let Some(node) = rabbitmq() else { return };
+    let (_conn, ch) = client(node).await;
+    exchange(&ch, "denied.x", ExchangeKind::Direct).await;
+    queue(&ch, "denied.q", "denied.x", "k").await;
+    node.run("rabbitmqctl", &["add_user", "reader", "reader-pw"])
+        .expect("add_user");
+    // Configure and read anything, write nothing.
+    node.run(
+        "rabbitmqctl",
+        &["set_permissions", "-p", "/", "reader", ".*", "^$", ".*"],
+    )
+    .expect("set_permissions");
+    let mut c = config(node, "denied.x", "reader-pw");
+    c.url = format!("amqp://reader@127.0.0.1:{}/%2f", node.port());
+    let ackq = Arc::new(AckQueue::default());
+    let sink = rabbitmq::connect(&c, ackq.clone()).await.expect("connect");
+    send(&sink, &event("k", "a", 0), 0).await;
+    let got = acks(&ackq, 1).await;
+    let e = got[0].result.as_ref().expect_err("refused");
+    assert_eq!(e.class(), Class::Fatal(Failure::Kafka), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("denied.x") && text.contains("reader"),
+        "{text}"
+    );
+    let lines = check_lines(&c).await;
+    let publish = lines
+        .iter()
+        .find(|(n, _)| n.contains("publish"))
+        .expect("line");
+    assert_eq!(publish.1, Status::Fail, "{lines:?}");
+}
