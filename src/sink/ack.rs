@@ -195,6 +195,14 @@ impl AckQueue {
         self.ready.notified().await;
     }
 
+    /// Whether no report is waiting (the relay took every one pushed so far).
+    pub fn is_empty(&self) -> bool {
+        match self.pending.lock() {
+            Ok(p) => p.is_empty(),
+            Err(poisoned) => poisoned.into_inner().is_empty(),
+        }
+    }
+
     /// Moves every waiting report into `out` (which should be empty; its capacity is reused).
     pub fn drain_into(&self, out: &mut Vec<Ack>) {
         let mut pending = match self.pending.lock() {

@@ -20,10 +20,12 @@
 //! connection closed, a confirm later than `rabbitmq.confirm_timeout` — the record is failed
 //! and so is every record published or queued after it ([`Class::Transient`], unless the
 //! broker's reply names a fatal cause), the connection is dropped, and the task ends: nothing
-//! is ever re-sent here. The first `send` after that is refused (transient), which ends the
-//! relay's session if it is the old session's; the next one connects again. So a record of the
-//! failed session can never be published on the new connection ahead of an earlier record
-//! PostgreSQL will re-send.
+//! is ever re-sent here. Until the relay has taken every one of those acks from its queue,
+//! `send` refuses records (transient): they may be the failed session's, sent before it saw
+//! the failure. The relay takes acks on the task that sends and ends the session at the first
+//! failed one, so once the queue is empty what comes is the next session's, and the first such
+//! `send` connects again. A record of the failed session is thus never published on the new
+//! connection ahead of an earlier record PostgreSQL will send again.
 //!
 //! The one reordering that remains is in the broker, not here: after a `basic.nack` for record
 //! *n*, records *n+1…* published before the nack arrived may already be enqueued (RabbitMQ
@@ -65,7 +67,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -103,8 +105,10 @@ struct Job {
 struct Shared {
     config: RabbitMqConfig,
     acks: Arc<AckQueue>,
-    /// The running publishing task's queue; `None` after a refused `send` (the next connects).
+    /// The publishing task's queue (closed once the task failed).
     tx: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Set by a failed task once it has pushed the ack of every record it had.
+    failed: AtomicBool,
     in_flight: AtomicUsize,
     /// Signalled when `in_flight` drops to 0.
     idle: (Mutex<()>, Condvar),
@@ -152,6 +156,7 @@ pub async fn connect(
         config: config.clone(),
         acks,
         tx: Mutex::new(None),
+        failed: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         idle: (Mutex::new(()), Condvar::new()),
         silences: Silences::default(),
@@ -198,10 +203,29 @@ impl RabbitMqSink {
     }
 
     fn hand_over(&self, job: Job) -> Result<(), SinkError> {
+        let refused = || -> SinkError {
+            err(
+                Class::Transient,
+                "publishing stopped after a failure (see the failed record's error); the next session connects again",
+            )
+            .into()
+        };
         let mut tx = lock(&self.shared.tx);
+        if tx.as_ref().is_some_and(mpsc::Sender::is_closed) {
+            // The task failed. Records sent until the relay has taken every failed ack may be
+            // the failed session's: refused, never published on a new connection ahead of
+            // the records PostgreSQL will send again. The relay takes acks on the task that
+            // sends, and ends the session at the first failed one: once the queue is empty,
+            // what comes is the next session's.
+            if !self.shared.failed.load(Ordering::Acquire) || !self.shared.acks.is_empty() {
+                return Err(refused());
+            }
+            *tx = None;
+        }
         let sender = match tx.as_ref() {
             Some(s) => s.clone(),
             None => {
+                self.shared.failed.store(false, Ordering::Release);
                 let s = self.start(None);
                 *tx = Some(s.clone());
                 s
@@ -217,16 +241,8 @@ impl RabbitMqSink {
                 self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
                 match e {
                     mpsc::error::TrySendError::Full(_) => Err(SinkError::QueueFull),
-                    mpsc::error::TrySendError::Closed(_) => {
-                        // The task failed: refuse this record (it may be the failed session's),
-                        // connect again on the next one.
-                        *tx = None;
-                        Err(err(
-                            Class::Transient,
-                            "publishing stopped after a failure (see the failed record's error); the next session connects again",
-                        )
-                        .into())
-                    }
+                    // The task failed just now.
+                    mpsc::error::TrySendError::Closed(_) => Err(refused()),
                 }
             }
         }
@@ -535,8 +551,8 @@ async fn publish(link: &mut Link, job: &Job) -> lapin::Result<PublisherConfirm> 
 }
 
 /// Fails every record of `jobs` (the first with `error`, the rest transient, except the
-/// record a size refusal names) and everything still queued, then closes `rx`: the next
-/// `send` is refused and the one after connects again.
+/// record a size refusal names) and everything still queued, closing `rx` first; then marks
+/// the sink failed (see `hand_over`).
 fn fail_rest(
     shared: &Shared,
     mut jobs: Vec<Job>,
@@ -572,6 +588,7 @@ fn fail_rest(
         };
         shared.push(job, Err(e));
     }
+    shared.failed.store(true, Ordering::Release);
 }
 
 /// The size in RabbitMQ's refusal `message size N is larger than configured max size M`.
