@@ -35,6 +35,7 @@ mod progress;
 mod progress_topic;
 mod promotion;
 mod publication;
+mod rabbitmq_sink;
 mod recovery;
 mod redis_sink;
 mod relay;

@@ -8,6 +8,7 @@ use super::env::EnvLayout;
 use super::error::ConfigError;
 use super::kafka::{KafkaConfig, RawKafka};
 use super::nats::NatsConfig;
+use super::rabbitmq::RabbitMqConfig;
 use super::redis::RedisConfig;
 
 /// A broker walbox publishes to.
@@ -52,6 +53,8 @@ pub enum BrokerConfig {
     Redis(RedisConfig),
     /// `[nats]`.
     Nats(NatsConfig),
+    /// `[rabbitmq]`.
+    RabbitMq(RabbitMqConfig),
 }
 
 impl BrokerConfig {
@@ -61,6 +64,7 @@ impl BrokerConfig {
             BrokerConfig::Kafka => BrokerKind::Kafka,
             BrokerConfig::Redis(_) => BrokerKind::Redis,
             BrokerConfig::Nats(_) => BrokerKind::Nats,
+            BrokerConfig::RabbitMq(_) => BrokerKind::RabbitMq,
         }
     }
 }

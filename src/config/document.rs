@@ -26,6 +26,7 @@ use super::log::{LogConfig, RawLog, LOG_ENV};
 use super::nats::RawNats;
 use super::outbox::{self, OutboxConfig, RawOutbox};
 use super::postgres::{PostgresConfig, RawPgConnection, RawPostgres};
+use super::rabbitmq::RawRabbitMq;
 use super::redis::RawRedis;
 use super::relay::{RawRelay, RelayConfig};
 use super::retention::RawRetention;
@@ -65,6 +66,9 @@ pub struct RawConfig {
     /// `[nats]`: NATS JetStream is the broker.
     #[serde(default)]
     pub nats: Option<RawNats>,
+    /// `[rabbitmq]`: present when RabbitMQ is the broker.
+    #[serde(default)]
+    pub rabbitmq: Option<RawRabbitMq>,
 }
 
 /// The validated configuration.
@@ -107,6 +111,7 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
         RawHttp::SETTINGS,
         RawLog::SETTINGS,
         RawNats::SETTINGS,
+        RawRabbitMq::SETTINGS,
     ],
     secrets: &[
         RawPgConnection::SECRETS,
@@ -114,6 +119,7 @@ pub(super) const LAYOUT: EnvLayout = EnvLayout {
         RawAlerts::SECRETS,
         RawRedis::SECRETS,
         RawNats::SECRETS,
+        RawRabbitMq::SECRETS,
     ],
     // The config file (clap reads it) and the log filter override (main reads it).
     accepted: &["WALBOX_CONFIG", LOG_ENV],
@@ -162,6 +168,9 @@ impl RawConfig {
         }
         if let Some(nats) = self.nats {
             others.push(BrokerConfig::Nats(nats.validate(&LAYOUT)?));
+        }
+        if let Some(rabbitmq) = self.rabbitmq {
+            others.push(BrokerConfig::RabbitMq(rabbitmq.validate(&LAYOUT)?));
         }
         let (mut kafka, broker) = broker::choose(self.kafka, others, postgres.shards, &LAYOUT)?;
         let relay = self.relay.validate()?;

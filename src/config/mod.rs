@@ -60,6 +60,7 @@ mod log;
 mod nats;
 pub mod outbox;
 mod postgres;
+mod rabbitmq;
 mod redis;
 mod relay;
 pub mod retention;
@@ -87,6 +88,7 @@ pub use outbox::{
 };
 pub(crate) use postgres::{valid_identifier, RawPgConnection};
 pub use postgres::{OnSlotBusy, PostgresConfig, RawPostgres, ShardOf, MAX_SHARDS};
+pub use rabbitmq::{RabbitMqConfig, RawRabbitMq};
 pub use redis::{RawRedis, RedisConfig, DEFAULT_PROGRESS_KEY_PREFIX};
 pub(crate) use relay::backoff;
 pub use relay::{RawRelay, RelayConfig, DEFAULT_MAX_IN_FLIGHT};

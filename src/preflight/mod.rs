@@ -25,6 +25,7 @@ use crate::config::{BrokerConfig, Config};
 pub mod kafka;
 pub mod nats;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod redis;
 pub mod tables;
 
@@ -183,6 +184,7 @@ pub async fn run(config: &Config) -> Report {
         BrokerConfig::Kafka => checks.extend(kafka::checks(config).await),
         BrokerConfig::Redis(r) => checks.extend(redis::checks(config, r).await),
         BrokerConfig::Nats(_) => checks.extend(nats::checks(config).await),
+        BrokerConfig::RabbitMq(_) => checks.extend(rabbitmq::checks(config).await),
     }
     Report { checks }
 }

@@ -108,6 +108,10 @@ pub fn progress_place(broker: &BrokerConfig, kafka: &KafkaConfig, key: &Progress
             n.progress_bucket,
             crate::sink::nats::sanitize_key(&key.record_key())
         ),
+        BrokerConfig::RabbitMq(r) => format!(
+            "rabbitmq queue {:?}",
+            crate::sink::rabbitmq::progress_queue(r, &key.record_key())
+        ),
     }
 }
 

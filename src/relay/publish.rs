@@ -73,6 +73,8 @@ impl Relay {
             // JetStream has no topics to create: a subject no stream captures is refused on
             // publish, as the record's fault.
             Sink::Nats(_) => Ok(()),
+            // The exchange routes; there is no destination to create or check per event.
+            Sink::RabbitMq(_) => Ok(()),
         };
         if let Err(error) = checked {
             let id = String::from_utf8_lossy(&event.id);

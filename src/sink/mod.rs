@@ -25,6 +25,8 @@ pub mod kafka;
 pub mod nats;
 pub mod progress;
 mod publisher;
+pub mod rabbitmq;
+mod rabbitmq_client;
 pub mod redis;
 pub mod redis_reply;
 pub mod silence;
@@ -54,6 +56,8 @@ pub enum Sink {
     Redis(redis::RedisSink),
     /// NATS JetStream.
     Nats(nats::NatsSink),
+    /// RabbitMQ, through lapin.
+    RabbitMq(rabbitmq::RabbitMqSink),
 }
 
 impl Sink {
@@ -63,6 +67,7 @@ impl Sink {
             Sink::Kafka(k) => Some(k),
             Sink::Redis(_) => None,
             Sink::Nats(_) => None,
+            Sink::RabbitMq(_) => None,
         }
     }
 
@@ -71,6 +76,7 @@ impl Sink {
             Sink::Kafka(k) => k,
             Sink::Redis(r) => r,
             Sink::Nats(n) => n,
+            Sink::RabbitMq(r) => r,
         }
     }
 }
@@ -114,6 +120,7 @@ pub async fn connect(config: &Config, acks: Arc<AckQueue>) -> Result<Sink, SinkE
         BrokerConfig::Kafka => KafkaSink::new(&config.kafka, acks).map(Sink::Kafka),
         BrokerConfig::Redis(redis) => redis::connect(redis, acks).await.map(Sink::Redis),
         BrokerConfig::Nats(n) => nats::connect(n, acks).await.map(Sink::Nats),
+        BrokerConfig::RabbitMq(r) => rabbitmq::connect(r, acks).await.map(Sink::RabbitMq),
     }
 }
 
@@ -165,6 +172,17 @@ pub async fn read_progress(
                 nats::sanitize_key(&key)
             );
             read.map(|v| parse_progress(&place, &v)).transpose()
+        }
+        BrokerConfig::RabbitMq(r) => {
+            let key = key.record_key();
+            let place = rabbitmq::progress_queue(r, &key);
+            let read = tokio::time::timeout(timeout, rabbitmq::read_progress(r, &key));
+            match read.await {
+                Err(_) => Err(ProgressError::Timeout(place)),
+                Ok(Err(e)) => Err(ProgressError::Broker(e)),
+                Ok(Ok(None)) => Ok(None),
+                Ok(Ok(Some(bytes))) => parse_progress(&place, &bytes).map(Some),
+            }
         }
     }
 }

@@ -1,0 +1,628 @@
+//! The RabbitMQ publisher (AMQP 0-9-1, through `lapin`): one connection, one channel in
+//! publisher-confirm mode, records published in `send` order to `rabbitmq.exchange` with the
+//! event's destination (`event.topic`) as routing key.
+//!
+//! # What an `Ok` ack means
+//! A publisher confirm (`basic.ack`) without a `basic.return`. Records are published
+//! `mandatory` and persistent (`delivery_mode = 2`); RabbitMQ confirms a persistent message
+//! routed to durable classic queues once every such queue has written it to disk (fsync'd, or
+//! delivered and acknowledged by a consumer first), and for quorum queues once a majority of
+//! the queue's replicas have written it to their log. A message routed to no queue is
+//! returned (`basic.return`, then confirmed): that record is failed as the record's fault
+//! ([`Class::Rejected`], naming exchange and routing key), never silently acked. Durability
+//! therefore also needs the user's queues to be durable (transient queues lose messages with
+//! the node, whatever the confirm said).
+//!
+//! # Order
+//! Records are published on one channel by one task, in `send` order; RabbitMQ routes and
+//! enqueues the messages of one channel in publish order. Confirms are read in publish order
+//! (up to [`WINDOW`] unconfirmed). On any failure but a return — a `basic.nack`, a channel or
+//! connection closed, a confirm later than `rabbitmq.confirm_timeout` — the record is failed
+//! and so is every record published or queued after it ([`Class::Transient`], unless the
+//! broker's reply names a fatal cause), the connection is dropped, and the task ends: nothing
+//! is ever re-sent here. Until the relay has taken every one of those acks from its queue,
+//! `send` refuses records (transient): they may be the failed session's, sent before it saw
+//! the failure. The relay takes acks on the task that sends and ends the session at the first
+//! failed one, so once the queue is empty what comes is the next session's, and the first such
+//! `send` connects again. A record of the failed session is thus never published on the new
+//! connection ahead of an earlier record PostgreSQL will send again.
+//!
+//! The one reordering that remains is in the broker, not here: after a `basic.nack` for record
+//! *n*, records *n+1…* published before the nack arrived may already be enqueued (RabbitMQ
+//! nacks only when a queue process failed internally, so this is rare), and PostgreSQL re-sends
+//! *n* after them. A consumer sees *n+1…*, then *n, n+1…* again: the duplicates that
+//! at-least-once delivery has anyway, with one record out of place. A connection lost with
+//! records unconfirmed is the common case and does not reorder: RabbitMQ enqueues a channel's
+//! messages in order, so what reached the queues is a prefix of what was published.
+//!
+//! # Duplicates across a crash
+//! At least once: a record the broker enqueued but whose confirm walbox never received (crash,
+//! connection loss, timeout) is published again by the next session. `message_id` is the
+//! event id, for consumers that deduplicate.
+//!
+//! # Failures
+//! `ACCESS_REFUSED` on connect is `Failure::Auth` (exit 4); on publish (no write permission on
+//! the exchange) and `NOT_FOUND` (the exchange does not exist) `Failure::Kafka` (exit 9, "the
+//! publisher cannot continue") with what to fix (the exchange is one configuration value: every
+//! record would fail alike). A message over the node's `max_message_size` (RabbitMQ 3.10's
+//! default: 128 MiB; the channel is closed with `PRECONDITION_FAILED`) is the record's fault:
+//! the record whose size the refusal names fails `Rejected`, the others transiently.
+//! Everything else (connection errors, the node restarting, timeouts) is transient.
+//!
+//! # Progress records
+//! One durable queue per slot key, `<rabbitmq.progress_queue>.<key>` (see [`progress_queue`]),
+//! declared by walbox with `x-max-length = 1` and `x-overflow = drop-head`: it always holds
+//! the newest record, published through the default exchange (persistent, confirmed like
+//! events). [`read_progress`] reads it with `basic.get` without acknowledging it and
+//! requeues it, so the record stays.
+//!
+//! # Per-aggregate order for several consumers
+//! One queue keeps commit order for every aggregate, but several consumers on one queue do not.
+//! For parallel consumers with per-aggregate order, publish to an `x-consistent-hash` exchange
+//! (plugin `rabbitmq_consistent_hash_exchange`, shipped with RabbitMQ) with the aggregate id as
+//! routing key (the route's topic `${aggregate_id}`), bind N queues to it with weights (the
+//! binding key is the weight, e.g. `"1"`), and give each queue one consumer: every aggregate
+//! hashes to one queue, which holds its events in commit order.
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
+use tokio::sync::mpsc;
+
+use super::ack::{Ack, AckQueue, BrokerError, FailedRecord, PROGRESS_ROUTE};
+use super::silence::Silences;
+use super::{Publisher, SinkError};
+use crate::config::{BrokerKind, RabbitMqConfig};
+use crate::failure::Class;
+use crate::outbox::{OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER, KEY_HEADER};
+
+/// Records published and not yet confirmed, at most.
+pub const WINDOW: usize = 10_000;
+/// Records waiting for the publishing task, at most (then [`SinkError::QueueFull`]).
+const QUEUE: usize = 20_000;
+
+/// One record for the publishing task.
+struct Job {
+    seq: u64,
+    route: usize,
+    exchange: String,
+    routing_key: String,
+    body: Bytes,
+    properties: BasicProperties,
+    failed: FailedRecord,
+}
+
+/// What the sink's handles share.
+struct Shared {
+    config: RabbitMqConfig,
+    acks: Arc<AckQueue>,
+    /// The publishing task's queue (closed once the task failed).
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Set by a failed task once it has pushed the ack of every record it had.
+    failed: AtomicBool,
+    in_flight: AtomicUsize,
+    /// Signalled when `in_flight` drops to 0.
+    idle: (Mutex<()>, Condvar),
+    silences: Silences,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Shared {
+    fn push(&self, job: Job, result: Result<(), BrokerError>) {
+        self.silences.answered();
+        let failed = result.is_err().then_some(job.failed);
+        self.acks.push(Ack {
+            seq: job.seq,
+            route: job.route,
+            result: result.map_err(Into::into),
+            failed,
+        });
+        if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _guard = lock(&self.idle.0);
+            self.idle.1.notify_all();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// The publisher; see the [module docs](self). Clones share one connection.
+#[derive(Clone)]
+pub struct RabbitMqSink {
+    shared: Arc<Shared>,
+}
+
+/// Connects (on the current tokio runtime) and starts the publishing task; acks go to `acks`.
+pub async fn connect(
+    config: &RabbitMqConfig,
+    acks: Arc<AckQueue>,
+) -> Result<RabbitMqSink, SinkError> {
+    let link = open(config).await?;
+    let shared = Arc::new(Shared {
+        config: config.clone(),
+        acks,
+        tx: Mutex::new(None),
+        failed: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
+        idle: (Mutex::new(()), Condvar::new()),
+        silences: Silences::default(),
+        runtime: tokio::runtime::Handle::current(),
+    });
+    let sink = RabbitMqSink { shared };
+    *lock(&sink.shared.tx) = Some(sink.start(Some(link)));
+    Ok(sink)
+}
+
+/// An open connection and its confirm-mode channel.
+struct Link {
+    conn: Connection,
+    channel: Channel,
+    /// Progress queues declared on this connection.
+    declared: HashSet<String>,
+}
+
+/// Connects, opens a channel and selects confirms.
+async fn open(config: &RabbitMqConfig) -> Result<Link, BrokerError> {
+    let conn = dial(config).await?;
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(|e| classify(&e, "opening a channel", config))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| classify(&e, "selecting publisher confirms", config))?;
+    Ok(Link {
+        conn,
+        channel,
+        declared: HashSet::new(),
+    })
+}
+
+impl RabbitMqSink {
+    /// Starts a publishing task on `link` (or on a connection it opens first).
+    fn start(&self, link: Option<Link>) -> mpsc::Sender<Job> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let shared = self.shared.clone();
+        self.shared.runtime.spawn(run(shared, link, rx));
+        tx
+    }
+
+    fn hand_over(&self, job: Job) -> Result<(), SinkError> {
+        let refused = || -> SinkError {
+            err(
+                Class::Transient,
+                "publishing stopped after a failure (see the failed record's error); the next session connects again",
+            )
+            .into()
+        };
+        let mut tx = lock(&self.shared.tx);
+        if tx.as_ref().is_some_and(mpsc::Sender::is_closed) {
+            // The task failed. Records sent until the relay has taken every failed ack may be
+            // the failed session's: refused, never published on a new connection ahead of
+            // the records PostgreSQL will send again. The relay takes acks on the task that
+            // sends, and ends the session at the first failed one: once the queue is empty,
+            // what comes is the next session's.
+            if !self.shared.failed.load(Ordering::Acquire) || !self.shared.acks.is_empty() {
+                return Err(refused());
+            }
+            *tx = None;
+        }
+        let sender = match tx.as_ref() {
+            Some(s) => s.clone(),
+            None => {
+                self.shared.failed.store(false, Ordering::Release);
+                let s = self.start(None);
+                *tx = Some(s.clone());
+                s
+            }
+        };
+        // Counted before the send: its ack may come before `send` returns.
+        self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.shared.silences.waiting();
+        match sender.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.shared.silences.withdrawn();
+                self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+                match e {
+                    mpsc::error::TrySendError::Full(_) => Err(SinkError::QueueFull),
+                    // The task failed just now.
+                    mpsc::error::TrySendError::Closed(_) => Err(refused()),
+                }
+            }
+        }
+    }
+}
+
+/// The AMQP properties of `event`.
+fn properties(event: &OutboxEvent) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    let mut props = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(String::from_utf8_lossy(&event.id).as_ref().into());
+    for (name, value) in &event.headers {
+        let name = name.as_str();
+        let v = match value {
+            Some(v) => {
+                if name == "event_type" {
+                    props = props.with_type(String::from_utf8_lossy(v).as_ref().into());
+                } else if name == "content-type" {
+                    props = props.with_content_type(String::from_utf8_lossy(v).as_ref().into());
+                }
+                AMQPValue::LongString(LongString::from(v.to_vec()))
+            }
+            None => AMQPValue::Void,
+        };
+        headers.insert(ShortString::from(name), v);
+    }
+    if let Some(key) = &event.key {
+        headers.insert(
+            KEY_HEADER.into(),
+            AMQPValue::LongString(LongString::from(key.to_vec())),
+        );
+    }
+    if let Ok(secs) = u64::try_from(event.timestamp_ms / 1000) {
+        props = props.with_timestamp(secs);
+    }
+    props.with_headers(headers)
+}
+
+fn header(event: &OutboxEvent, name: &str) -> String {
+    event
+        .headers
+        .iter()
+        .find(|(n, _)| n.as_str() == name)
+        .and_then(|(_, v)| v.as_ref())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
+}
+
+impl Publisher for RabbitMqSink {
+    fn broker(&self) -> BrokerKind {
+        BrokerKind::RabbitMq
+    }
+
+    fn send(&self, event: &OutboxEvent, seq: u64, route: usize) -> Result<(), SinkError> {
+        let failed = FailedRecord {
+            topic: event.topic.to_string(),
+            id: String::from_utf8_lossy(&event.id).into_owned(),
+            lsn: header(event, COMMIT_LSN_HEADER),
+            index: header(event, INDEX_HEADER),
+            key: event.key.clone(),
+            payload: event.value.clone(),
+        };
+        self.hand_over(Job {
+            seq,
+            route,
+            exchange: self.shared.config.exchange.clone(),
+            routing_key: event.topic.to_string(),
+            body: event.value.clone().unwrap_or_default(),
+            properties: properties(event),
+            failed,
+        })
+    }
+
+    fn send_progress(&self, key: &str, value: &[u8]) -> Result<(), SinkError> {
+        let queue = progress_queue(&self.shared.config, key);
+        let body = Bytes::copy_from_slice(value);
+        self.hand_over(Job {
+            seq: 0,
+            route: PROGRESS_ROUTE,
+            exchange: String::new(),
+            routing_key: queue.clone(),
+            body: body.clone(),
+            properties: BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_content_type("application/json".into()),
+            failed: FailedRecord {
+                topic: queue,
+                key: Some(Bytes::copy_from_slice(key.as_bytes())),
+                payload: Some(body),
+                ..Default::default()
+            },
+        })
+    }
+
+    fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = lock(&self.shared.idle.0);
+        while self.in_flight() > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            guard = match self.shared.idle.1.wait_timeout(guard, left) {
+                Ok((g, _)) => g,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        true
+    }
+
+    fn silent_since(&self, from: Instant) -> Duration {
+        self.shared.silences.since(from)
+    }
+}
+
+/// A record published and waiting for its confirm.
+struct Published {
+    job: Job,
+    confirm: Pin<Box<PublisherConfirm>>,
+}
+
+/// What woke the publishing task.
+enum Step {
+    Confirmed(lapin::Result<Confirmation>),
+    Job(Option<Job>),
+    TimedOut,
+}
+
+/// The publishing task: publishes what `rx` brings, reads confirms in order, acks each record;
+/// on a failure fails everything left and ends (see the module docs).
+async fn run(shared: Arc<Shared>, link: Option<Link>, mut rx: mpsc::Receiver<Job>) {
+    let config = shared.config.clone();
+    let mut link = match link {
+        Some(l) => l,
+        None => match open(&config).await {
+            Ok(l) => l,
+            Err(e) => return fail_rest(&shared, Vec::new(), &mut rx, e),
+        },
+    };
+    let mut pending: VecDeque<Published> = VecDeque::new();
+    let timer = tokio::time::sleep(config.confirm_timeout);
+    tokio::pin!(timer);
+    let mut timer_armed = false;
+    loop {
+        if !timer_armed && !pending.is_empty() {
+            timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + config.confirm_timeout);
+            timer_armed = true;
+        }
+        let step = std::future::poll_fn(|cx| {
+            if let Some(front) = pending.front_mut() {
+                if let Poll::Ready(r) = front.confirm.as_mut().poll(cx) {
+                    return Poll::Ready(Step::Confirmed(r));
+                }
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Step::TimedOut);
+                }
+            }
+            if pending.len() < WINDOW {
+                if let Poll::Ready(j) = rx.poll_recv(cx) {
+                    return Poll::Ready(Step::Job(j));
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        match step {
+            Step::Job(None) => {
+                // Every handle is gone: wait for the confirms still due, then close.
+                if pending.is_empty() {
+                    let _ = link.conn.close(200, "walbox done".into()).await;
+                    return;
+                }
+                // `rx` is closed and empty: poll_recv keeps returning None, harmlessly.
+                rx.close();
+                while let Some(p) = pending.pop_front() {
+                    let r = confirm_result(
+                        tokio::time::timeout(config.confirm_timeout, p.confirm).await,
+                        &p.job,
+                        &config,
+                    );
+                    shared.push(p.job, r);
+                }
+                let _ = link.conn.close(200, "walbox done".into()).await;
+                return;
+            }
+            Step::Job(Some(job)) => match publish(&mut link, &job).await {
+                Ok(confirm) => pending.push_back(Published {
+                    job,
+                    confirm: Box::pin(confirm),
+                }),
+                Err(e) => {
+                    let e = classify(&e, "publishing", &config);
+                    let mut jobs = jobs_of(pending);
+                    jobs.push(job);
+                    return fail_rest(&shared, jobs, &mut rx, e);
+                }
+            },
+            Step::TimedOut => {
+                let e = err(
+                    Class::Transient,
+                    format!(
+                        "no publisher confirm within rabbitmq.confirm_timeout ({:?}); the node is overloaded or unreachable",
+                        config.confirm_timeout
+                    ),
+                );
+                return fail_rest(&shared, jobs_of(pending), &mut rx, e);
+            }
+            Step::Confirmed(result) => {
+                timer_armed = false;
+                let Some(p) = pending.pop_front() else {
+                    continue;
+                };
+                match result {
+                    Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => {
+                        shared.push(p.job, Ok(()))
+                    }
+                    Ok(Confirmation::Ack(Some(returned))) => {
+                        let e = err(
+                            Class::Rejected,
+                            format!(
+                                "the message was returned unroutable ({} {}): exchange {:?} routes routing key {:?} to no queue; bind a queue for it",
+                                returned.reply_code, returned.reply_text, p.job.exchange, p.job.routing_key
+                            ),
+                        );
+                        shared.push(p.job, Err(e));
+                    }
+                    Ok(Confirmation::Nack(_)) => {
+                        let e = err(
+                            Class::Transient,
+                            "the node refused the message (basic.nack: a queue failed to take it)",
+                        );
+                        pending.push_front(p);
+                        return fail_rest(&shared, jobs_of(pending), &mut rx, e);
+                    }
+                    Err(e) => {
+                        let e = classify(&e, "waiting for the publisher confirm", &config);
+                        pending.push_front(p);
+                        return fail_rest(&shared, jobs_of(pending), &mut rx, e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The records of `pending`, in publish order.
+fn jobs_of(pending: VecDeque<Published>) -> Vec<Job> {
+    pending.into_iter().map(|p| p.job).collect()
+}
+
+/// One confirm read at shutdown.
+fn confirm_result(
+    r: Result<lapin::Result<Confirmation>, tokio::time::error::Elapsed>,
+    job: &Job,
+    config: &RabbitMqConfig,
+) -> Result<(), BrokerError> {
+    match r {
+        Ok(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => Ok(()),
+        Ok(Ok(Confirmation::Ack(Some(_)))) => Err(err(
+            Class::Rejected,
+            format!(
+                "the message was returned unroutable: exchange {:?} routes routing key {:?} to no queue",
+                job.exchange, job.routing_key
+            ),
+        )),
+        Ok(Ok(Confirmation::Nack(_))) => Err(err(Class::Transient, "basic.nack")),
+        Ok(Err(e)) => Err(classify(&e, "waiting for the publisher confirm", config)),
+        Err(_) => Err(err(Class::Transient, "no publisher confirm before shutdown")),
+    }
+}
+
+/// Publishes `job` on `link`, declaring its progress queue first when it is one.
+async fn publish(link: &mut Link, job: &Job) -> lapin::Result<PublisherConfirm> {
+    if job.route == PROGRESS_ROUTE && !link.declared.contains(&job.routing_key) {
+        link.channel
+            .queue_declare(
+                job.routing_key.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                progress_arguments(),
+            )
+            .await?;
+        link.declared.insert(job.routing_key.clone());
+    }
+    link.channel
+        .basic_publish(
+            job.exchange.as_str().into(),
+            job.routing_key.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            &job.body,
+            job.properties.clone(),
+        )
+        .await
+}
+
+/// Fails every record of `jobs` (the first with `error`, the rest transient, except the
+/// record a size refusal names) and everything still queued, closing `rx` first; then marks
+/// the sink failed (see `hand_over`).
+fn fail_rest(
+    shared: &Shared,
+    mut jobs: Vec<Job>,
+    rx: &mut mpsc::Receiver<Job>,
+    error: BrokerError,
+) {
+    rx.close();
+    tracing::warn!(error = %error, "rabbitmq publisher stopped; records after the failure fail transiently");
+    let size = (error.class == Class::Rejected)
+        .then(|| refused_size(&error.message))
+        .flatten();
+    while let Ok(job) = rx.try_recv() {
+        jobs.push(job);
+    }
+    // The record a size refusal names (by its size); else the first gets the error itself.
+    let culprit = match size {
+        Some(n) => jobs.iter().position(|j| j.body.len() as u64 == n),
+        None if error.class == Class::Rejected => None,
+        None => Some(0),
+    };
+    let transient = err(
+        Class::Transient,
+        format!(
+            "not confirmed: an earlier record failed ({})",
+            error.message
+        ),
+    );
+    for (i, job) in jobs.into_iter().enumerate() {
+        let e = if Some(i) == culprit {
+            error.clone()
+        } else {
+            transient.clone()
+        };
+        shared.push(job, Err(e));
+    }
+    shared.failed.store(true, Ordering::Release);
+}
+
+/// The size in RabbitMQ's refusal `message size N is larger than configured max size M`.
+fn refused_size(message: &str) -> Option<u64> {
+    let rest = message.split("message size ").nth(1)?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+use super::rabbitmq_client::{classify, err};
+pub(crate) use super::rabbitmq_client::{dial, is_not_found, progress_arguments};
+pub use super::rabbitmq_client::{progress_queue, read_progress};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_queue_names_are_safe() {
+        let c = RabbitMqConfig::for_url("amqp://u@h");
+        assert_eq!(
+            progress_queue(&c, "db/walbox slot"),
+            "walbox.progress.db_walbox_slot"
+        );
+    }
+
+    #[test]
+    fn refused_size_is_read() {
+        assert_eq!(
+            refused_size("PRECONDITION_FAILED - message size 134217729 is larger than configured max size 134217728"),
+            Some(134_217_729)
+        );
+        assert_eq!(refused_size("PRECONDITION_FAILED - other"), None);
+    }
+}
