@@ -48,7 +48,7 @@ use tracing::Instrument;
 use crate::backoff::Backoff;
 use crate::config::{Config, OnSlotBusy};
 use crate::failure::Classify;
-use crate::failure::{Failure, FatalError};
+use crate::failure::{Class, Failure, FatalError};
 use crate::health::monitor::{self, FatalSignal};
 use crate::health::webhook::Webhook;
 use crate::leader::{self, Leadership};
@@ -347,10 +347,11 @@ pub async fn run_slot(
         Some((sink, acks)) => (Sink::Kafka(sink), acks),
         None => {
             let acks = Arc::new(AckQueue::default());
-            let sink = crate::sink::connect(&config, acks.clone())
-                .await
-                .map_err(|e| FatalError::of_or(&e, Failure::Kafka))?;
-            (sink, acks)
+            match connect_sink(&config, &acks, &mut shutdown).await? {
+                Some(sink) => (sink, acks),
+                // Shut down while the broker was unreachable.
+                None => return Ok(()),
+            }
         }
     };
 
@@ -523,6 +524,33 @@ pub async fn run_slot(
         let _ = probe.await;
     }
     outcome
+}
+
+/// Connects the publisher of `config` (its reports to `acks`). A broker that cannot be reached
+/// yet is waited for, with the relay's backoff, as the relay waits for PostgreSQL: nothing is
+/// read from the slot meanwhile, so nothing is at risk. Refused credentials, a refused
+/// configuration and the like stop walbox with their exit status. `None` when `shutdown` was
+/// raised while waiting.
+async fn connect_sink(
+    config: &Config,
+    acks: &Arc<AckQueue>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<Sink>, FatalError> {
+    let mut backoff = Backoff::new(config.relay.backoff_initial, config.relay.backoff_max);
+    loop {
+        match crate::sink::connect(config, acks.clone()).await {
+            Ok(sink) => return Ok(Some(sink)),
+            Err(e) if e.class() == Class::Transient => {
+                let delay = backoff.next_delay();
+                tracing::warn!(broker = %config.broker.kind(), error = %e, retry_in = ?delay, "the broker cannot be reached yet; nothing is read from the slot until it can");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => return Ok(None),
+                }
+            }
+            Err(e) => return Err(FatalError::of_or(&e, Failure::Kafka)),
+        }
+    }
 }
 
 /// Logs, in the background, whether the brokers answer; never fails start-up (events wait for

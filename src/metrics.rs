@@ -28,6 +28,12 @@ pub struct Metrics {
     /// `walbox_broker_info{broker}`: 1 for the broker the relay publishes to (`kafka`,
     /// `redis`, `nats`, `rabbitmq`).
     pub broker: IntGaugeVec,
+    /// `walbox_broker_already_delivered_total`: events sent again that the broker already held
+    /// (Redis, NATS), so a crash did not duplicate them.
+    pub already_delivered: IntCounter,
+    /// `walbox_broker_oldest_unacked_seconds`: how long the oldest record handed to the
+    /// broker has waited for its ack (NATS: the duplicate window a stream needs at least).
+    pub oldest_unacked: Gauge,
     /// `walbox_events_published_total`: events acknowledged by the broker.
     pub events_published: IntCounter,
     /// `walbox_transactions_total`: transactions confirmed to PostgreSQL.
@@ -308,6 +314,18 @@ impl Metrics {
                 &r,
                 "walbox_slot_wal_keep_used_ratio",
                 "Retained WAL divided by max_slot_wal_keep_size (absent when unlimited).",
+            ),
+            already_delivered: counter(
+                "walbox_broker_already_delivered_total",
+                "Events sent again that the broker already held and did not store twice (Redis, NATS).",
+            ),
+            oldest_unacked: register(
+                &r,
+                Gauge::with_opts(Opts::new(
+                    "walbox_broker_oldest_unacked_seconds",
+                    "How long the oldest record handed to the broker has waited for its ack (brokers that track it: NATS).",
+                ))
+                .expect("valid metric"),
             ),
             broker: register(
                 &r,

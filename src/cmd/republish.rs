@@ -131,6 +131,7 @@ pub async fn republish(
         mapper.relation(&relation);
         let mut batch = Batch {
             sink: &sink,
+            address_key: config.broker.address_key(),
             acks: &acks,
             max_in_flight: config.relay.max_in_flight,
             ack_timeout,
@@ -404,6 +405,8 @@ pub(crate) fn select(
 /// Records handed to the producer and their acknowledgements.
 struct Batch<'a> {
     sink: &'a Sink,
+    /// The setting naming the broker (`kafka.brokers`, …), for the message of a silent one.
+    address_key: &'static str,
     acks: &'a AckQueue,
     max_in_flight: usize,
     ack_timeout: Duration,
@@ -450,9 +453,9 @@ impl Batch<'_> {
                 Failure::Kafka,
                 format!(
                     "no broker acknowledged a republished record for {:?} ({} acknowledged, {} \
-                     waiting): check that the broker is reachable (walbox check), then run \
+                     waiting): check that {} is reachable (walbox check), then run \
                      the same republish again (consumers drop the duplicates by id)",
-                    self.ack_timeout, self.acked, self.outstanding
+                    self.ack_timeout, self.acked, self.outstanding, self.address_key
                 ),
             ));
         }

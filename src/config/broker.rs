@@ -58,6 +58,17 @@ pub enum BrokerConfig {
 }
 
 impl BrokerConfig {
+    /// The setting that says where the broker is (`kafka.brokers`, `redis.url`, …), for
+    /// messages about a broker that does not answer.
+    pub fn address_key(&self) -> &'static str {
+        match self {
+            BrokerConfig::Kafka => "kafka.brokers",
+            BrokerConfig::Redis(_) => "redis.url",
+            BrokerConfig::Nats(_) => "nats.url",
+            BrokerConfig::RabbitMq(_) => "rabbitmq.url",
+        }
+    }
+
     /// Which broker this is.
     pub fn kind(&self) -> BrokerKind {
         match self {

@@ -98,6 +98,9 @@ pub use slot::{RawSlot, SlotConfig};
 pub use units::{parse_duration, parse_size, ByteSize, HumanDuration};
 
 #[cfg(test)]
+#[path = "broker_tests.rs"]
+mod broker_tests;
+#[cfg(test)]
 pub(crate) mod fixture;
 #[cfg(test)]
 #[path = "nats_tests.rs"]

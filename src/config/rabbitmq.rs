@@ -300,34 +300,4 @@ mod tests {
         let c = r.validate(&layout()).unwrap();
         assert!(!format!("{c:?}").contains("hunter2"));
     }
-
-    #[test]
-    fn a_rabbitmq_section_makes_it_the_broker_with_the_password_from_a_file() {
-        use crate::config::fixture::{env, file};
-        use crate::config::{load_from, BrokerConfig};
-        let secret = file("s3cret\n");
-        let f = file(&format!(
-            "[postgres]\nurl = \"postgres://walbox@db/app\"\n[rabbitmq]\nurl = \"amqp://walbox@mq:5672/%2f\"\npassword_file = {:?}\n",
-            secret.path().display().to_string()
-        ));
-        let c = load_from(Some(f.path()), &mut std::iter::empty()).unwrap();
-        let BrokerConfig::RabbitMq(r) = &c.broker else {
-            panic!("not rabbitmq: {:?}", c.broker)
-        };
-        assert_eq!(r.password.as_ref().map(Secret::expose), Some("s3cret"));
-        let c = load_from(
-            Some(f.path()),
-            &mut env(&[("WALBOX_RABBITMQ_EXCHANGE", "events")]).into_iter(),
-        )
-        .unwrap();
-        let BrokerConfig::RabbitMq(r) = &c.broker else {
-            panic!("not rabbitmq")
-        };
-        assert_eq!(r.exchange, "events");
-        let both = file(
-            "[postgres]\nurl = \"postgres://walbox@db/app\"\n[kafka]\nbrokers = \"k:9092\"\n[rabbitmq]\nurl = \"amqp://walbox@mq\"\n",
-        );
-        let e = load_from(Some(both.path()), &mut std::iter::empty()).unwrap_err();
-        assert!(e.to_string().contains("[rabbitmq] and [kafka]"), "{e}");
-    }
 }

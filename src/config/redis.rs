@@ -345,41 +345,4 @@ mod tests {
             "{debug}"
         );
     }
-
-    /// `[redis]` in a whole document: it names the broker, takes its password from a file, and
-    /// refuses `kafka.brokers` beside it.
-    #[test]
-    fn a_redis_section_makes_redis_the_broker() {
-        use crate::config::fixture::{env, file};
-        use crate::config::{load_from, BrokerConfig};
-        let secret = file("s3cret\n");
-        let path = secret.path().display().to_string();
-        let doc = file("[postgres]\nurl = \"postgres://walbox@db/app\"\n[redis]\nurl = \"redis://r:6379/1\"\nuser = \"walbox\"\n");
-        let c = load_from(
-            Some(doc.path()),
-            &mut env(&[
-                ("WALBOX_REDIS_PASSWORD_FILE", &path),
-                ("WALBOX_REDIS_MAXLEN", "1000"),
-            ])
-            .into_iter(),
-        )
-        .unwrap();
-        let BrokerConfig::Redis(r) = &c.broker else {
-            panic!("{:?}", c.broker)
-        };
-        assert_eq!(r.password.as_ref().map(Secret::expose), Some("s3cret"));
-        assert_eq!(r.maxlen, Some(1000));
-        assert!(!format!("{c:?}").contains("s3cret"));
-        let e = load_from(
-            Some(doc.path()),
-            &mut env(&[
-                ("WALBOX_KAFKA_BROKERS", "k:9092"),
-                ("WALBOX_REDIS_PASSWORD", "s3cret"),
-            ])
-            .into_iter(),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("[redis] and [kafka] both configured"), "{e}");
-    }
 }

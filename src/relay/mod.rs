@@ -67,10 +67,12 @@ mod kafka_txn;
 mod lineage;
 mod publish;
 mod record;
+mod slot_record;
 mod stream;
 
 pub use coverage::Change;
 pub use error::{DeliveryFailure, RelayError, SendFailure, Uncovered};
+pub use slot_record::{never_existed, progress_place};
 
 use crate::config::{BrokerConfig, Config, KafkaConfig, OutboxConfig, PostgresConfig, RelayConfig};
 use crate::failure::{Classify, Failure, FatalError};
@@ -93,50 +95,6 @@ use crate::source::standby::Role;
 use crate::timestamp::unix_micros_to_pg_micros;
 use checkpoint::Checkpoint;
 use error::{Recurrence, RejectedTxn, PERMANENT_AFTER};
-
-/// Where `broker` keeps `key`'s progress records, as messages name it
-/// (`kafka topic "walbox.progress"`).
-pub fn progress_place(broker: &BrokerConfig, kafka: &KafkaConfig, key: &ProgressKey) -> String {
-    match broker {
-        BrokerConfig::Kafka => {
-            let _ = key;
-            format!("kafka topic {:?}", kafka.progress_topic)
-        }
-        BrokerConfig::Redis(redis) => crate::sink::redis::progress_place(redis, &key.record_key()),
-        BrokerConfig::Nats(n) => format!(
-            "nats key-value bucket {:?}, key {:?}",
-            n.progress_bucket,
-            crate::sink::nats::sanitize_key(&key.record_key())
-        ),
-        BrokerConfig::RabbitMq(r) => format!(
-            "rabbitmq queue {:?}",
-            crate::sink::rabbitmq::progress_queue(r, &key.record_key())
-        ),
-    }
-}
-
-/// Whether the missing slot of `key` may be created: `Ok` when the progress topic holds no
-/// record of it (it never existed); [`RelayError::SlotGone`] when it does (it existed and is
-/// gone, its message naming `time_column` in the republish command); [`RelayError::Progress`]
-/// (transient) when the topic cannot be read to its end.
-pub async fn never_existed(
-    broker: &BrokerConfig,
-    kafka: &KafkaConfig,
-    key: &ProgressKey,
-    time_column: Option<String>,
-) -> Result<(), RelayError> {
-    let evidence = crate::sink::read_progress(broker, kafka, key, PROGRESS_READ_TIMEOUT).await;
-    match evidence {
-        Ok(None) => Ok(()),
-        Ok(Some(record)) => Err(RelayError::SlotGone {
-            slot: key.slot.clone(),
-            record: Box::new(record),
-            topic: progress_place(broker, kafka, key),
-            time_column,
-        }),
-        Err(e) => Err(RelayError::Progress(e)),
-    }
-}
 
 /// Position of the transaction being received.
 #[derive(Debug, Clone, Copy)]
@@ -189,9 +147,6 @@ struct Session {
 /// Shortest gap between status updates sent because the frontier moved (the periodic ones
 /// come every `postgres.status_interval` regardless).
 const EAGER_STATUS_GAP: Duration = Duration::from_millis(20);
-
-/// How long reading the progress topic may take when the slot is missing.
-const PROGRESS_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long, after a rejected event, walbox reads on to find the end of its transaction.
 const LOCATE_TIMEOUT: Duration = Duration::from_secs(30);

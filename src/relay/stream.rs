@@ -17,7 +17,7 @@ use crate::health::monitor::HEARTBEAT_PREFIX;
 use crate::lsn::Lsn;
 use crate::outbox::EventPosition;
 use crate::shard::RESHARD_PREFIX;
-use crate::sink::{Ack, PROGRESS_ROUTE};
+use crate::sink::{Ack, Publisher, PROGRESS_ROUTE};
 use crate::source::pgoutput::LogicalMessage;
 use crate::source::replication::{ReplicationError, ReplicationMessage, StandbyStatus};
 use crate::timestamp::pg_now_micros;
@@ -480,6 +480,13 @@ impl Relay {
     fn update_gauges(&self, s: &Session) {
         let m = &self.metrics;
         m.inflight.set(s.checkpoint.in_flight() as i64);
+        // The sink lives across sessions: its count only grows.
+        let already = self.sink.already_delivered();
+        m.already_delivered
+            .inc_by(already.saturating_sub(m.already_delivered.get()));
+        if let Some(age) = self.sink.oldest_unacked() {
+            m.oldest_unacked.set(age.as_secs_f64());
+        }
         m.confirmed_flush_lsn
             .set(s.coverage.confirmable(s.checkpoint.frontier()).as_u64() as i64);
         let lag = if s.checkpoint.is_idle() {

@@ -111,6 +111,14 @@ impl Publisher for Sink {
     fn silent_since(&self, from: Instant) -> Duration {
         self.publisher().silent_since(from)
     }
+
+    fn already_delivered(&self) -> u64 {
+        self.publisher().already_delivered()
+    }
+
+    fn oldest_unacked(&self) -> Option<Duration> {
+        self.publisher().oldest_unacked()
+    }
 }
 
 /// Connects the publisher `config` names (its own, not shared with other relays); its reports

@@ -91,6 +91,7 @@ pub async fn connect(config: &NatsConfig, acks: Arc<AckQueue>) -> Result<NatsSin
         pending: Mutex::new(Pending::default()),
         idle: Condvar::new(),
         silences: Silences::default(),
+        duplicates: Default::default(),
     });
     let (tx, rx) = mpsc::channel(QUEUE);
     let publishing = Publishing::new(conn, bucket, config, acks, shared.clone());
@@ -233,6 +234,16 @@ impl Publisher for NatsSink {
 
     fn silent_since(&self, from: Instant) -> Duration {
         self.shared.silences.since(from)
+    }
+
+    fn already_delivered(&self) -> u64 {
+        self.shared
+            .duplicates
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn oldest_unacked(&self) -> Option<Duration> {
+        Some(self.unconfirmed_span())
     }
 }
 

@@ -32,6 +32,20 @@ pub trait Publisher {
 
     /// How long the broker left this publisher waiting for an answer since `from`.
     fn silent_since(&self, from: Instant) -> Duration;
+
+    /// Events sent again (after a crash, or by a standby taking over) that the broker already
+    /// held and did not store twice: Redis's re-sent entries confirmed by id, NATS's
+    /// duplicate PubAcks. 0 for a broker that cannot tell (Kafka's idempotent producer dedups
+    /// its own retries only; RabbitMQ stores a re-send again).
+    fn already_delivered(&self) -> u64 {
+        0
+    }
+
+    /// How long the oldest record handed over has waited for its ack, when the publisher
+    /// tracks it: the duplicate window a NATS stream needs at least.
+    fn oldest_unacked(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Errors creating a publisher or handing it a record.

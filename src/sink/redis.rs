@@ -363,6 +363,10 @@ impl Publisher for RedisSink {
     fn silent_since(&self, from: Instant) -> Duration {
         self.shared.silences.since(from)
     }
+
+    fn already_delivered(&self) -> u64 {
+        RedisSink::already_delivered(self)
+    }
 }
 
 /// The publishing task's state.

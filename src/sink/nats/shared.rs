@@ -32,6 +32,9 @@ pub(crate) struct Shared {
     /// Signalled when `pending` empties.
     pub(crate) idle: Condvar,
     pub(crate) silences: Silences,
+    /// PubAcks that said `duplicate`: events the stream already held when they were sent
+    /// again (dropped by its duplicate window).
+    pub(crate) duplicates: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]

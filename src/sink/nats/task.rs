@@ -2,6 +2,7 @@
 //! one [`Ack`] per record, and the failure rule of the parent module's docs.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_nats::jetstream::message::PublishMessage;
@@ -177,7 +178,7 @@ impl Publishing {
                 (ticket, result)
             })
         } else {
-            let (js, judge) = (self.js.clone(), self.judge.clone());
+            let (js, judge, shared) = (self.js.clone(), self.judge.clone(), self.shared.clone());
             let subject = job.subject;
             let message = PublishMessage::build()
                 .payload(job.payload)
@@ -189,7 +190,12 @@ impl Publishing {
                     Err(e) => Err(e),
                 };
                 let result = match sent {
-                    Ok(ack) => Ok(Some(ack.stream)),
+                    Ok(ack) => {
+                        if ack.duplicate {
+                            shared.duplicates.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Some(ack.stream))
+                    }
                     Err(e) => Err(judge.publish_error(&subject, e).await),
                 };
                 (ticket, result)
