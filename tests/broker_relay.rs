@@ -165,9 +165,7 @@ pub fn restart_during_backlog(target: &mut dyn Target, restart: &mut dyn FnMut()
     );
     writer.join().expect("writer");
     let mut walbox = Walbox::spawn(&env);
-    wait_until(WAIT, "the drain to begin", || {
-        !target.read_all().is_empty()
-    });
+    wait_until(WAIT, "the drain to begin", || !target.read_all().is_empty());
     restart();
     let confirmed = db.confirmed(&slot);
     let present = distinct_ids(&target.read_all());
@@ -217,7 +215,10 @@ fn check_complete(target: &mut dyn Target, all: &HashSet<i64>, never: &HashSet<i
     let ids = distinct_ids(&records);
     assert_eq!(all.len(), total);
     assert_eq!(&ids, all, "the broker holds exactly the committed events");
-    assert!(ids.is_disjoint(never), "an event of a rolled-back transaction was published");
+    assert!(
+        ids.is_disjoint(never),
+        "an event of a rolled-back transaction was published"
+    );
     assert_per_aggregate_commit_order(&records);
     if !target.duplicates_possible() {
         assert_eq!(

@@ -5,6 +5,8 @@
 mod support;
 
 mod audit;
+mod broker_relay;
+mod broker_targets;
 mod brokers;
 mod check;
 mod check_kafka;

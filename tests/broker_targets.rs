@@ -1,0 +1,364 @@
+//! The brokers of `broker_relay` as [`Target`]s (walbox's variables for each, and a reader of
+//! what it holds, as `ConsumedRecord`s: the destination as topic, `walbox.key` as key), and the
+//! tests that run the SIGKILL loop and the broker restart on each.
+
+use async_nats::jetstream::{self, stream};
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use walbox::outbox::KEY_HEADER;
+use walbox::sandbox::broker::ConsumedRecord;
+use walbox::sandbox::nats::NatsOptions;
+use walbox::sandbox::rabbitmq::RabbitMqOptions;
+use walbox::sandbox::redis::RedisOptions;
+
+use crate::broker_relay::{restart_during_backlog, sigkill_loop, Target};
+use crate::support::brokers::{nats, own_nats, own_rabbitmq, own_redis, rabbitmq, redis};
+use crate::support::unique;
+
+/// A record as the tests compare them: `fields` are (name, value) pairs, the key among them
+/// as `key_field`.
+fn record(
+    topic: &str,
+    key_field: &str,
+    payload: Vec<u8>,
+    fields: Vec<(String, Vec<u8>)>,
+) -> ConsumedRecord {
+    let key = fields
+        .iter()
+        .find(|(n, _)| n == key_field)
+        .map(|(_, v)| v.clone());
+    ConsumedRecord {
+        topic: topic.to_owned(),
+        partition: 0,
+        offset: 0,
+        key,
+        payload: Some(payload),
+        headers: fields,
+        timestamp_ms: None,
+    }
+}
+
+/// Redis Streams: one stream key.
+struct RedisTarget {
+    url: String,
+    stream: String,
+}
+
+impl RedisTarget {
+    fn new(url: String) -> Self {
+        RedisTarget {
+            url,
+            stream: unique("outbox_stream"),
+        }
+    }
+}
+
+impl Target for RedisTarget {
+    fn env(&self) -> Vec<(String, String)> {
+        vec![("WALBOX_REDIS_URL".into(), self.url.clone())]
+    }
+
+    fn destination(&self) -> String {
+        self.stream.clone()
+    }
+
+    fn read_all(&mut self) -> Vec<ConsumedRecord> {
+        let client = redis::Client::open(self.url.as_str()).expect("redis url");
+        let mut conn = client.get_connection().expect("connect to redis");
+        let entries: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
+            .arg(&self.stream)
+            .arg("-")
+            .arg("+")
+            .query(&mut conn)
+            .expect("XRANGE");
+        entries
+            .into_iter()
+            .map(|(_, kv)| {
+                let mut fields: Vec<(String, Vec<u8>)> = kv
+                    .chunks(2)
+                    .map(|p| {
+                        (
+                            String::from_utf8_lossy(&p[0]).into_owned(),
+                            p.get(1).cloned().unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                let payload = fields
+                    .iter()
+                    .position(|(n, _)| n == "payload")
+                    .map(|i| fields.remove(i).1)
+                    .unwrap_or_default();
+                record(&self.stream, "key", payload, fields)
+            })
+            .collect()
+    }
+
+    fn duplicates_possible(&self) -> bool {
+        false
+    }
+}
+
+/// NATS JetStream: a file-storage stream capturing `<name>.>`, published to `<name>.orders`.
+struct NatsTarget {
+    url: String,
+    name: String,
+    rt: tokio::runtime::Runtime,
+}
+
+impl NatsTarget {
+    fn new(url: String) -> Self {
+        let name = unique("outbox").replace('_', "-");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async {
+            let js = jetstream::new(async_nats::connect(&url).await.expect("connect to nats"));
+            js.create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.>")],
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .expect("create the stream");
+        });
+        NatsTarget { url, name, rt }
+    }
+}
+
+impl Target for NatsTarget {
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("WALBOX_NATS_URL".into(), self.url.clone()),
+            (
+                "WALBOX_NATS_PROGRESS_BUCKET".into(),
+                format!("{}-progress", self.name),
+            ),
+        ]
+    }
+
+    fn destination(&self) -> String {
+        format!("{}.orders", self.name)
+    }
+
+    fn read_all(&mut self) -> Vec<ConsumedRecord> {
+        let (url, name) = (self.url.clone(), self.name.clone());
+        self.rt.block_on(async move {
+            let js = jetstream::new(async_nats::connect(&url).await.expect("connect to nats"));
+            let mut s = js.get_stream(&name).await.expect("the stream");
+            let info = s.info().await.expect("stream info");
+            let mut out = Vec::new();
+            if info.state.messages == 0 {
+                return out;
+            }
+            for seq in info.state.first_sequence..=info.state.last_sequence {
+                let m = s.get_raw_message(seq).await.expect("a stored message");
+                let fields: Vec<(String, Vec<u8>)> = m
+                    .headers
+                    .iter()
+                    .flat_map(|(n, vs)| {
+                        vs.iter()
+                            .map(move |v| (n.to_string(), v.as_str().as_bytes().to_vec()))
+                    })
+                    .collect();
+                out.push(record(&m.subject, KEY_HEADER, m.payload.to_vec(), fields));
+            }
+            out
+        })
+    }
+
+    fn duplicates_possible(&self) -> bool {
+        false
+    }
+}
+
+/// RabbitMQ: a topic exchange and one durable queue bound to the destination; reading takes
+/// the messages off the queue, so the target keeps what it read.
+struct RabbitTarget {
+    port: u16,
+    exchange: String,
+    queue: String,
+    read: Vec<ConsumedRecord>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl RabbitTarget {
+    fn new(port: u16) -> Self {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let (exchange, queue) = (unique("outbox_x"), unique("outbox_q"));
+        let target = RabbitTarget {
+            port,
+            exchange,
+            queue,
+            read: Vec::new(),
+            rt,
+        };
+        target.rt.block_on(async {
+            let ch = target.channel().await;
+            ch.exchange_declare(
+                target.exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("exchange.declare");
+            ch.queue_declare(
+                target.queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("queue.declare");
+            ch.queue_bind(
+                target.queue.as_str().into(),
+                target.exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("queue.bind");
+        });
+        target
+    }
+
+    async fn channel(&self) -> Channel {
+        let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port);
+        let conn = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .expect("connect to rabbitmq");
+        let ch = conn.create_channel().await.expect("channel");
+        // The channel keeps the connection's internals alive; the handle may go.
+        std::mem::forget(conn);
+        ch
+    }
+}
+
+/// An AMQP header value as the bytes walbox put in it.
+fn amqp_bytes(v: &AMQPValue) -> Vec<u8> {
+    match v {
+        AMQPValue::LongString(s) => s.as_bytes().to_vec(),
+        AMQPValue::ShortString(s) => s.as_str().as_bytes().to_vec(),
+        AMQPValue::ByteArray(b) => b.as_slice().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+impl Target for RabbitTarget {
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "WALBOX_RABBITMQ_URL".into(),
+                format!("amqp://guest@127.0.0.1:{}/%2f", self.port),
+            ),
+            ("WALBOX_RABBITMQ_PASSWORD".into(), "guest".into()),
+            ("WALBOX_RABBITMQ_EXCHANGE".into(), self.exchange.clone()),
+        ]
+    }
+
+    fn destination(&self) -> String {
+        "orders".into()
+    }
+
+    fn read_all(&mut self) -> Vec<ConsumedRecord> {
+        let taken = self.rt.block_on(async {
+            let ch = self.channel().await;
+            let mut out = Vec::new();
+            while let Some(m) = ch
+                .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+                .expect("basic.get")
+            {
+                let d = m.delivery;
+                let fields: Vec<(String, Vec<u8>)> = d
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .map(|h| {
+                        h.inner()
+                            .iter()
+                            .map(|(n, v)| (n.as_str().to_owned(), amqp_bytes(v)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.push(record("orders", KEY_HEADER, d.data.clone(), fields));
+            }
+            let _ = ch.close(200, "read".into()).await;
+            out
+        });
+        self.read.extend(taken);
+        self.read.clone()
+    }
+
+    fn duplicates_possible(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn redis_sigkill_loop_loses_nothing_and_duplicates_nothing() {
+    let Some(server) = redis() else { return };
+    sigkill_loop(&mut RedisTarget::new(server.url()), "redis_kills");
+}
+
+#[test]
+fn nats_sigkill_loop_loses_nothing_and_duplicates_nothing() {
+    let Some(server) = nats() else { return };
+    sigkill_loop(&mut NatsTarget::new(server.url()), "nats_kills");
+}
+
+#[test]
+fn rabbitmq_sigkill_loop_loses_nothing_and_keeps_commit_order() {
+    let Some(node) = rabbitmq() else { return };
+    sigkill_loop(&mut RabbitTarget::new(node.port()), "rabbit_kills");
+}
+
+#[test]
+fn redis_restart_during_a_backlog_loses_nothing() {
+    let Some(mut server) = own_redis(RedisOptions {
+        appendonly: true,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let mut target = RedisTarget::new(server.url());
+    restart_during_backlog(
+        &mut target,
+        &mut || server.restart().expect("restart redis"),
+        "redis_restart",
+    );
+}
+
+#[test]
+fn nats_restart_during_a_backlog_loses_nothing() {
+    let Some(mut server) = own_nats(NatsOptions::default()) else {
+        return;
+    };
+    let mut target = NatsTarget::new(server.url());
+    restart_during_backlog(
+        &mut target,
+        &mut || server.restart().expect("restart nats"),
+        "nats_restart",
+    );
+}
+
+#[test]
+fn rabbitmq_restart_during_a_backlog_loses_nothing() {
+    let Some(mut node) = own_rabbitmq(RabbitMqOptions::default()) else {
+        return;
+    };
+    let mut target = RabbitTarget::new(node.port());
+    restart_during_backlog(
+        &mut target,
+        &mut || node.restart().expect("restart rabbitmq"),
+        "rabbit_restart",
+    );
+}
