@@ -56,7 +56,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 
 use super::republish::{check_window, describe, insert_of, refused, select, Window};
-use crate::config::{Config, KafkaRole, RouteSource};
+use crate::config::{BrokerConfig, Config, KafkaRole, RouteSource};
 use crate::dead_letter::Policy;
 use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
@@ -121,6 +121,15 @@ pub async fn audit(
     wait: Duration,
     json: bool,
 ) -> Result<Report, FatalError> {
+    if !matches!(config.broker, BrokerConfig::Kafka) {
+        return Err(FatalError::new(
+            Failure::Config,
+            format!(
+                "walbox audit reads the records back from Kafka; it cannot read {} yet (run it with a [kafka] configuration, or compare the outbox with the broker's own tools: docs/brokers.md)",
+                config.broker.kind()
+            ),
+        ));
+    }
     let mut client = connect_control(&config.postgres.conn)
         .await
         .map_err(|e| FatalError::of(&e))?;

@@ -215,7 +215,7 @@ impl OpenSession {
                 standby::while_slot_is_created(self.primary.as_ref(), slot, create).await?
             }
         };
-        tracing::info!(slot, consistent_point = %at, "created replication slot (the progress topic holds no record of it: it never existed)");
+        tracing::info!(slot, consistent_point = %at, "created replication slot (the broker holds no progress record of it: it never existed)");
         let state = catalog::slot_state(&self.control, slot)
             .await?
             .ok_or_else(|| CatalogError::MissingSlot(slot.to_owned()))?;
