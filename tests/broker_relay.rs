@@ -7,13 +7,14 @@
 //! what it holds.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use walbox::sandbox::broker::ConsumedRecord;
 
 use crate::support::events::{
-    assert_per_aggregate_commit_order, distinct_ids, random_writer, RandomWrites,
+    assert_per_aggregate_commit_order, distinct_ids, random_writer, RandomWrites, Written,
 };
 use crate::support::{wait_until, walbox_env, TestDb, Walbox, WAIT};
 
@@ -41,6 +42,34 @@ pub fn env_for(db: &TestDb, slot: &str, target: &dyn Target) -> Vec<(String, Str
     env
 }
 
+/// A test's database, slot (made, with its publication), walbox's variables for `target`, and
+/// the writer of `writes` into the target's destination, started.
+struct Run {
+    db: TestDb,
+    slot: String,
+    env: Vec<(String, String)>,
+    destination: String,
+    written: Arc<Mutex<Vec<Written>>>,
+    writer: std::thread::JoinHandle<()>,
+}
+
+fn begin(target: &dyn Target, tag: &str, writes: RandomWrites) -> Run {
+    let db = TestDb::new(tag);
+    let slot = db.name.clone();
+    db.create_slot_and_publication(&slot);
+    let env = env_for(&db, &slot, target);
+    let destination = target.destination();
+    let (written, writer) = random_writer(&db, &destination, writes);
+    Run {
+        db,
+        slot,
+        env,
+        destination,
+        written,
+        writer,
+    }
+}
+
 /// Outbox rows for `aggregates` in a transaction that rolls back; the ids it took.
 fn rolled_back(db: &TestDb, destination: &str, aggregates: &[String]) -> Vec<i64> {
     let values: Vec<String> = aggregates
@@ -62,14 +91,16 @@ fn rolled_back(db: &TestDb, destination: &str, aggregates: &[String]) -> Vec<i64
 /// event is, in per-aggregate commit order, none rolled back, and (NATS, Redis) none twice.
 pub fn sigkill_loop(target: &mut dyn Target, tag: &str) {
     const TOTAL: usize = 20_000;
-    let db = TestDb::new(tag);
-    let slot = db.name.clone();
-    db.create_slot_and_publication(&slot);
-    let env = env_for(&db, &slot, target);
-    let destination = target.destination();
-    let (written, writer) = random_writer(
-        &db,
-        &destination,
+    let Run {
+        db,
+        slot,
+        env,
+        destination,
+        written,
+        writer,
+    } = begin(
+        target,
+        tag,
         RandomWrites {
             seed: 44,
             total: TOTAL,
@@ -147,14 +178,16 @@ pub fn sigkill_loop(target: &mut dyn Target, tag: &str) {
 /// nothing confirmed that the restarted broker does not hold.
 pub fn restart_during_backlog(target: &mut dyn Target, restart: &mut dyn FnMut(), tag: &str) {
     const TOTAL: usize = 10_000;
-    let db = TestDb::new(tag);
-    let slot = db.name.clone();
-    db.create_slot_and_publication(&slot);
-    let env = env_for(&db, &slot, target);
-    let destination = target.destination();
-    let (written, writer) = random_writer(
-        &db,
-        &destination,
+    let Run {
+        db,
+        slot,
+        env,
+        written,
+        writer,
+        ..
+    } = begin(
+        target,
+        tag,
         RandomWrites {
             seed: 46,
             total: TOTAL,
@@ -197,9 +230,7 @@ pub fn restart_during_backlog(target: &mut dyn Target, restart: &mut dyn FnMut()
 }
 
 /// Everything the writer committed.
-fn written_ids(
-    written: &std::sync::Arc<std::sync::Mutex<Vec<crate::support::events::Written>>>,
-) -> HashSet<i64> {
+fn written_ids(written: &Arc<Mutex<Vec<Written>>>) -> HashSet<i64> {
     written
         .lock()
         .unwrap()

@@ -2,11 +2,9 @@
 //! what it holds, as `ConsumedRecord`s: the destination as topic, `walbox.key` as key), and the
 //! tests that run the SIGKILL loop and the broker restart on each.
 
-use async_nats::jetstream::{self, stream};
-use lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
+use async_nats::jetstream;
+use lapin::options::BasicGetOptions;
+use lapin::types::AMQPValue;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use walbox::outbox::KEY_HEADER;
 use walbox::sandbox::broker::ConsumedRecord;
@@ -15,6 +13,8 @@ use walbox::sandbox::rabbitmq::RabbitMqOptions;
 use walbox::sandbox::redis::RedisOptions;
 
 use crate::broker_relay::{restart_during_backlog, sigkill_loop, Target};
+use crate::nats_sink::make_stream;
+use crate::rabbitmq_sink;
 use crate::support::brokers::{nats, own_nats, own_rabbitmq, own_redis, rabbitmq, redis};
 use crate::support::unique;
 
@@ -114,14 +114,7 @@ impl NatsTarget {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
         rt.block_on(async {
             let js = jetstream::new(async_nats::connect(&url).await.expect("connect to nats"));
-            js.create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![format!("{name}.>")],
-                storage: stream::StorageType::File,
-                ..Default::default()
-            })
-            .await
-            .expect("create the stream");
+            make_stream(&js, &name).await;
         });
         NatsTarget { url, name, rt }
     }
@@ -196,36 +189,8 @@ impl RabbitTarget {
         };
         target.rt.block_on(async {
             let ch = target.channel().await;
-            ch.exchange_declare(
-                target.exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("exchange.declare");
-            ch.queue_declare(
-                target.queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("queue.declare");
-            ch.queue_bind(
-                target.queue.as_str().into(),
-                target.exchange.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("queue.bind");
+            rabbitmq_sink::exchange(&ch, &target.exchange, ExchangeKind::Topic).await;
+            rabbitmq_sink::queue(&ch, &target.queue, &target.exchange, "#").await;
         });
         target
     }

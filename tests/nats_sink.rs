@@ -52,7 +52,7 @@ async fn jetstream_of(url: &str) -> jetstream::Context {
 }
 
 /// A file-storage stream `name` capturing `<name>.>`.
-async fn make_stream(js: &jetstream::Context, name: &str) {
+pub(crate) async fn make_stream(js: &jetstream::Context, name: &str) {
     js.create_stream(stream::Config {
         name: name.to_owned(),
         subjects: vec![format!("{name}.>")],

@@ -43,7 +43,7 @@ async fn client(node: &RabbitMq) -> (Connection, Channel) {
     (conn, channel)
 }
 
-async fn exchange(ch: &Channel, name: &str, kind: ExchangeKind) {
+pub(crate) async fn exchange(ch: &Channel, name: &str, kind: ExchangeKind) {
     ch.exchange_declare(
         name.into(),
         kind,
@@ -57,7 +57,7 @@ async fn exchange(ch: &Channel, name: &str, kind: ExchangeKind) {
     .expect("exchange.declare");
 }
 
-async fn queue(ch: &Channel, name: &str, exchange: &str, key: &str) {
+pub(crate) async fn queue(ch: &Channel, name: &str, exchange: &str, key: &str) {
     ch.queue_declare(
         name.into(),
         QueueDeclareOptions {

@@ -390,13 +390,7 @@ impl Relay {
             .await
             .ok()
             .flatten();
-        let record = health::evidence::last_progress(
-            &pg.conn,
-            &pg.slot,
-            &self.settings.broker,
-            &self.settings.kafka,
-        )
-        .await;
+        let record = self.last_progress().await;
         RelayError::Uncovered(Box::new(Uncovered {
             publication: pg.publication.clone(),
             slot: pg.slot.clone(),
@@ -406,11 +400,18 @@ impl Relay {
             since: record.and_then(|r| r.confirmed_commit_time_us).map(|t| {
                 (
                     unix_micros_to_pg_micros(t),
-                    "the newest confirmed commit (progress topic)",
+                    "the newest confirmed commit (progress record)",
                 )
             }),
             time_column,
         }))
+    }
+
+    /// The newest progress record of this relay's slot, read on connections of their own.
+    async fn last_progress(&self) -> Option<crate::sink::progress::ProgressRecord> {
+        let pg = &self.settings.postgres;
+        let (broker, kafka) = (&self.settings.broker, &self.settings.kafka);
+        health::evidence::last_progress(&pg.conn, &pg.slot, broker, kafka).await
     }
 
     /// The error for a slot found lost at session start, with the progress record's newest
@@ -418,13 +419,7 @@ impl Relay {
     /// command's time column, each read on a connection of its own (the session's failed).
     async fn slot_lost(&self, slot: String, confirmed: Lsn, cause: String) -> RelayError {
         let pg = &self.settings.postgres;
-        let record = health::evidence::last_progress(
-            &pg.conn,
-            &pg.slot,
-            &self.settings.broker,
-            &self.settings.kafka,
-        )
-        .await;
+        let record = self.last_progress().await;
         let time_column = match connect_control(&pg.conn).await {
             Ok(client) => catalog::time_column(&client, &self.settings.outbox)
                 .await
