@@ -11,6 +11,8 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 
+use crate::config::BrokerKind;
+
 /// `walbox --version`: the package version and the git revision it was built from.
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -19,7 +21,8 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
-/// walbox relays transactional-outbox rows from PostgreSQL's WAL to Kafka.
+/// walbox relays transactional-outbox rows from PostgreSQL's WAL to Kafka (or Redis Streams,
+/// NATS JetStream, RabbitMQ).
 #[derive(Debug, Parser)]
 #[command(name = "walbox", version = VERSION, about, long_about = None)]
 pub struct Cli {
@@ -140,7 +143,8 @@ pub enum Command {
     },
     #[cfg(feature = "sandbox")]
     /// Run walbox end to end on a throwaway PostgreSQL cluster and an embedded Kafka-protocol
-    /// broker, and print what a consumer reads back.
+    /// broker (or a throwaway Redis, NATS or RabbitMQ server), and print what a consumer reads
+    /// back.
     Demo {
         /// Number of aggregates to write events for.
         #[arg(long, default_value_t = 4)]
@@ -148,7 +152,35 @@ pub enum Command {
         /// Events per aggregate.
         #[arg(long, default_value_t = 3)]
         events: u32,
+        /// The broker to relay to (Redis, NATS and RabbitMQ from their Debian packages).
+        #[arg(long, value_enum, default_value_t = DemoBroker::Kafka)]
+        broker: DemoBroker,
     },
+}
+
+/// `walbox demo --broker`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoBroker {
+    /// librdkafka's mock Kafka cluster.
+    Kafka,
+    /// Redis Streams.
+    Redis,
+    /// NATS JetStream.
+    Nats,
+    /// RabbitMQ.
+    Rabbitmq,
+}
+
+impl DemoBroker {
+    /// The broker it names.
+    pub fn kind(self) -> BrokerKind {
+        match self {
+            DemoBroker::Kafka => BrokerKind::Kafka,
+            DemoBroker::Redis => BrokerKind::Redis,
+            DemoBroker::Nats => BrokerKind::Nats,
+            DemoBroker::Rabbitmq => BrokerKind::RabbitMq,
+        }
+    }
 }
 
 /// `--config`: walbox.toml, for every command that reads it (`inbox` reads its own file).

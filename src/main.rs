@@ -16,9 +16,18 @@ use walbox::failure::{Failure, FatalError};
 use walbox::inbox::config::InboxConfig;
 
 fn init_logging(format: LogFormat, level: &str) {
-    let filter = EnvFilter::try_from_env("WALBOX_LOG")
+    let mut filter = EnvFilter::try_from_env("WALBOX_LOG")
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // lapin (RabbitMQ) logs at ERROR what walbox expects and reports itself: a progress queue
+    // not there yet (a passive declare refused), a connection the node closed. Its lines are
+    // shown only when the filter names it.
+    let named = std::env::var("WALBOX_LOG").unwrap_or_else(|_| level.to_owned());
+    if !named.contains("lapin") {
+        if let Ok(off) = "lapin=off".parse() {
+            filter = filter.add_directive(off);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
@@ -280,9 +289,14 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         #[cfg(feature = "sandbox")]
-        Command::Demo { aggregates, events } => {
+        Command::Demo {
+            aggregates,
+            events,
+            broker,
+        } => {
             init_logging(LogFormat::Text, "warn");
-            match runtime(2).map(|rt| rt.block_on(walbox::cmd::demo::run(aggregates, events))) {
+            let demo = walbox::cmd::demo::run(aggregates, events, broker.kind());
+            match runtime(2).map(|rt| rt.block_on(demo)) {
                 Ok(Ok(())) => ExitCode::SUCCESS,
                 Ok(Err(e)) => fail(FatalError::new(Failure::Internal, format!("{e:#}"))),
                 Err(e) => fail(runtime_failed(e)),

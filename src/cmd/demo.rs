@@ -1,7 +1,8 @@
 //! `walbox demo`: walbox end to end on throwaway infrastructure.
 //!
-//! Starts a private PostgreSQL cluster (`wal_level=logical`) and librdkafka's mock Kafka cluster,
-//! creates the seeds' outbox table, writes events for several aggregates in transactions (one of
+//! Starts a private PostgreSQL cluster (`wal_level=logical`) and librdkafka's mock Kafka cluster
+//! (or, with `--broker`, a throwaway Redis, NATS or RabbitMQ server:
+//! [`crate::sandbox::scratch_broker`]), creates the seeds' outbox table, writes events for several aggregates in transactions (one of
 //! them rolled back), relays them with the real relay, and prints what a consumer reads back plus
 //! a short metrics summary. Everything is removed on exit.
 
@@ -12,15 +13,16 @@ use tokio::sync::oneshot;
 
 use crate::app::{self, Handles};
 use crate::config;
+use crate::config::BrokerKind;
 use crate::pg::control::connect_control;
-use crate::sandbox::broker::{read_topics, Broker};
 use crate::sandbox::postgres::{PgCluster, PgClusterOptions};
+use crate::sandbox::scratch_broker::ScratchBroker;
 use crate::sandbox::SCHEMA;
 
 const TOPIC: &str = "payments.events";
 
 /// Runs the demo.
-pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
+pub async fn run(aggregates: u32, events: u32, kind: BrokerKind) -> anyhow::Result<()> {
     if aggregates == 0 || events == 0 {
         bail!("--aggregates and --events must be at least 1");
     }
@@ -37,24 +39,27 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
     .context("starting PostgreSQL")?;
     cluster.create_database("demo")?;
     cluster.psql("demo", SCHEMA)?;
-    let broker = Broker::mock(3).context("starting the mock Kafka cluster")?;
-    broker.create_topic(TOPIC, 4)?;
-    let bootstrap = broker.bootstrap_servers();
+    if kind != BrokerKind::Kafka {
+        println!("starting a throwaway {kind} server…");
+    }
+    // The mock cluster cannot move between threads: started here, off the runtime's workers.
+    let broker = tokio::task::block_in_place(|| ScratchBroker::start(kind))
+        .with_context(|| format!("starting {kind}"))?;
+    broker.prepare(TOPIC, 4).await?;
     println!("postgres: {}", cluster.socket_url("demo"));
-    println!("kafka (librdkafka mock cluster, 3 brokers): {bootstrap}");
+    println!("{}", broker.describe());
 
-    let config = config::load_from(
-        None,
-        &mut [
-            ("WALBOX_POSTGRES_URL", cluster.url("demo")),
-            ("WALBOX_POSTGRES_CREATE_SLOT", "true".into()),
-            ("WALBOX_POSTGRES_CREATE_PUBLICATION", "true".into()),
-            ("WALBOX_KAFKA_BROKERS", bootstrap.clone()),
-            ("WALBOX_HTTP_LISTEN", "off".into()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v)),
-    )?;
+    let mut env: Vec<(String, String)> = [
+        ("WALBOX_POSTGRES_URL", cluster.url("demo")),
+        ("WALBOX_POSTGRES_CREATE_SLOT", "true".into()),
+        ("WALBOX_POSTGRES_CREATE_PUBLICATION", "true".into()),
+        ("WALBOX_HTTP_LISTEN", "off".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    env.extend(broker.env());
+    let config = config::load_from(None, &mut env.into_iter())?;
     let conn = config.postgres.conn.clone();
     let handles = Handles::default();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -107,12 +112,9 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
         .await?;
 
     let expected = (aggregates * events) as usize;
-    let records = tokio::task::spawn_blocking(move || {
-        read_topics(&bootstrap, &[TOPIC], Duration::from_secs(60), |r| {
-            r.len() >= expected
-        })
-    })
-    .await??;
+    let records = broker
+        .read(TOPIC, expected, Duration::from_secs(60))
+        .await?;
     if records.len() < expected {
         bail!("the consumer read {} of {expected} events", records.len());
     }
@@ -139,7 +141,11 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
             String::from_utf8_lossy(r.payload.as_deref().unwrap_or_default()),
         );
     }
-    println!("(each aggregate's events sit in one partition, in commit order; the rolled-back event is absent)");
+    if kind == BrokerKind::Kafka {
+        println!("(each aggregate's events sit in one partition, in commit order; the rolled-back event is absent)");
+    } else {
+        println!("(every aggregate's events in commit order; the rolled-back event is absent)");
+    }
 
     // The slot's confirmed position passes the last commit within a status interval.
     let last_commit = rows
@@ -196,6 +202,7 @@ pub async fn run(aggregates: u32, events: u32) -> anyhow::Result<()> {
         Err(e) => bail!("walbox failed: {e}"),
     }
     drop(client);
+    drop(broker);
     drop(cluster);
     Ok(())
 }

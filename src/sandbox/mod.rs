@@ -14,6 +14,7 @@ mod programs;
 pub mod proxy;
 pub mod rabbitmq;
 pub mod redis;
+pub mod scratch_broker;
 pub mod standby;
 pub mod tls;
 
