@@ -42,13 +42,13 @@ fn record(
 }
 
 /// Redis Streams: one stream key.
-struct RedisTarget {
+pub struct RedisTarget {
     url: String,
     stream: String,
 }
 
 impl RedisTarget {
-    fn new(url: String) -> Self {
+    pub fn new(url: String) -> Self {
         RedisTarget {
             url,
             stream: unique("outbox_stream"),
@@ -102,14 +102,14 @@ impl Target for RedisTarget {
 }
 
 /// NATS JetStream: a file-storage stream capturing `<name>.>`, published to `<name>.orders`.
-struct NatsTarget {
+pub struct NatsTarget {
     url: String,
     name: String,
     rt: tokio::runtime::Runtime,
 }
 
 impl NatsTarget {
-    fn new(url: String) -> Self {
+    pub fn new(url: String) -> Self {
         let name = unique("outbox").replace('_', "-");
         let rt = tokio::runtime::Runtime::new().expect("runtime");
         rt.block_on(async {
@@ -168,7 +168,7 @@ impl Target for NatsTarget {
 
 /// RabbitMQ: a topic exchange and one durable queue bound to the destination; reading takes
 /// the messages off the queue, so the target keeps what it read.
-struct RabbitTarget {
+pub struct RabbitTarget {
     port: u16,
     exchange: String,
     queue: String,
@@ -177,7 +177,7 @@ struct RabbitTarget {
 }
 
 impl RabbitTarget {
-    fn new(port: u16) -> Self {
+    pub fn new(port: u16) -> Self {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
         let (exchange, queue) = (unique("outbox_x"), unique("outbox_q"));
         let target = RabbitTarget {

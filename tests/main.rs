@@ -5,6 +5,7 @@
 mod support;
 
 mod audit;
+mod broker_audit;
 mod broker_relay;
 mod broker_targets;
 mod brokers;

@@ -1,4 +1,6 @@
-//! `walbox audit`: an independent check that every outbox row still in the table is in Kafka.
+//! `walbox audit`: an independent check that every outbox row still in the table is in Kafka
+//! (or Redis Streams, or NATS JetStream: [`crate::sink::readback`]; RabbitMQ's queues are
+//! consumed and cannot be read back).
 //!
 //! The rows of the window (`--since-id`, `--since`, or all) are read in one `REPEATABLE READ`
 //! snapshot and mapped by the relay's own mapper (the same code as `walbox republish`). The
@@ -56,7 +58,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::IsolationLevel;
 
 use super::republish::{check_window, describe, insert_of, refused, select, Window};
-use crate::config::{BrokerConfig, Config, KafkaRole, RouteSource};
+use crate::config::{BrokerConfig, BrokerKind, Config, KafkaRole, RouteSource};
 use crate::dead_letter::Policy;
 use crate::failure::{Failure, FatalError};
 use crate::lsn::Lsn;
@@ -65,6 +67,7 @@ use crate::outbox::{
 };
 use crate::pg::control::connect_control;
 use crate::sink::kafka::{is_unused_group_refusal, ReaderContext};
+use crate::sink::readback::{self, ReadRecord};
 
 /// At most this many ids of each kind are listed; the counts are always complete.
 const LISTED: usize = 100;
@@ -121,13 +124,10 @@ pub async fn audit(
     wait: Duration,
     json: bool,
 ) -> Result<Report, FatalError> {
-    if !matches!(config.broker, BrokerConfig::Kafka) {
+    if let BrokerConfig::RabbitMq(_) = config.broker {
         return Err(FatalError::new(
             Failure::Config,
-            format!(
-                "walbox audit reads the records back from Kafka; it cannot read {} yet (run it with a [kafka] configuration, or compare the outbox with the broker's own tools: docs/brokers.md)",
-                config.broker.kind()
-            ),
+            "walbox audit reads the records back from the broker, and RabbitMQ's queues are consumed by their consumers: compare the outbox with what your consumers recorded (the inbox's table), docs/brokers.md",
         ));
     }
     let mut client = connect_control(&config.postgres.conn)
@@ -143,11 +143,7 @@ pub async fn audit(
         .collect();
     let relay_behind = !confirmed(&client, &slots, needed, wait).await?;
     drop(client);
-    let kafka = config.kafka.clone();
-    let (expected, records_read) =
-        tokio::task::spawn_blocking(move || count_records(&kafka, expected))
-            .await
-            .map_err(|e| FatalError::new(Failure::Internal, format!("audit task: {e}")))??;
+    let (expected, records_read) = read_back(config, expected).await?;
     let mut report = Report {
         rows: expected.rows.len() as u64 + unmapped,
         unmapped,
@@ -196,8 +192,8 @@ pub async fn audit(
         return Err(FatalError::new(
             Failure::Audit,
             format!(
-                "{} of {} outbox rows are not in Kafka; `walbox republish --since-id {}` produces them again (from every table)",
-                report.missing, report.rows, first.id
+                "{} of {} outbox rows are not in {}; `walbox republish --since-id {}` produces them again (from every table)",
+                report.missing, report.rows, broker_name(config), first.id
             ),
         ));
     }
@@ -412,6 +408,37 @@ async fn confirmed(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The broker as the report names it.
+fn broker_name(config: &Config) -> &'static str {
+    match config.broker.kind() {
+        BrokerKind::Kafka => "Kafka",
+        BrokerKind::Redis => "Redis",
+        BrokerKind::Nats => "NATS",
+        BrokerKind::RabbitMq => "RabbitMQ",
+    }
+}
+
+/// Reads every destination of `expected` (dead-letter ones included) from the broker, to the
+/// end it has now, counting the records of the expected rows; how many records were read.
+async fn read_back(config: &Config, mut expected: Expected) -> Result<(Expected, u64), FatalError> {
+    let mut destinations: Vec<String> = expected.index.keys().map(|t| t.to_string()).collect();
+    destinations.sort_unstable();
+    let mut count = |r: &ReadRecord<'_>| expected.count(r.destination, r.key, |n| r.header(n));
+    let read = match &config.broker {
+        BrokerConfig::Kafka => {
+            let kafka = config.kafka.clone();
+            return tokio::task::spawn_blocking(move || count_records(&kafka, expected))
+                .await
+                .map_err(|e| FatalError::new(Failure::Internal, format!("audit task: {e}")))?;
+        }
+        BrokerConfig::Redis(r) => readback::read_redis(r, &destinations, &mut count).await,
+        BrokerConfig::Nats(n) => readback::read_nats(n, &destinations, &mut count).await,
+        BrokerConfig::RabbitMq(_) => Ok(0),
+    }
+    .map_err(|e| FatalError::of_or(&e, Failure::Unavailable))?;
+    Ok((expected, read))
 }
 
 /// Reads every topic of `expected` (dead-letter topics included) from the beginning to its

@@ -27,6 +27,7 @@ pub mod progress;
 mod publisher;
 pub mod rabbitmq;
 mod rabbitmq_client;
+pub mod readback;
 pub mod redis;
 pub mod redis_reply;
 pub mod silence;

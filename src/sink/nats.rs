@@ -59,6 +59,7 @@ mod task;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -245,6 +246,11 @@ impl Publisher for NatsSink {
     fn oldest_unacked(&self) -> Option<Duration> {
         Some(self.unconfirmed_span())
     }
+}
+
+/// A JetStream context on `config`'s servers, for reading back (`sink::readback`).
+pub async fn open_for_reading(config: &NatsConfig) -> Result<jetstream::Context, BrokerError> {
+    Ok(open(config, None).await?.js)
 }
 
 /// The newest progress record of `key` in `config`'s bucket; `None` when the bucket holds none

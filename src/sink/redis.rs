@@ -177,7 +177,7 @@ impl EventJob {
 }
 
 /// `host:port` of `config.url`, for messages (never the URL itself).
-fn server(config: &RedisConfig) -> String {
+pub(super) fn server(config: &RedisConfig) -> String {
     config
         .url
         .as_str()
