@@ -1,0 +1,399 @@
+//! Broker benchmark: walbox draining a PostgreSQL backlog into Redis Streams, NATS JetStream and
+//! RabbitMQ, against a plain client of the same crate publishing the same messages to the same
+//! server (walbox / plain client: the target is ≥ 0.8×), and walbox's peak RSS (target: under
+//! 40 MiB).
+//!
+//! `cargo bench --bench brokers --features sandbox` builds the `walbox` binary and this bench,
+//! then, on a throwaway PostgreSQL cluster and one throwaway server per broker
+//! (`walbox::sandbox`):
+//! 1. per shape (100-row transactions, then 1-row transactions), loads N outbox rows behind one
+//!    slot per broker, created at the same LSN before the load (`benches/common/backlog.rs`);
+//!    rows spread over 8 aggregate types and 1,000 aggregates;
+//! 2. per broker, starts `walbox run` (the binary, a child process) on its slot and times it
+//!    from the spawn until `confirmed_flush_lsn` passed the end of the load (the broker then
+//!    holds every event), sampling its `VmHWM` every 100 ms;
+//! 3. reads back what walbox stored (every event, checked by count), empties the destinations,
+//!    and publishes those very messages again with a plain client (`brokers/reference.rs`):
+//!    same destinations, payloads, headers/fields/properties, ids, in walbox's commit order,
+//!    with the acknowledgement walbox waits for, timed from the first publish to the last ack.
+//!
+//! Destinations (the outbox `topic` template), the same for both runs:
+//! - Redis: one stream per aggregate type, `bench.${aggregate_type}` (8 streams); the plain
+//!   client writes pipelines of 1,000 `XADD`s on one connection, one pipeline at a time, with
+//!   walbox's entry ids (the streams are deleted first), as walbox does;
+//! - NATS: subject `bench.${aggregate_id}` (1,000 subjects) captured by one file-storage stream
+//!   `BENCH` (`bench.>`), deleted and created again before each run (which also clears its
+//!   duplicate window); the plain client keeps one publish per subject waiting for its PubAck,
+//!   as walbox does, and is also reported with unlimited pipelining (a window of 10,000
+//!   PubAcks, every subject), labelled `nats (window 10k)`;
+//! - RabbitMQ: topic exchange `outbox`, routing key `${aggregate_type}`, one durable queue
+//!   `bench` bound `#`, purged between runs; the plain client publishes `mandatory` on one
+//!   channel in confirm mode with up to 10,000 confirms outstanding.
+//!
+//! What is not the same: walbox's time includes its start (connecting to PostgreSQL and the
+//! broker, starting replication) and decoding the WAL, and ends at the slot's confirmation
+//! (walbox reports it at its status interval); the plain client's starts at its first publish on
+//! an open connection, and it has its messages in memory. walbox also writes its progress
+//! records to the broker. The ratio is therefore a lower bound of walbox's publishing path.
+//!
+//! Environment: `WALBOX_BENCH_EVENTS` (N, default 300,000), `WALBOX_BENCH_BROKERS` (comma list
+//! of `redis`, `nats`, `rabbitmq`; default all), `WALBOX_BENCH_SHAPES` (comma list of rows per
+//! transaction, default `100,1`), `WALBOX_BENCH_OUTPUT` (default `benches/brokers-results.md`),
+//! `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn).
+
+#[path = "common/backlog.rs"]
+mod backlog;
+#[path = "common/format.rs"]
+#[allow(dead_code)]
+mod format;
+#[path = "common/harness.rs"]
+mod harness;
+#[path = "common/procs.rs"]
+#[allow(dead_code)]
+mod procs;
+#[path = "brokers/reference.rs"]
+mod reference;
+#[path = "brokers/servers.rs"]
+mod servers;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio_postgres::{Client, NoTls};
+use walbox::lsn::Lsn;
+
+use format::{fmt_n, k, ratio};
+use servers::{Kind, Server};
+
+/// The publication walbox reads.
+const PUBLICATION: &str = "walbox_bench";
+
+/// The outbox table (the `topic` column left NULL: the route's template names the
+/// destination), its publication, and the loader: 8 aggregate types, 1,000 aggregates, the
+/// seeds' ~200-byte payload.
+const SCHEMA: &str = r#"
+CREATE TABLE outbox (
+    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    topic          text,
+    event_type     text        NOT NULL,
+    payload        jsonb       NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now()
+) WITH (autovacuum_enabled = false);
+CREATE PUBLICATION walbox_bench FOR TABLE outbox WITH (publish = 'insert');
+CREATE PROCEDURE bench_load(total bigint, per_tx bigint) LANGUAGE plpgsql AS $$
+DECLARE done bigint := 0; k bigint;
+BEGIN
+  WHILE done < total LOOP
+    k := least(per_tx, total - done);
+    INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+    SELECT 'type' || (n % 8), 'order-' || (n % 1000), 'OrderCreated',
+           format('{"order_id": %s, "customer_id": "cust-%s", "amount": 129.99, "status": "CREATED", "items": [{"sku": "SKU-000123", "qty": 2, "price": 49.99}, {"sku": "SKU-000456", "qty": 1, "price": 30.01}]}', n, n % 100000)::jsonb
+    FROM generate_series(done + 1, done + k) n;
+    done := done + k;
+    COMMIT;
+  END LOOP;
+END $$;
+"#;
+
+/// What to run, from the environment.
+#[derive(Debug)]
+struct Settings {
+    events: u64,
+    brokers: Vec<Kind>,
+    shapes: Vec<u64>,
+    output: PathBuf,
+}
+
+impl Settings {
+    fn from_env() -> anyhow::Result<Self> {
+        Ok(Settings {
+            events: harness::num("WALBOX_BENCH_EVENTS", 300_000)?,
+            brokers: harness::list(
+                "WALBOX_BENCH_BROKERS",
+                vec![Kind::Redis, Kind::Nats, Kind::RabbitMq],
+            )?,
+            shapes: harness::list("WALBOX_BENCH_SHAPES", vec![100, 1])?,
+            output: harness::var("WALBOX_BENCH_OUTPUT").map_or_else(
+                || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/brokers-results.md"),
+                PathBuf::from,
+            ),
+        })
+    }
+}
+
+/// One row of the table.
+struct Row {
+    broker: String,
+    shape: u64,
+    events: u64,
+    walbox: Option<f64>,
+    plain: f64,
+    rss: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    harness::main_with("brokers", run)
+}
+
+/// `walbox run` as a child process, configured for one broker (no Kafka variables).
+struct Walbox(Child);
+
+impl Walbox {
+    fn start(pg_url: &str, slot: &str, env: &[(String, String)]) -> anyhow::Result<Self> {
+        let http_port = procs::free_port()?;
+        let child = Command::new(env!("CARGO_BIN_EXE_walbox"))
+            .arg("run")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("WALBOX_POSTGRES_URL", pg_url)
+            .env("WALBOX_POSTGRES_SLOT", slot)
+            .env("WALBOX_POSTGRES_PUBLICATION", PUBLICATION)
+            .env("WALBOX_POSTGRES_CREATE_SLOT", "false")
+            .env("WALBOX_HTTP_LISTEN", format!("127.0.0.1:{http_port}"))
+            .env(
+                "WALBOX_LOG",
+                harness::var("WALBOX_BENCH_WALBOX_LOG").unwrap_or_else(|| "warn".into()),
+            )
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the walbox binary")?;
+        Ok(Walbox(child))
+    }
+
+    /// SIGTERM, then waits for the exit (killed after 60 s).
+    fn stop(mut self) -> anyhow::Result<()> {
+        procs::terminate(self.0.id());
+        for _ in 0..600 {
+            if let Some(status) = self.0.try_wait()? {
+                if !status.success() {
+                    bail!("walbox stopped with {status}");
+                }
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("walbox did not stop within 60 s of SIGTERM")
+    }
+}
+
+impl Drop for Walbox {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// `confirmed_flush_lsn` of `slot`.
+async fn confirmed(admin: &Client, slot: &str) -> anyhow::Result<Lsn> {
+    let text: Option<String> = admin
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?
+        .get(0);
+    text.context("slot without confirmed_flush_lsn")?
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))
+}
+
+/// walbox drains `slot` into `server` until the slot confirmed `end`: (seconds, peak RSS).
+async fn drain(
+    admin: &Client,
+    pg_url: &str,
+    server: &Server,
+    slot: &str,
+    end: Lsn,
+    events: u64,
+) -> anyhow::Result<(f64, u64)> {
+    let env = server.walbox_env();
+    let t0 = Instant::now();
+    let mut walbox = Walbox::start(pg_url, slot, &env)?;
+    let pid = walbox.0.id();
+    let deadline = t0 + Duration::from_secs(120 + events / 1_000);
+    let mut rss = 0u64;
+    let mut next_sample = t0;
+    let secs = loop {
+        if let Some(status) = walbox.0.try_wait()? {
+            bail!("walbox exited early: {status}");
+        }
+        if Instant::now() >= next_sample {
+            rss = rss.max(procs::peak_rss(pid).unwrap_or(0));
+            next_sample += Duration::from_millis(100);
+        }
+        if confirmed(admin, slot).await? >= end {
+            break t0.elapsed().as_secs_f64();
+        }
+        if Instant::now() > deadline {
+            bail!("walbox did not drain {slot} in time");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    rss = rss.max(procs::peak_rss(pid).unwrap_or(0));
+    walbox.stop()?;
+    Ok((secs, rss))
+}
+
+async fn run() -> anyhow::Result<()> {
+    let settings = Settings::from_env()?;
+    eprintln!("brokers bench: {settings:?}");
+    let cluster = harness::bench_cluster(
+        &[
+            ("shared_buffers", "1GB"),
+            ("max_wal_size", "4GB"),
+            ("max_slot_wal_keep_size", "-1"),
+        ],
+        &[SCHEMA],
+    )
+    .await?;
+    let pg_url = cluster.socket_url("bench");
+    let (admin, conn) = tokio_postgres::connect(&pg_url, NoTls).await?;
+    tokio::spawn(conn);
+    let pg_version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
+    let mut servers = Vec::new();
+    for kind in &settings.brokers {
+        let started = Instant::now();
+        let server = Server::start(*kind).await?;
+        eprintln!("{kind} started in {:?}", started.elapsed());
+        servers.push(server);
+    }
+    let mut rows = Vec::new();
+    for &shape in &settings.shapes {
+        let slots: Vec<String> = servers
+            .iter()
+            .map(|s| format!("bench_{}_{shape}", s.kind))
+            .collect();
+        let slot_refs: Vec<&str> = slots.iter().map(String::as_str).collect();
+        let (end, _) = backlog::load(
+            &admin,
+            "outbox",
+            "bench_load",
+            &slot_refs,
+            settings.events,
+            shape,
+        )
+        .await?;
+        for (server, slot) in servers.iter().zip(&slots) {
+            rows.extend(measure(&admin, &pg_url, server, slot, end, settings.events, shape).await?);
+        }
+        for slot in &slots {
+            admin
+                .execute("SELECT pg_drop_replication_slot($1)", &[slot])
+                .await?;
+        }
+    }
+    let mut versions = vec![format!("PostgreSQL {pg_version}")];
+    for s in &servers {
+        versions.push(s.version().await?);
+    }
+    let table = report(&settings, &rows, &versions);
+    harness::publish("brokers", &settings.output, &table)
+}
+
+/// walbox, then the plain client(s), on one broker and one backlog.
+async fn measure(
+    admin: &Client,
+    pg_url: &str,
+    server: &Server,
+    slot: &str,
+    end: Lsn,
+    events: u64,
+    shape: u64,
+) -> anyhow::Result<Vec<Row>> {
+    server.reset().await?;
+    let (secs, rss) = drain(admin, pg_url, server, slot, end, events).await?;
+    let walbox_rate = events as f64 / secs;
+    eprintln!(
+        "{} {shape}-row: walbox {:.0} events/s ({secs:.2} s), peak RSS {}",
+        server.kind,
+        walbox_rate,
+        format::mib(rss)
+    );
+    let messages = server.read_back(events).await?;
+    if messages.len() as u64 != events {
+        bail!(
+            "{}: the broker holds {} of {events} events",
+            server.kind,
+            messages.len()
+        );
+    }
+    eprintln!(
+        "{}: read back {} messages, {} destinations",
+        server.kind,
+        fmt_n(messages.len() as u64),
+        servers::destinations(&messages)
+    );
+    let mut rows = Vec::new();
+    for (label, mode) in server.kind.reference_modes() {
+        server.reset().await?;
+        let secs = reference::publish(server, &messages, mode).await?;
+        let held = server.count().await?;
+        if held != events {
+            bail!("{label}: the broker holds {held} of {events} events after the plain client");
+        }
+        let plain = events as f64 / secs;
+        eprintln!("{label} {shape}-row: plain client {plain:.0} events/s ({secs:.2} s)");
+        let is_walbox_mode = rows.is_empty();
+        rows.push(Row {
+            broker: label.to_owned(),
+            shape,
+            events,
+            walbox: Some(walbox_rate),
+            plain,
+            rss: is_walbox_mode.then_some(rss),
+        });
+    }
+    server.reset().await?;
+    Ok(rows)
+}
+
+/// The markdown table.
+fn report(settings: &Settings, rows: &[Row], versions: &[String]) -> String {
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mut t = String::new();
+    t.push_str("# walbox against plain broker clients\n\n");
+    t.push_str(&format!(
+        "{date}; nproc {nproc}; {}; {} events per drain.\n\n",
+        format::machine(),
+        fmt_n(settings.events)
+    ));
+    t.push_str(&format!("Servers: {}.\n\n", versions.join("; ")));
+    t.push_str(
+        "| broker | shape | events | walbox events/s | plain client events/s | ratio (target ≥ 0.8×) | walbox peak RSS MiB (target < 40) |\n\
+         |---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        t.push_str(&format!(
+            "| {} | {}-row tx | {} | {} | {} | {} | {} |\n",
+            r.broker,
+            r.shape,
+            fmt_n(r.events),
+            r.walbox.map_or("–".into(), k),
+            k(r.plain),
+            r.walbox.map_or("–".into(), |w| ratio(w, r.plain)),
+            r.rss.map_or("–".into(), |b| format!(
+                "{:.1}",
+                b as f64 / (1024.0 * 1024.0)
+            )),
+        ));
+    }
+    t.push_str(
+        "\nwalbox: from spawning `walbox run` until the slot confirmed the end of the backlog \
+         (includes start-up and decoding). Plain client: the same messages read back from the \
+         broker, published again from memory, first publish → last ack. `nats (window 10k)`: the \
+         plain client without walbox's one-in-flight-per-subject rule.\n",
+    );
+    t
+}
