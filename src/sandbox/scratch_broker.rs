@@ -18,8 +18,9 @@ use super::broker::{read_topics, Broker, ConsumedRecord};
 use super::nats::{NatsOptions, NatsServer};
 use super::rabbitmq::{RabbitMq, RabbitMqOptions};
 use super::redis::{RedisOptions, RedisServer};
-use crate::config::BrokerKind;
+use crate::config::{BrokerKind, NatsConfig, RedisConfig};
 use crate::outbox::KEY_HEADER;
+use crate::sink::readback::{self, ReadRecord};
 
 /// The exchange and queue the RabbitMQ broker routes a destination through.
 const EXCHANGE: &str = "outbox";
@@ -156,8 +157,9 @@ impl ScratchBroker {
                     })
                     .await??;
                 }
-                ScratchBroker::Redis(r) => records = read_redis(&r.url(), destination).await?,
-                ScratchBroker::Nats(n) => records = read_nats(&n.url(), destination).await?,
+                ScratchBroker::Redis(_) | ScratchBroker::Nats(_) => {
+                    records = read_back(self, destination).await?
+                }
                 ScratchBroker::RabbitMq(r) => records.extend(read_rabbit(r, destination).await?),
             }
             if records.len() >= expected || Instant::now() >= deadline {
@@ -168,85 +170,48 @@ impl ScratchBroker {
     }
 }
 
-/// A record of `fields` (name, value), its key the field `key_field`.
+/// A record read back, as the demo prints it.
 fn record(
     topic: &str,
     offset: usize,
-    key_field: &str,
+    key: Option<&[u8]>,
     payload: Vec<u8>,
     headers: Vec<(String, Vec<u8>)>,
 ) -> ConsumedRecord {
-    let key = headers
-        .iter()
-        .find(|(n, _)| n == key_field)
-        .map(|(_, v)| v.clone());
     ConsumedRecord {
         topic: topic.to_owned(),
         partition: 0,
         offset: offset as i64,
-        key,
+        key: key.map(<[u8]>::to_vec),
         payload: Some(payload),
         headers,
         timestamp_ms: None,
     }
 }
 
-async fn read_redis(url: &str, stream: &str) -> Result<Vec<ConsumedRecord>> {
-    let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let entries: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await?;
-    Ok(entries
-        .into_iter()
-        .enumerate()
-        .map(|(i, (_, kv))| {
-            let mut fields: Vec<(String, Vec<u8>)> = kv
-                .chunks(2)
-                .map(|p| {
-                    let name = String::from_utf8_lossy(&p[0]).into_owned();
-                    (name, p.get(1).cloned().unwrap_or_default())
-                })
-                .collect();
-            let payload = fields
-                .iter()
-                .position(|(n, _)| n == "payload")
-                .map(|i| fields.remove(i).1)
-                .unwrap_or_default();
-            record(stream, i, "key", payload, fields)
-        })
-        .collect())
-}
-
-async fn read_nats(url: &str, subject: &str) -> Result<Vec<ConsumedRecord>> {
-    let js = jetstream::new(async_nats::connect(url).await?);
-    let mut s = js.get_stream(subject.replace('.', "_")).await?;
-    let info = s.info().await?;
+/// What the brokers that can be read back hold at `destination` (`sink::readback`).
+async fn read_back(broker: &ScratchBroker, destination: &str) -> Result<Vec<ConsumedRecord>> {
     let mut out = Vec::new();
-    if info.state.messages == 0 {
-        return Ok(out);
-    }
-    for seq in info.state.first_sequence..=info.state.last_sequence {
-        let m = s.get_raw_message(seq).await?;
-        let headers: Vec<(String, Vec<u8>)> = m
-            .headers
-            .iter()
-            .flat_map(|(n, vs)| {
-                vs.iter()
-                    .map(move |v| (n.to_string(), v.as_str().as_bytes().to_vec()))
-            })
-            .collect();
+    let mut each = |r: &ReadRecord<'_>| {
+        let offset = out.len();
         out.push(record(
-            &m.subject,
-            seq as usize,
-            KEY_HEADER,
-            m.payload.to_vec(),
-            headers,
-        ));
-    }
+            r.destination,
+            offset,
+            r.key,
+            r.payload.to_vec(),
+            r.fields.to_vec(),
+        ))
+    };
+    let wanted = [destination.to_owned()];
+    match broker {
+        ScratchBroker::Redis(r) => {
+            readback::read_redis(&RedisConfig::for_url(r.url()), &wanted, &mut each).await?
+        }
+        ScratchBroker::Nats(n) => {
+            readback::read_nats(&NatsConfig::for_url(&n.url()), &wanted, &mut each).await?
+        }
+        ScratchBroker::Kafka(_) | ScratchBroker::RabbitMq(_) => 0,
+    };
     Ok(out)
 }
 
@@ -279,7 +244,11 @@ async fn read_rabbit(node: &RabbitMq, queue: &str) -> Result<Vec<ConsumedRecord>
             })
             .unwrap_or_default();
         let offset = d.delivery_tag as usize;
-        out.push(record(queue, offset, KEY_HEADER, d.data, headers));
+        let key = headers
+            .iter()
+            .find(|(n, _)| n == KEY_HEADER)
+            .map(|(_, v)| v.clone());
+        out.push(record(queue, offset, key.as_deref(), d.data, headers));
     }
     if let Err(e) = conn.close(200, "read".into()).await {
         bail!("closing the reading connection: {e}");

@@ -29,7 +29,10 @@ pub struct ReadRecord<'a> {
     pub destination: &'a str,
     /// Its key (the aggregate id), when it has one.
     pub key: Option<&'a [u8]>,
-    fields: &'a [(String, Vec<u8>)],
+    /// Its value (empty for a tombstone).
+    pub payload: &'a [u8],
+    /// Its headers (Redis: every field but `payload`), in order.
+    pub fields: &'a [(String, Vec<u8>)],
 }
 
 impl ReadRecord<'_> {
@@ -75,13 +78,18 @@ pub async fn read_redis(
             from = format!("({last}");
             let full = page.len() == REDIS_PAGE;
             for (_, kv) in page {
-                let fields: Vec<(String, Vec<u8>)> = kv
+                let mut fields: Vec<(String, Vec<u8>)> = kv
                     .chunks(2)
                     .map(|p| {
                         let name = String::from_utf8_lossy(&p[0]).into_owned();
                         (name, p.get(1).cloned().unwrap_or_default())
                     })
                     .collect();
+                let payload = fields
+                    .iter()
+                    .position(|(n, _)| n == "payload")
+                    .map(|i| fields.remove(i).1)
+                    .unwrap_or_default();
                 let key = fields
                     .iter()
                     .find(|(n, _)| n == "key")
@@ -89,6 +97,7 @@ pub async fn read_redis(
                 each(&ReadRecord {
                     destination: stream,
                     key,
+                    payload: &payload,
                     fields: &fields,
                 });
                 read += 1;
@@ -160,6 +169,7 @@ pub async fn read_nats(
             each(&ReadRecord {
                 destination: &subject,
                 key,
+                payload: &m.payload,
                 fields: &fields,
             });
             read += 1;
