@@ -25,6 +25,15 @@ pub enum Class {
 }
 
 impl Class {
+    /// The failure to stop with for a publisher's error: a record refused is an event that
+    /// cannot be published ([`Failure::EventRejected`], exit 8); otherwise as [`Class::fatal`].
+    pub fn published_failure(self) -> Option<Failure> {
+        match self {
+            Class::Rejected => Some(Failure::EventRejected),
+            class => class.fatal(),
+        }
+    }
+
     /// The failure to stop with, when the error is fatal.
     pub fn fatal(self) -> Option<Failure> {
         match self {

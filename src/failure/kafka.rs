@@ -74,10 +74,7 @@ pub fn kafka_error(e: &KafkaError) -> Class {
 impl Classify for KafkaError {
     /// As a producer's error: a record refused is an event that cannot be published.
     fn failure(&self) -> Option<Failure> {
-        match kafka_error(self) {
-            Class::Rejected => Some(Failure::EventRejected),
-            class => class.fatal(),
-        }
+        kafka_error(self).published_failure()
     }
 }
 

@@ -97,17 +97,16 @@ impl DeliveryError {
 }
 
 impl Classify for DeliveryError {
+    /// As a publisher's error: a record refused is an event that cannot be published.
     fn failure(&self) -> Option<Failure> {
-        match self.class() {
-            Class::Fatal(f) => Some(f),
-            Class::Transient | Class::Rejected | Class::Effect => None,
-        }
+        self.class().published_failure()
     }
 }
 
 impl Classify for BrokerError {
+    /// As [`DeliveryError`]'s.
     fn failure(&self) -> Option<Failure> {
-        self.class.fatal()
+        self.class.published_failure()
     }
 }
 

@@ -80,8 +80,9 @@ impl SinkError {
 }
 
 impl Classify for SinkError {
+    /// As a publisher's error: a record refused is an event that cannot be published.
     fn failure(&self) -> Option<Failure> {
-        self.class().fatal()
+        self.class().published_failure()
     }
 }
 
