@@ -1,14 +1,10 @@
 //! Integration tests: real PostgreSQL (spawned per test binary) and a real Kafka-protocol broker
-//! (librdkafka's mock cluster, or `WALBOX_TEST_KAFKA_BROKERS`); real RabbitMQ, NATS and Redis
-//! servers for the other brokers (`brokers`).
+//! (librdkafka's mock cluster, or `WALBOX_TEST_KAFKA_BROKERS`). The other brokers (Redis,
+//! NATS, RabbitMQ) have a test binary of their own, `tests/brokers/`.
 
 mod support;
 
 mod audit;
-mod broker_audit;
-mod broker_relay;
-mod broker_targets;
-mod brokers;
 mod check;
 mod check_kafka;
 mod cli;
@@ -33,14 +29,11 @@ mod kafka_acls;
 mod kafka_security;
 mod layout;
 mod manual;
-mod nats_sink;
 mod progress;
 mod progress_topic;
 mod promotion;
 mod publication;
-mod rabbitmq_sink;
 mod recovery;
-mod redis_sink;
 mod relay;
 mod retention;
 mod routing;
