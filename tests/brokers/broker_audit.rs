@@ -1,7 +1,8 @@
 //! `walbox audit` and `walbox republish` on the brokers that can be read back (Redis Streams,
 //! NATS JetStream): a row the slot skipped is reported missing, with the exit status and the
 //! broker named; republishing from it fills the hole, and the audit then passes. On RabbitMQ,
-//! whose queues are consumed, the audit says so in one line (exit 3).
+//! whose queues are consumed, the audit says so in one line (exit 3). And a record the broker
+//! refuses stops walbox with exit 8 and the statement that skips it, nothing confirmed past it.
 
 use crate::broker_relay::{env_for, Target};
 use crate::broker_targets::{NatsTarget, RabbitTarget, RedisTarget};
@@ -118,4 +119,69 @@ fn rabbitmq_audit_says_in_one_line_that_queues_cannot_be_read_back() {
         stderr.contains("RabbitMQ's queues are consumed"),
         "{stderr}"
     );
+}
+
+/// A record the broker refuses for its own sake (Redis: a key of another type; NATS: a
+/// subject no stream captures) stops walbox with exit 8 and the statement that skips its
+/// transaction, and nothing past it is confirmed.
+fn a_refused_record_exits_8(target: &mut dyn Target, bad: &str, tag: &str) {
+    let db = TestDb::new(tag);
+    let slot = db.name.clone();
+    db.create_slot_and_publication(&slot);
+    let env = env_for(&db, &slot, target);
+    let good = target.destination();
+    insert(&db, &good, "a");
+    let refused = insert(&db, bad, "a");
+    insert(&db, &good, "a");
+    let commits = db.commits(&slot);
+    assert_eq!(commits.len(), 3);
+    let mut walbox = Walbox::spawn(&env);
+    let status = walbox.wait_exit(WAIT);
+    let line = walbox.last_line();
+    assert_eq!(status.code(), Some(8), "{}", walbox.log());
+    assert!(
+        line.contains(&format!("event {refused} ")) && line.contains("pg_replication_slot_advance"),
+        "the error names the event and the statement that skips it: {line}"
+    );
+    assert!(
+        db.confirmed(&slot) < commits[1].1,
+        "confirmed past the refused event"
+    );
+    // Skipped as told: the rest is relayed, and what the refused session had already sent
+    // past the refused event is confirmed as delivered, not stored twice.
+    let at = line
+        .find("SELECT pg_replication_slot_advance(")
+        .expect("the statement");
+    let statement = &line[at..at + line[at..].find(';').expect("a statement ends with ;") + 1];
+    db.sql(statement);
+    let mut walbox = Walbox::spawn(&env);
+    wait_until(WAIT, "the last transaction confirmed", || {
+        db.confirmed(&slot) >= commits[2].1
+    });
+    walbox.terminate();
+    assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
+    let records = target.read_all();
+    assert_eq!(distinct_ids(&records).len(), 2, "{}", walbox.log());
+    assert_eq!(records.len(), 2, "each once: {}", walbox.log());
+    assert!(!distinct_ids(&records).contains(&refused));
+}
+
+#[test]
+fn redis_a_key_of_another_type_exits_8_and_confirms_nothing_past_it() {
+    let Some(server) = redis() else { return };
+    let mut target = RedisTarget::new(server.url());
+    let bad = crate::support::unique("not_a_stream");
+    assert_eq!(server.command(&["SET", &bad, "x"]).unwrap(), "+OK\r\n");
+    a_refused_record_exits_8(&mut target, &bad, "redis_refused");
+}
+
+#[test]
+fn nats_a_subject_no_stream_captures_exits_8_and_confirms_nothing_past_it() {
+    let Some(server) = nats() else { return };
+    let mut target = NatsTarget::new(server.url());
+    let bad = format!(
+        "{}.orders",
+        crate::support::unique("nostream").replace('_', "-")
+    );
+    a_refused_record_exits_8(&mut target, &bad, "nats_refused");
 }
