@@ -4,6 +4,9 @@
 //! progress records where that broker keeps them. [`Sink`] is the publisher `walbox run` was
 //! configured with.
 //!
+//! What a broker holds can be read back for `walbox audit` from Redis and NATS
+//! ([`readback`]).
+//!
 //! Kafka ([`kafka`]) adds what only Kafka has: its topics ([`topics`], created or checked),
 //! Kafka transactions for exactly-once mode ([`transaction`]), and how long the brokers left the
 //! producer waiting ([`silence`]). Every Kafka client here is configured by
@@ -66,9 +69,7 @@ impl Sink {
     pub fn kafka(&self) -> Option<&KafkaSink> {
         match self {
             Sink::Kafka(k) => Some(k),
-            Sink::Redis(_) => None,
-            Sink::Nats(_) => None,
-            Sink::RabbitMq(_) => None,
+            Sink::Redis(_) | Sink::Nats(_) | Sink::RabbitMq(_) => None,
         }
     }
 
