@@ -79,17 +79,17 @@ fn row(n: usize, aggregate: usize) -> String {
         3 => "'null'::jsonb".to_owned(),
         _ => format!("'[{n}, {{\"nested\": {{\"k\": \"v\"}}}}]'::jsonb"),
     };
-    let tenant = if n % 3 == 0 {
+    let tenant = if n.is_multiple_of(3) {
         "NULL".to_owned()
     } else {
         format!("'tenant-{}'", n % 4)
     };
-    let attempt = if n % 4 == 0 {
+    let attempt = if n.is_multiple_of(4) {
         "NULL".to_owned()
     } else {
         (n % 7).to_string()
     };
-    let trace = if n % 2 == 0 {
+    let trace = if n.is_multiple_of(2) {
         format!("'00-{n:032x}-{n:016x}-01'")
     } else {
         "NULL".to_owned()
@@ -391,7 +391,7 @@ fn custom_row(n: usize) -> String {
         5 => "E'\\u00a0'".to_owned(),
         _ => format!("'{{\"n\": {n}, \"text\": \"caf\u{e9} \u{1f389}\"}}'"),
     };
-    let tenant = if n % 4 == 0 {
+    let tenant = if n.is_multiple_of(4) {
         "NULL".to_owned()
     } else {
         format!("'tenant-{}'", n % 3)

@@ -92,7 +92,7 @@ fn a_progress_topic_grown_to_millions_of_records_is_read_from_its_end() {
             // the end; the others' follow it.
             let (key, value) = match n {
                 _ if n == RECORDS - 1_010 => (own.as_str(), newest.as_str()),
-                _ if n % 10 == 0 && n < RECORDS - 1_010 => (own.as_str(), old.as_str()),
+                _ if n.is_multiple_of(10) && n < RECORDS - 1_010 => (own.as_str(), old.as_str()),
                 _ => (others[n % 9].as_str(), other_values[n % 9].as_str()),
             };
             let mut record = BaseRecord::to(&progress).key(key).payload(value);

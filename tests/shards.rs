@@ -85,7 +85,7 @@ impl Writer {
                     let aggs: Vec<String> = (0..n)
                         .map(|j| format!("agg-{}", (i * 7 + j as u64 * 13) % 40))
                         .collect();
-                    let w = write_txn(&db, &topic, &aggs, i % 5 == 0);
+                    let w = write_txn(&db, &topic, &aggs, i.is_multiple_of(5));
                     written.lock().unwrap().push(w);
                     i += 1;
                 }

@@ -152,7 +152,7 @@ async fn premake(
     metrics: &Metrics,
 ) -> Result<(), RetentionError> {
     let width = cfg.partition_interval.as_secs();
-    let format = if width % 86_400 == 0 {
+    let format = if width.is_multiple_of(86_400) {
         "YYYYMMDD"
     } else {
         "YYYYMMDD\"_\"HH24"

@@ -105,7 +105,7 @@ impl TimelineHistory {
 
 fn decode_hex(hex: &str) -> Option<String> {
     let bytes = hex.as_bytes();
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return None;
     }
     let raw: Option<Vec<u8>> = bytes
