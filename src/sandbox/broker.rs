@@ -29,12 +29,36 @@ pub enum Broker {
     External(String),
 }
 
+/// Held while a mock cluster binds its brokers' ports, and while one takes a broker down or up
+/// ([`Broker::set_broker_up`]). Taking a broker down closes its listener and binds the same
+/// port again at once; a cluster created meanwhile in the same process can be handed that
+/// port by the kernel, and librdkafka then aborts the process ("Failed to create mock broker
+/// listener").
+static MOCK_PORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 impl Broker {
     /// A mock cluster of `brokers` brokers, with walbox's progress topic.
     pub fn mock(brokers: i32) -> Result<Broker, KafkaError> {
-        let broker = Broker::Mock(MockCluster::new(brokers)?);
+        let cluster = {
+            let _ports = MOCK_PORTS.lock().unwrap_or_else(|p| p.into_inner());
+            MockCluster::new(brokers)?
+        };
+        let broker = Broker::Mock(cluster);
         broker.create_topic(crate::config::DEFAULT_PROGRESS_TOPIC, 1)?;
         Ok(broker)
+    }
+
+    /// Takes mock broker `id` down (`up = false`: connections closed, new ones refused) or
+    /// brings it back, never while another mock cluster binds its ports (see `MOCK_PORTS`).
+    /// `None` for an external cluster.
+    pub fn set_broker_up(&self, id: i32, up: bool) -> Option<Result<(), KafkaError>> {
+        let mock = self.mock_cluster()?;
+        let _ports = MOCK_PORTS.lock().unwrap_or_else(|p| p.into_inner());
+        Some(if up {
+            mock.broker_up(id)
+        } else {
+            mock.broker_down(id)
+        })
     }
 
     /// The external cluster named by environment variable `var` when it is set, else a mock

@@ -68,9 +68,11 @@ fn a_broker_outage_while_records_arrive_stalls_nothing_after_it(form: Form) {
     let Some((db, broker, topic, brokers, mut w)) = consuming(form, "inbox_outage", 600) else {
         return;
     };
-    let mock = broker.mock_cluster().expect("a mock cluster");
     // The outage: longer than the session timeout (3 s), so the group's membership lapses.
-    mock.broker_down(1).expect("broker 1 down");
+    broker
+        .set_broker_up(1, false)
+        .expect("a mock cluster")
+        .expect("broker 1 down");
     let producer = {
         let brokers = brokers.clone();
         let topic = topic.clone();
@@ -79,7 +81,10 @@ fn a_broker_outage_while_records_arrive_stalls_nothing_after_it(form: Form) {
         std::thread::spawn(move || produce(&brokers, &topic, &records(600, 600)))
     };
     std::thread::sleep(Duration::from_secs(5));
-    mock.broker_up(1).expect("broker 1 up");
+    broker
+        .set_broker_up(1, true)
+        .expect("a mock cluster")
+        .expect("broker 1 up");
     producer.join().expect("producer");
     let back = Instant::now();
     let deadline = back + WAIT * 2;
@@ -114,9 +119,11 @@ fn a_broker_outage_is_logged_once_per_error_not_once_per_retry() {
     else {
         return;
     };
-    let mock = broker.mock_cluster().expect("a mock cluster");
     for b in 1..=support::MOCK_BROKERS {
-        mock.broker_down(b).expect("broker down");
+        broker
+            .set_broker_up(b, false)
+            .expect("a mock cluster")
+            .expect("broker down");
     }
     // Fault injection: every broker away for at least 3 s, and until the inbox has tried to
     // reach one (a loaded machine may not try again within 3 s of the disconnect, and an
@@ -132,7 +139,10 @@ fn a_broker_outage_is_logged_once_per_error_not_once_per_retry() {
         || format!("inbox log:\n{}", w.log()),
     );
     for b in 1..=support::MOCK_BROKERS {
-        mock.broker_up(b).expect("broker up");
+        broker
+            .set_broker_up(b, true)
+            .expect("a mock cluster")
+            .expect("broker up");
     }
     produce(&brokers, &topic, &records(120, 120));
     support::wait_until(WAIT, "every record applied after the outage", || {
