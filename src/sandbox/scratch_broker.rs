@@ -104,7 +104,7 @@ impl ScratchBroker {
                 .context("creating the JetStream stream")?;
             }
             ScratchBroker::RabbitMq(r) => {
-                let (conn, ch) = rabbit_channel(r).await?;
+                let (conn, ch) = rabbit_channel(r.port()).await?;
                 ch.exchange_declare(
                     EXCHANGE.into(),
                     ExchangeKind::Topic,
@@ -160,7 +160,9 @@ impl ScratchBroker {
                 ScratchBroker::Redis(_) | ScratchBroker::Nats(_) => {
                     records = read_back(self, destination).await?
                 }
-                ScratchBroker::RabbitMq(r) => records.extend(read_rabbit(r, destination).await?),
+                ScratchBroker::RabbitMq(r) => {
+                    records.extend(drain_rabbit_queue(r.port(), destination).await?)
+                }
             }
             if records.len() >= expected || Instant::now() >= deadline {
                 return Ok(records);
@@ -215,17 +217,17 @@ async fn read_back(broker: &ScratchBroker, destination: &str) -> Result<Vec<Cons
     Ok(out)
 }
 
-/// A connection to `node` as its default user, and a channel on it.
-async fn rabbit_channel(node: &RabbitMq) -> Result<(Connection, lapin::Channel)> {
-    let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", node.port());
+/// A connection to the node on `port` as its default user, and a channel on it.
+pub async fn rabbit_channel(port: u16) -> Result<(Connection, lapin::Channel)> {
+    let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
     let conn = Connection::connect(&url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
     Ok((conn, ch))
 }
 
-/// Takes every message off `queue`.
-async fn read_rabbit(node: &RabbitMq, queue: &str) -> Result<Vec<ConsumedRecord>> {
-    let (conn, ch) = rabbit_channel(node).await?;
+/// Takes every message off `queue` of the node on `port` (the aggregate id as key).
+pub async fn drain_rabbit_queue(port: u16, queue: &str) -> Result<Vec<ConsumedRecord>> {
+    let (conn, ch) = rabbit_channel(port).await?;
     let mut out = Vec::new();
     while let Some(m) = ch
         .basic_get(queue.into(), BasicGetOptions { no_ack: true })

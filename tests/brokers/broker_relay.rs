@@ -6,6 +6,7 @@
 //! the WAL position). Each broker is a [`Target`]: walbox's variables for it and a reader of
 //! what it holds.
 
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,7 +17,7 @@ use walbox::sandbox::broker::ConsumedRecord;
 use crate::support::events::{
     assert_per_aggregate_commit_order, distinct_ids, random_writer, RandomWrites, Written,
 };
-use crate::support::{wait_until, walbox_env, TestDb, Walbox, WAIT};
+use crate::support::{wait_until, wait_until_or, walbox_env, TestDb, Walbox, WAIT};
 
 /// One broker as the tests drive it.
 pub trait Target {
@@ -157,16 +158,21 @@ pub fn sigkill_loop(target: &mut dyn Target, tag: &str) {
     writer.join().expect("writer");
     assert!(checked > 0, "no kill happened after any confirmation");
     let mut walbox = Walbox::spawn(&env);
-    let mut records = Vec::new();
-    let arrived = wait_for(WAIT * 2, || {
-        records = target.read_all();
-        distinct_ids(&records).len() >= TOTAL
-    });
-    assert!(
-        arrived,
-        "after {kills} kills, {} of {TOTAL} events arrived; log:\n{}",
-        distinct_ids(&records).len(),
-        walbox.log()
+    let arrived = Cell::new(0);
+    wait_until_or(
+        WAIT * 2,
+        "every event after the kills",
+        || {
+            arrived.set(distinct_ids(&target.read_all()).len());
+            arrived.get() >= TOTAL
+        },
+        || {
+            let n = arrived.get();
+            format!(
+                "after {kills} kills, {n} of {TOTAL} events arrived; log:\n{}",
+                walbox.log()
+            )
+        },
     );
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
@@ -212,16 +218,21 @@ pub fn restart_during_backlog(target: &mut dyn Target, restart: &mut dyn FnMut()
             }
         }
     }
-    let mut records = Vec::new();
-    let arrived = wait_for(WAIT * 2, || {
-        records = target.read_all();
-        distinct_ids(&records).len() >= TOTAL
-    });
-    assert!(
-        arrived,
-        "{} of {TOTAL} events arrived after the broker restart; log:\n{}",
-        distinct_ids(&records).len(),
-        walbox.log()
+    let arrived = Cell::new(0);
+    wait_until_or(
+        WAIT * 2,
+        "every event after the broker restart",
+        || {
+            arrived.set(distinct_ids(&target.read_all()).len());
+            arrived.get() >= TOTAL
+        },
+        || {
+            let n = arrived.get();
+            format!(
+                "{n} of {TOTAL} events arrived after the broker restart; log:\n{}",
+                walbox.log()
+            )
+        },
     );
     assert!(walbox.running(), "walbox exited:\n{}", walbox.log());
     walbox.terminate();
@@ -258,19 +269,5 @@ fn check_complete(target: &mut dyn Target, all: &HashSet<i64>, never: &HashSet<i
             "{} duplicates in a broker that drops re-sent events",
             records.len() - ids.len()
         );
-    }
-}
-
-/// Polls `cond` until it holds or `timeout` passes; whether it held.
-fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }

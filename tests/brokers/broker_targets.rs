@@ -3,14 +3,13 @@
 //! tests that run the SIGKILL loop and the broker restart on each.
 
 use async_nats::jetstream;
-use lapin::options::BasicGetOptions;
-use lapin::types::AMQPValue;
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::ExchangeKind;
 use walbox::outbox::KEY_HEADER;
 use walbox::sandbox::broker::ConsumedRecord;
 use walbox::sandbox::nats::NatsOptions;
 use walbox::sandbox::rabbitmq::RabbitMqOptions;
 use walbox::sandbox::redis::RedisOptions;
+use walbox::sandbox::scratch_broker::{drain_rabbit_queue, rabbit_channel};
 
 use crate::broker_relay::{restart_during_backlog, sigkill_loop, Target};
 use crate::nats_sink::make_stream;
@@ -188,32 +187,14 @@ impl RabbitTarget {
             rt,
         };
         target.rt.block_on(async {
-            let ch = target.channel().await;
+            let (conn, ch) = rabbit_channel(target.port)
+                .await
+                .expect("connect to rabbitmq");
             rabbitmq_sink::exchange(&ch, &target.exchange, ExchangeKind::Topic).await;
             rabbitmq_sink::queue(&ch, &target.queue, &target.exchange, "#").await;
+            conn.close(200, "declared".into()).await.expect("close");
         });
         target
-    }
-
-    async fn channel(&self) -> Channel {
-        let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port);
-        let conn = Connection::connect(&url, ConnectionProperties::default())
-            .await
-            .expect("connect to rabbitmq");
-        let ch = conn.create_channel().await.expect("channel");
-        // The channel keeps the connection's internals alive; the handle may go.
-        std::mem::forget(conn);
-        ch
-    }
-}
-
-/// An AMQP header value as the bytes walbox put in it.
-fn amqp_bytes(v: &AMQPValue) -> Vec<u8> {
-    match v {
-        AMQPValue::LongString(s) => s.as_bytes().to_vec(),
-        AMQPValue::ShortString(s) => s.as_str().as_bytes().to_vec(),
-        AMQPValue::ByteArray(b) => b.as_slice().to_vec(),
-        _ => Vec::new(),
     }
 }
 
@@ -234,31 +215,10 @@ impl Target for RabbitTarget {
     }
 
     fn read_all(&mut self) -> Vec<ConsumedRecord> {
-        let taken = self.rt.block_on(async {
-            let ch = self.channel().await;
-            let mut out = Vec::new();
-            while let Some(m) = ch
-                .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
-                .await
-                .expect("basic.get")
-            {
-                let d = m.delivery;
-                let fields: Vec<(String, Vec<u8>)> = d
-                    .properties
-                    .headers()
-                    .as_ref()
-                    .map(|h| {
-                        h.inner()
-                            .iter()
-                            .map(|(n, v)| (n.as_str().to_owned(), amqp_bytes(v)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                out.push(record("orders", KEY_HEADER, d.data.clone(), fields));
-            }
-            let _ = ch.close(200, "read".into()).await;
-            out
-        });
+        let taken = self
+            .rt
+            .block_on(drain_rabbit_queue(self.port, &self.queue))
+            .expect("drain the queue");
         self.read.extend(taken);
         self.read.clone()
     }
