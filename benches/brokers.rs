@@ -10,8 +10,10 @@
 //!    slot per broker, created at the same LSN before the load (`benches/common/backlog.rs`);
 //!    rows spread over 8 aggregate types and 1,000 aggregates;
 //! 2. per broker, starts `walbox run` (the binary, a child process) on its slot and times it
-//!    from the spawn until `confirmed_flush_lsn` passed the end of the load (the broker then
-//!    holds every event), sampling its `VmHWM` every 100 ms;
+//!    from the spawn until its `walbox_events_published_total` (events the broker acknowledged)
+//!    reached N, polling `/metrics` every 5 ms, then waits for `confirmed_flush_lsn` to pass
+//!    the end of the load (reported, not part of the rate: walbox confirms at its status
+//!    interval), sampling its `VmHWM` every 100 ms;
 //! 3. reads back what walbox stored (every event, checked by count), empties the destinations,
 //!    and publishes those very messages again with a plain client (`brokers/reference.rs`):
 //!    same destinations, payloads, headers/fields/properties, ids, in walbox's commit order,
@@ -31,17 +33,17 @@
 //!   channel in confirm mode with up to 10,000 confirms outstanding.
 //!
 //! What is not the same: walbox's time includes its start (connecting to PostgreSQL and the
-//! broker, starting replication) and decoding the WAL, and ends at the slot's confirmation
-//! (walbox reports it at its status interval); the plain client's starts at its first publish on
-//! an open connection, and it has its messages in memory. walbox also writes its progress
-//! records to the broker. The ratio is therefore a lower bound of walbox's publishing path; the
-//! table also gives walbox's rate from its first acknowledged event (read from its `/metrics`)
-//! to the confirmation, which leaves start-up out.
+//! broker, starting replication) and decoding the WAL; the plain client's starts at its first
+//! publish on an open connection, and it has its messages in memory. walbox also writes its
+//! progress records to the broker. The ratio is therefore a lower bound of walbox's publishing
+//! path; the table also gives walbox's rate from its first acknowledged event to its last,
+//! which leaves start-up out.
 //!
 //! Environment: `WALBOX_BENCH_EVENTS` (N, default 300,000), `WALBOX_BENCH_BROKERS` (comma list
 //! of `redis`, `nats`, `rabbitmq`; default all), `WALBOX_BENCH_SHAPES` (comma list of rows per
 //! transaction, default `100,1`), `WALBOX_BENCH_OUTPUT` (default `benches/brokers-results.md`),
-//! `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn).
+//! `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn), `WALBOX_BENCH_WALBOX_ENV`
+//! (space-separated `NAME=value` settings added to walbox's environment, to try one).
 
 #[path = "common/backlog.rs"]
 mod backlog;
@@ -59,7 +61,7 @@ mod reference;
 mod servers;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -67,6 +69,7 @@ use tokio_postgres::{Client, NoTls};
 use walbox::lsn::Lsn;
 
 use format::{fmt_n, k, ratio};
+use procs::WalboxChild;
 use servers::{Kind, Server};
 
 /// The publication walbox reads.
@@ -143,72 +146,6 @@ fn main() -> ExitCode {
     harness::main_with("brokers", run)
 }
 
-/// `walbox run` as a child process, configured for one broker (no Kafka variables), and its
-/// HTTP port.
-struct Walbox(Child, u16);
-
-impl Walbox {
-    fn start(pg_url: &str, slot: &str, env: &[(String, String)]) -> anyhow::Result<Self> {
-        let http_port = procs::free_port()?;
-        let child = Command::new(env!("CARGO_BIN_EXE_walbox"))
-            .arg("run")
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("WALBOX_POSTGRES_URL", pg_url)
-            .env("WALBOX_POSTGRES_SLOT", slot)
-            .env("WALBOX_POSTGRES_PUBLICATION", PUBLICATION)
-            .env("WALBOX_POSTGRES_CREATE_SLOT", "false")
-            .env("WALBOX_HTTP_LISTEN", format!("127.0.0.1:{http_port}"))
-            .env(
-                "WALBOX_LOG",
-                harness::var("WALBOX_BENCH_WALBOX_LOG").unwrap_or_else(|| "warn".into()),
-            )
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting the walbox binary")?;
-        Ok(Walbox(child, http_port))
-    }
-
-    /// `walbox_events_published_total` from `/metrics`; `None` while the listener is not up.
-    fn published(&self) -> Option<u64> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.1)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("walbox_events_published_total "))
-            .and_then(|v| v.trim().parse().ok())
-    }
-
-    /// SIGTERM, then waits for the exit (killed after 60 s).
-    fn stop(mut self) -> anyhow::Result<()> {
-        procs::terminate(self.0.id());
-        for _ in 0..600 {
-            if let Some(status) = self.0.try_wait()? {
-                if !status.success() {
-                    bail!("walbox stopped with {status}");
-                }
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        bail!("walbox did not stop within 60 s of SIGTERM")
-    }
-}
-
-impl Drop for Walbox {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
 /// `confirmed_flush_lsn` of `slot`.
 async fn confirmed(admin: &Client, slot: &str) -> anyhow::Result<Lsn> {
     let text: Option<String> = admin
@@ -225,15 +162,18 @@ async fn confirmed(admin: &Client, slot: &str) -> anyhow::Result<Lsn> {
 
 /// One walbox drain.
 struct Drained {
-    /// Spawn → the slot confirmed the end.
+    /// Spawn → every event acknowledged by the broker (`walbox_events_published_total`).
     secs: f64,
     /// Spawn → the first event acknowledged (`/metrics`, polled every 20 ms).
     first_ack: Option<f64>,
+    /// Spawn → the slot confirmed the end of the backlog.
+    confirmed: f64,
     /// Peak `VmHWM`.
     rss: u64,
 }
 
-/// walbox drains `slot` into `server` until the slot confirmed `end`.
+/// walbox drains `slot` into `server`: timed until the broker acknowledged all `events`, and
+/// until the slot confirmed `end`.
 async fn drain(
     admin: &Client,
     pg_url: &str,
@@ -242,38 +182,52 @@ async fn drain(
     end: Lsn,
     events: u64,
 ) -> anyhow::Result<Drained> {
-    let env = server.walbox_env();
+    let mut env = server.walbox_env();
+    // Extra settings to try (`WALBOX_BENCH_WALBOX_ENV="WALBOX_RELAY_MAX_IN_FLIGHT=2000 …"`).
+    for pair in harness::var("WALBOX_BENCH_WALBOX_ENV").unwrap_or_default().split_whitespace() {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("WALBOX_BENCH_WALBOX_ENV: {pair:?} is not NAME=value"))?;
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     let t0 = Instant::now();
-    let mut walbox = Walbox::start(pg_url, slot, &env)?;
-    let pid = walbox.0.id();
+    let mut walbox = WalboxChild::start_on(pg_url, slot, PUBLICATION, false, &env)?;
+    let pid = walbox.pid();
     let deadline = t0 + Duration::from_secs(120 + events / 1_000);
     let mut rss = 0u64;
     let mut next_sample = t0;
     let mut first_ack = None;
-    let secs = loop {
-        if let Some(status) = walbox.0.try_wait()? {
-            bail!("walbox exited early: {status}");
-        }
+    let mut acked = None;
+    let confirmed_at = loop {
+        walbox.check_alive()?;
         if Instant::now() >= next_sample {
             rss = rss.max(procs::peak_rss(pid).unwrap_or(0));
             next_sample += Duration::from_millis(100);
         }
-        if first_ack.is_none() && walbox.published().is_some_and(|n| n > 0) {
-            first_ack = Some(t0.elapsed().as_secs_f64());
+        if acked.is_none() {
+            let published = walbox.metrics().map_or(0, |m| m.published);
+            if first_ack.is_none() && published > 0 {
+                first_ack = Some(t0.elapsed().as_secs_f64());
+            }
+            if published >= events {
+                acked = Some(t0.elapsed().as_secs_f64());
+            }
         }
-        if confirmed(admin, slot).await? >= end {
+        if acked.is_some() && confirmed(admin, slot).await? >= end {
             break t0.elapsed().as_secs_f64();
         }
         if Instant::now() > deadline {
             bail!("walbox did not drain {slot} in time");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(if acked.is_some() { 20 } else { 5 })).await;
     };
     rss = rss.max(procs::peak_rss(pid).unwrap_or(0));
     walbox.stop()?;
     Ok(Drained {
-        secs,
+        secs: acked.unwrap_or(confirmed_at),
         first_ack,
+        confirmed: confirmed_at,
         rss,
     })
 }
@@ -353,10 +307,11 @@ async fn measure(
         .filter(|f| *f < d.secs)
         .map(|f| events as f64 / (d.secs - f));
     eprintln!(
-        "{} {shape}-row: walbox {walbox_rate:.0} events/s ({:.2} s, first ack at {:?} s), peak RSS {}",
+        "{} {shape}-row: walbox {walbox_rate:.0} events/s ({:.2} s, first ack at {:?} s, slot confirmed at {:.2} s), peak RSS {}",
         server.kind,
         d.secs,
         d.first_ack,
+        d.confirmed,
         format::mib(d.rss)
     );
     let messages = server.read_back(events).await?;
@@ -436,12 +391,12 @@ fn report(settings: &Settings, rows: &[Row], versions: &[String]) -> String {
         ));
     }
     t.push_str(
-        "\nwalbox: from spawning `walbox run` until the slot confirmed the end of the backlog \
-         (includes start-up and decoding). Plain client: the same messages read back from the \
+        "\nwalbox: from spawning `walbox run` until the broker acknowledged the last event \
+         (`walbox_events_published_total`; includes start-up and decoding). Plain client: the same messages read back from the \
          broker, published again from memory, first publish → last ack. `nats (window 10k)`: the \
          plain client without walbox's one-in-flight-per-subject rule. \"From 1st ack\": all \
-         events over the time from walbox's first acknowledged event (its `/metrics`) to the \
-         slot's confirmation, which leaves start-up out (an upper bound: the first batch is \
+         events over the time from walbox's first acknowledged event to its last (its \
+         `/metrics`), which leaves start-up out (an upper bound: the first batch is \
          counted but not timed).\n",
     );
     t

@@ -232,12 +232,27 @@ impl WalboxMetrics {
 }
 
 impl WalboxChild {
-    /// Starts `walbox run` with its configuration in `WALBOX_*` variables, `extra` last.
+    /// Starts `walbox run` on Kafka `brokers` with its configuration in `WALBOX_*` variables,
+    /// `extra` last.
     pub fn start(
         pg_url: &str,
         slot: &str,
         publication: &str,
         brokers: &str,
+        create_slot: bool,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
+        let mut env = vec![("WALBOX_KAFKA_BROKERS", brokers.to_owned())];
+        env.extend(extra.iter().cloned());
+        Self::start_on(pg_url, slot, publication, create_slot, &env)
+    }
+
+    /// Starts `walbox run` with no broker of its own: `extra` names one (`WALBOX_REDIS_URL`,
+    /// `WALBOX_KAFKA_BROKERS`, …).
+    pub fn start_on(
+        pg_url: &str,
+        slot: &str,
+        publication: &str,
         create_slot: bool,
         extra: &[(&str, String)],
     ) -> anyhow::Result<Self> {
@@ -250,7 +265,6 @@ impl WalboxChild {
             .env("WALBOX_POSTGRES_SLOT", slot)
             .env("WALBOX_POSTGRES_PUBLICATION", publication)
             .env("WALBOX_POSTGRES_CREATE_SLOT", create_slot.to_string())
-            .env("WALBOX_KAFKA_BROKERS", brokers)
             .env("WALBOX_HTTP_LISTEN", format!("127.0.0.1:{http_port}"))
             .env(
                 "WALBOX_LOG",
