@@ -91,8 +91,20 @@ fn node(config: &RabbitMqConfig) -> String {
         .to_owned()
 }
 
-/// A connect error: refused credentials are [`Failure::Auth`], the rest transient.
+/// A connect error: refused credentials are [`Failure::Auth`]; a failed TLS handshake (the
+/// node's certificate not signed by `rabbitmq.tls_ca_file`'s CA or the system's roots, a name
+/// it does not cover, a node without TLS on that port) is [`Failure::Config`], as NATS's: a
+/// reconnect meets the same certificate, so retrying would loop forever; the rest transient.
 fn classify_connect(e: &lapin::Error, config: &RabbitMqConfig) -> BrokerError {
+    if let Some(tls) = tls_failure(e) {
+        return err(
+            Class::Fatal(Failure::Config),
+            format!(
+                "the TLS handshake with {} failed ({tls}): check rabbitmq.tls_ca_file (the CA that signed the node's certificate), that the url's host is a name the certificate covers, rabbitmq.tls_cert_file and rabbitmq.tls_key_file, and that the port speaks TLS (amqps://)",
+                node(config)
+            ),
+        );
+    }
     if let ErrorKind::ProtocolError(amqp) = e.kind() {
         if matches!(
             amqp.kind(),
@@ -111,6 +123,24 @@ fn classify_connect(e: &lapin::Error, config: &RabbitMqConfig) -> BrokerError {
         }
     }
     classify(e, &format!("connecting to {}", node(config)), config)
+}
+
+/// OpenSSL's reason, when `e` is a failed TLS handshake (lapin's TLS is OpenSSL's: the
+/// handshake's error comes wrapped in an I/O error).
+fn tls_failure(e: &lapin::Error) -> Option<String> {
+    let ErrorKind::IOError(io) = e.kind() else {
+        return None;
+    };
+    let inner = io.get_ref()?;
+    if let Some(ssl) = inner.downcast_ref::<openssl::ssl::Error>() {
+        return Some(match ssl.ssl_error() {
+            Some(stack) => stack.to_string(),
+            None => ssl.to_string(),
+        });
+    }
+    inner
+        .downcast_ref::<openssl::error::ErrorStack>()
+        .map(ToString::to_string)
 }
 
 /// A channel or connection error while `doing`.

@@ -117,10 +117,16 @@ impl Judge {
                     Class::Rejected,
                     format!("the stream capturing {subject:?} refused the record as larger than its max_msg_size ({j}): raise the stream's max_msg_size, or make the event smaller"),
                 ),
-                Some(j) if STREAM_FULL.contains(&j.error_code()) => error(
-                    Class::Fatal(Failure::Kafka),
-                    format!("the stream capturing {subject:?} refuses new records ({j}): it is full with discard policy \"new\", or JetStream is out of storage; raise the stream's max_msgs / max_bytes (or free storage) and restart walbox"),
-                ),
+                Some(j) if STREAM_FULL.contains(&j.error_code()) => {
+                    let stream = match self.js.stream_by_subject(subject).await {
+                        Ok(name) => format!("stream {name:?}"),
+                        Err(_) => "the stream".to_owned(),
+                    };
+                    error(
+                        Class::Fatal(Failure::Kafka),
+                        format!("{stream}, capturing {subject:?}, refuses new records ({j}): it is full with discard policy \"new\", or JetStream is out of storage; raise the stream's max_msgs / max_bytes (e.g. `nats stream edit <stream> --max-msgs`), or free storage, and restart walbox"),
+                    )
+                }
                 Some(j) => error(
                     Class::Transient,
                     format!("JetStream refused the record for {subject:?}: {j}"),

@@ -169,10 +169,17 @@ pub(crate) async fn open(
                     "the server refused the credentials: check nats.user and nats.password_file, nats.token_file or nats.credentials_file",
                 ),
                 ConnectErrorKind::ServerParse => (Class::Fatal(Failure::Config), "check nats.url"),
-                ConnectErrorKind::Tls => (
-                    Class::Fatal(Failure::Config),
-                    "check nats.tls_ca_file, nats.tls_cert_file and nats.tls_key_file, and that the server speaks TLS",
-                ),
+                ConnectErrorKind::Tls => (Class::Fatal(Failure::Config), TLS_HINT),
+                // The client reports a failed handshake (a certificate the CA did not sign, a
+                // name it does not cover) as an I/O error: fatal as well, since a reconnect
+                // meets the same certificate and would retry forever.
+                ConnectErrorKind::Io if tls_failure(&e).is_some() => {
+                    let why = tls_failure(&e).unwrap_or_default();
+                    return error(
+                        Class::Fatal(Failure::Config),
+                        format!("cannot connect as {}: the TLS handshake failed ({why}): {TLS_HINT}", who_of(config)),
+                    );
+                }
                 _ => (Class::Transient, "is the server running and reachable?"),
             };
             error(class, format!("cannot connect as {}: {}: {hint}", who_of(config), e.kind()))
@@ -187,6 +194,29 @@ pub(crate) async fn open(
         js,
         violations,
     })
+}
+
+/// What to check when the TLS handshake fails.
+const TLS_HINT: &str = "check nats.tls_ca_file (the CA that signed the server's certificate), that the url's host is a name the certificate covers, nats.tls_cert_file and nats.tls_key_file, and that the server speaks TLS";
+
+/// rustls's reason, when `e` is a failed TLS handshake.
+fn tls_failure(e: &async_nats::ConnectError) -> Option<String> {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(inner) = cause
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+                return Some(tls.to_string());
+            }
+        }
+        source = cause.source();
+    }
+    None
 }
 
 /// Who walbox connects as, for messages.
