@@ -21,8 +21,9 @@ use crate::support::brokers::{nats, own_nats, own_redis, rabbitmq, redis};
 use crate::support::events::distinct_ids;
 use crate::support::{unique, wait_until_or, TestDb, Walbox, WAIT};
 
-/// A test's database and slot, walbox's variables for `target` (with `extra`), and three
-/// transactions of one event each for the target's destination: their ids and commits.
+/// A test's database and slot, walbox's variables for `target` (with `extra`), and then
+/// ([`Three::write`]) three transactions of one event each for the target's destination: their
+/// ids and commits.
 struct Three {
     db: TestDb,
     slot: String,
@@ -36,22 +37,25 @@ fn three(target: &dyn Target, extra: &[(&str, String)], tag: &str) -> Three {
     let slot = db.name.clone();
     db.create_slot_and_publication(&slot);
     let env = env_with(&db, &slot, target, extra);
-    let destination = target.destination();
-    let ids = (0..3)
-        .map(|i| insert(&db, &destination, &format!("a{i}")))
-        .collect();
-    let commits = db.commits(&slot);
-    assert_eq!(commits.len(), 3);
     Three {
         db,
         slot,
         env,
-        ids,
-        commits,
+        ids: Vec::new(),
+        commits: Vec::new(),
     }
 }
 
 impl Three {
+    /// Commits the three events for `destination`.
+    fn write(&mut self, destination: &str) {
+        self.ids = (0..3)
+            .map(|i| insert(&self.db, destination, &format!("a{i}")))
+            .collect();
+        self.commits = self.db.commits(&self.slot);
+        assert_eq!(self.commits.len(), 3);
+    }
+
     /// Walbox is restarted (or kept running) after the fix: every event arrives and the last
     /// transaction is confirmed; NATS and Redis hold each once.
     fn all_delivered(&self, target: &mut dyn Target, walbox: &Walbox) {
@@ -95,7 +99,8 @@ fn refused_until_fixed(
     fix: &mut dyn FnMut(),
     tag: &str,
 ) {
-    let run = three(target, extra, tag);
+    let mut run = three(target, extra, tag);
+    run.write(&target.destination());
     let mut walbox = Walbox::spawn(&run.env);
     let status = walbox.wait_exit(WAIT);
     let (line, log) = (walbox.last_line(), walbox.log());
@@ -115,22 +120,36 @@ fn refused_until_fixed(
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
 }
 
-/// Walbox meets a refusal that frees itself at the event of commit `refused`: it keeps
-/// running and logs `logged` on at least two attempts, nothing past the event confirmed; after
-/// `fix`, the same walbox delivers everything.
+/// Walbox, streaming, meets a refusal that frees itself (made by `fill`) at the event of
+/// commit `refused`: it logs `logged`, keeps running and tries again (a second session ends on
+/// the refusal: Redis refuses the progress record each session writes first, RabbitMQ the
+/// event again), nothing past the event confirmed; after `fix`, the same walbox delivers
+/// everything.
 fn refused_while_full(
     target: &mut dyn Target,
     refused: usize,
     logged: &str,
+    fill: &mut dyn FnMut(),
     fix: &mut dyn FnMut(),
     tag: &str,
 ) {
-    let run = three(target, &[], tag);
+    let mut run = three(target, &[], tag);
     let mut walbox = Walbox::spawn(&run.env);
     wait_until_or(
         WAIT,
-        "the refusal logged on two attempts",
-        || walbox.log().matches(logged).count() >= 2,
+        "walbox streaming",
+        || run.db.streaming(&run.slot),
+        || walbox.log(),
+    );
+    fill();
+    run.write(&target.destination());
+    wait_until_or(
+        WAIT,
+        "the refusal logged, and a second attempt",
+        || {
+            let log = walbox.log();
+            log.contains(logged) && log.matches("session ended; reconnecting").count() >= 2
+        },
         || walbox.log(),
     );
     assert!(walbox.running(), "walbox exited:\n{}", walbox.log());
@@ -277,11 +296,12 @@ fn redis_out_of_memory_is_retried_and_logged_until_memory_is_freed() {
             .unwrap();
         assert_eq!(reply, "+OK\r\n");
     };
-    config("1");
+    let logged = format!("to {:?}: redis is out of memory", target.destination());
     refused_while_full(
         &mut target,
         0,
-        "raise maxmemory",
+        &logged,
+        &mut || config("1"),
         &mut || config("0"),
         "redis_oom",
     );
@@ -293,24 +313,26 @@ fn rabbitmq_a_queue_full_with_reject_publish_is_retried_and_logged_until_there_i
     let mut target = RabbitTarget::new(node.port());
     let policy = unique("full");
     let pattern = format!("^{}$", target.queue());
-    node.run(
-        "rabbitmqctl",
-        &[
-            "set_policy",
-            "-p",
-            "/",
-            "--apply-to",
-            "queues",
-            &policy,
-            &pattern,
-            r#"{"max-length":1,"overflow":"reject-publish"}"#,
-        ],
-    )
-    .expect("set_policy");
     refused_while_full(
         &mut target,
         1,
         "x-overflow reject-publish",
+        &mut || {
+            node.run(
+                "rabbitmqctl",
+                &[
+                    "set_policy",
+                    "-p",
+                    "/",
+                    "--apply-to",
+                    "queues",
+                    &policy,
+                    &pattern,
+                    r#"{"max-length":1,"overflow":"reject-publish"}"#,
+                ],
+            )
+            .expect("set_policy");
+        },
         &mut || {
             node.run("rabbitmqctl", &["clear_policy", "-p", "/", &policy])
                 .expect("clear_policy");
