@@ -267,3 +267,22 @@ async fn read_queue(
 pub(crate) fn is_not_found(e: &lapin::Error) -> bool {
     matches!(e.kind(), ErrorKind::ProtocolError(a) if matches!(a.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_tls_handshake_stops_walbox_and_an_unreachable_node_is_retried() {
+        let config = RabbitMqConfig::for_url("amqps://walbox@localhost:5671/%2f");
+        // lapin's OpenSSL handshake error arrives wrapped in an I/O error.
+        let handshake: lapin::Error =
+            std::io::Error::other(openssl::error::ErrorStack::get()).into();
+        let e = classify_connect(&handshake, &config);
+        assert_eq!(e.class, Class::Fatal(Failure::Config), "{}", e.message);
+        assert!(e.message.contains("rabbitmq.tls_ca_file"), "{}", e.message);
+        let refused: lapin::Error =
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+        assert_eq!(classify_connect(&refused, &config).class, Class::Transient);
+    }
+}

@@ -286,3 +286,24 @@ pub(crate) fn js_class(text: &str) -> Class {
         Class::Transient
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_certificate_reported_as_an_io_error_is_a_tls_failure() {
+        use async_nats::ConnectError;
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = ConnectError::with_source(ConnectErrorKind::Io, refused);
+        assert!(tls_failure(&e).is_some_and(|why| why.contains("UnknownIssuer")));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(
+            tls_failure(&ConnectError::with_source(ConnectErrorKind::Io, reset)),
+            None
+        );
+    }
+}
