@@ -46,8 +46,9 @@
 //! - Authorization refused (on connect, or on a reconnect): fatal, `Failure::Auth`.
 //! - A failed TLS handshake on connect (the server's certificate not signed by
 //!   `nats.tls_ca_file`'s CA or the system's roots, a name it does not cover): fatal,
-//!   `Failure::Config`, whether the client calls it a TLS or an I/O error (it reports a
-//!   refused certificate as the latter): a reconnect meets the same certificate.
+//!   `Failure::Auth` (exit 4, as PostgreSQL's untrusted certificate), whether the client calls
+//!   it a TLS or an I/O error (it reports a refused certificate as the latter): a reconnect
+//!   meets the same certificate. TLS settings it cannot load are `Failure::Config`.
 //! - Timeouts, lost connections: transient.
 //!
 //! # Progress records

@@ -51,7 +51,8 @@
 //! A `basic.nack` is transient, its message naming exchange and routing key and the likely
 //! cause (a queue full with `x-overflow: reject-publish`): consumers or the operator make room,
 //! and the relay publishes the record again with backoff, logging each attempt. A failed TLS
-//! handshake on connect is `Failure::Config` (exit 3): a reconnect meets the same certificate.
+//! handshake on connect is `Failure::Auth` (exit 4, as PostgreSQL's untrusted certificate): a
+//! reconnect meets the same certificate.
 //! Everything else (connection errors, the node restarting, timeouts) is transient.
 //!
 //! # Progress records

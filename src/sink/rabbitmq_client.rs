@@ -8,7 +8,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ErrorKind};
 
-use super::ack::BrokerError;
+use super::ack::{BrokerError, Refusal};
 use crate::config::{BrokerKind, RabbitMqConfig};
 use crate::failure::{Class, Failure};
 use lapin::protocol::AMQPHardError;
@@ -93,12 +93,13 @@ fn node(config: &RabbitMqConfig) -> String {
 
 /// A connect error: refused credentials are [`Failure::Auth`]; a failed TLS handshake (the
 /// node's certificate not signed by `rabbitmq.tls_ca_file`'s CA or the system's roots, a name
-/// it does not cover, a node without TLS on that port) is [`Failure::Config`], as NATS's: a
-/// reconnect meets the same certificate, so retrying would loop forever; the rest transient.
+/// it does not cover, a node without TLS on that port) is [`Failure::Auth`] (exit 4), as
+/// PostgreSQL's untrusted certificate and NATS's: a reconnect meets the same certificate, so
+/// retrying would loop forever; the rest transient.
 fn classify_connect(e: &lapin::Error, config: &RabbitMqConfig) -> BrokerError {
     if let Some(tls) = tls_failure(e) {
         return err(
-            Class::Fatal(Failure::Config),
+            Class::Fatal(Failure::Auth),
             format!(
                 "the TLS handshake with {} failed ({tls}): check rabbitmq.tls_ca_file (the CA that signed the node's certificate), that the url's host is a name the certificate covers, rabbitmq.tls_cert_file and rabbitmq.tls_key_file, and that the port speaks TLS (amqps://)",
                 node(config)
@@ -158,7 +159,8 @@ pub(crate) fn classify(e: &lapin::Error, doing: &str, config: &RabbitMqConfig) -
                 config.exchange,
                 config.progress_queue
             ),
-        ),
+        )
+        .refusing(Refusal::Permission),
         AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => err(
             Class::Fatal(Failure::Kafka),
             format!(
@@ -279,7 +281,7 @@ mod tests {
         let handshake: lapin::Error =
             std::io::Error::other(openssl::error::ErrorStack::get()).into();
         let e = classify_connect(&handshake, &config);
-        assert_eq!(e.class, Class::Fatal(Failure::Config), "{}", e.message);
+        assert_eq!(e.class, Class::Fatal(Failure::Auth), "{}", e.message);
         assert!(e.message.contains("rabbitmq.tls_ca_file"), "{}", e.message);
         let refused: lapin::Error =
             std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();

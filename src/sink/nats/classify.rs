@@ -11,7 +11,7 @@ use async_nats::jetstream::{self, ErrorCode};
 
 use super::shared::{error, lock};
 use crate::failure::{Class, Failure};
-use crate::sink::BrokerError;
+use crate::sink::{BrokerError, Refusal};
 
 /// JetStream's "maximum messages exceeded" / "maximum bytes exceeded" (a stream full with
 /// `discard: new`) and "insufficient resources".
@@ -150,6 +150,7 @@ impl Judge {
                 self.who
             ),
         )
+        .refusing(Refusal::Permission)
     }
 
     /// 503 no responders: no stream captures `subject` (the record's route names a subject

@@ -162,28 +162,7 @@ pub(crate) async fn open(
     let client = options
         .connect(config.servers.as_slice())
         .await
-        .map_err(|e| {
-            let (class, hint) = match e.kind() {
-                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => (
-                    Class::Fatal(Failure::Auth),
-                    "the server refused the credentials: check nats.user and nats.password_file, nats.token_file or nats.credentials_file",
-                ),
-                ConnectErrorKind::ServerParse => (Class::Fatal(Failure::Config), "check nats.url"),
-                ConnectErrorKind::Tls => (Class::Fatal(Failure::Config), TLS_HINT),
-                // The client reports a failed handshake (a certificate the CA did not sign, a
-                // name it does not cover) as an I/O error: fatal as well, since a reconnect
-                // meets the same certificate and would retry forever.
-                ConnectErrorKind::Io if tls_failure(&e).is_some() => {
-                    let why = tls_failure(&e).unwrap_or_default();
-                    return error(
-                        Class::Fatal(Failure::Config),
-                        format!("cannot connect as {}: the TLS handshake failed ({why}): {TLS_HINT}", who_of(config)),
-                    );
-                }
-                _ => (Class::Transient, "is the server running and reachable?"),
-            };
-            error(class, format!("cannot connect as {}: {}: {hint}", who_of(config), e.kind()))
-        })?;
+        .map_err(|e| connect_error(&e, config))?;
     let js = jetstream::ContextBuilder::new()
         .timeout(config.ack_timeout)
         .max_ack_inflight(QUEUE)
@@ -194,6 +173,36 @@ pub(crate) async fn open(
         js,
         violations,
     })
+}
+
+/// The class and message of a failed connect: refused credentials are exit 4, and so is a
+/// failed TLS handshake (see below); settings the client cannot use are exit 3; the rest
+/// (an unreachable server) transient.
+fn connect_error(e: &async_nats::ConnectError, config: &NatsConfig) -> BrokerError {
+    let (class, hint) = match e.kind() {
+        ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => (
+            Class::Fatal(Failure::Auth),
+            "the server refused the credentials: check nats.user and nats.password_file, nats.token_file or nats.credentials_file",
+        ),
+        ConnectErrorKind::ServerParse => (Class::Fatal(Failure::Config), "check nats.url"),
+        // A failed handshake (a certificate the CA did not sign, a name it does not
+        // cover), which the client reports as an I/O error, is exit 4 as PostgreSQL's
+        // untrusted certificate: a reconnect meets the same certificate and would retry
+        // forever.
+        _ if tls_failure(e).is_some() => {
+            let why = tls_failure(e).unwrap_or_default();
+            return error(
+                Class::Fatal(Failure::Auth),
+                format!("cannot connect as {}: the TLS handshake failed ({why}): {TLS_HINT}", who_of(config)),
+            );
+        }
+        ConnectErrorKind::Tls => (Class::Fatal(Failure::Config), TLS_HINT),
+        _ => (Class::Transient, "is the server running and reachable?"),
+    };
+    error(
+        class,
+        format!("cannot connect as {}: {}: {hint}", who_of(config), e.kind()),
+    )
 }
 
 /// What to check when the TLS handshake fails.
@@ -305,5 +314,27 @@ mod tests {
             tls_failure(&ConnectError::with_source(ConnectErrorKind::Io, reset)),
             None
         );
+    }
+
+    #[test]
+    fn an_untrusted_certificate_exits_4_and_an_unreachable_server_is_retried() {
+        use async_nats::ConnectError;
+        let config = NatsConfig::for_url("tls://localhost:4222");
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = connect_error(
+            &ConnectError::with_source(ConnectErrorKind::Io, refused),
+            &config,
+        );
+        assert_eq!(e.class, Class::Fatal(Failure::Auth), "{}", e.message);
+        assert!(e.message.contains("nats.tls_ca_file"), "{}", e.message);
+        let down = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = connect_error(
+            &ConnectError::with_source(ConnectErrorKind::Io, down),
+            &config,
+        );
+        assert_eq!(e.class, Class::Transient, "{}", e.message);
     }
 }
