@@ -12,7 +12,7 @@ use crate::sink::progress::{
 };
 use crate::sink::topics::TopicError;
 use crate::sink::transaction::TxnError;
-use crate::sink::{DeliveryError, SinkError};
+use crate::sink::{DeliveryError, Refusal, SinkError};
 use crate::source::pgoutput::DecodeError;
 use crate::source::replication::ReplicationError;
 use crate::source::session::OpenError;
@@ -97,7 +97,7 @@ pub enum RelayError {
     #[error("kafka.progress_topic: {0}; walbox keeps there the evidence that its slot existed (create it with one partition and cleanup.policy=compact)")]
     ProgressTopic(TopicError),
     /// The session's first progress record was refused: nothing is streamed without it.
-    #[error("cannot write the progress record to {}: {error}; walbox streams only once its slot is on record there (the evidence that keeps a lost slot from being recreated silently and shard slots from being advanced past rows they never relayed): {}", progress_place(error, topic), progress_fix(error))]
+    #[error("cannot write the progress record to {}: {error}; walbox streams only once its slot is on record there (the evidence that keeps a lost slot from being recreated silently and shard slots from being advanced past rows they never relayed){}", progress_place(error, topic), progress_fix(error))]
     ProgressWrite {
         /// Where the broker keeps the progress records (the topic, key, bucket or queue).
         topic: String,
@@ -486,15 +486,21 @@ fn progress_place(e: &DeliveryError, place: &str) -> String {
     }
 }
 
-/// What lets walbox write its progress records.
+/// What lets walbox write its progress records, as fits what the broker said (`: ` and the
+/// advice, or nothing when no advice is known): a permission refused is granted; a server out
+/// of memory is given memory.
 fn progress_fix(e: &DeliveryError) -> &'static str {
-    match e {
-        DeliveryError::Kafka(_) => {
-            "grant walbox's principal Write on that topic (and check `walbox check`)"
+    match (e, e.refusal()) {
+        (DeliveryError::Kafka(_), Some(Refusal::Permission)) => {
+            ": grant walbox's principal Write on that topic (and check `walbox check`)"
         }
-        DeliveryError::Broker(_) => {
-            "grant walbox's user the right to write there (and check `walbox check`)"
+        (DeliveryError::Broker(_), Some(Refusal::Permission)) => {
+            ": grant walbox's user the right to write there (and check `walbox check`)"
         }
+        (_, Some(Refusal::Memory)) => {
+            ": free memory on the server (raise maxmemory or trim streams; under maxmemory-policy noeviction Redis refuses writes when full, and an evicting policy could drop the progress records instead); walbox retries meanwhile"
+        }
+        (_, None) => "",
     }
 }
 
@@ -517,6 +523,44 @@ fn describe_delivery(e: &DeliveryError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_progress_record_failure_gives_the_advice_that_fits_the_reply() {
+        use crate::config::BrokerKind;
+        use crate::failure::Class;
+        use crate::sink::BrokerError;
+        let message = |said: &str, refusal: Option<Refusal>| {
+            let mut error = BrokerError::new(BrokerKind::Redis, Class::Transient, said);
+            error.refusal = refusal;
+            let m = RelayError::ProgressWrite {
+                topic: "redis key \"p:slot\"".to_owned(),
+                error: DeliveryError::Broker(error),
+            }
+            .to_string();
+            assert!(!m.contains('\n') && m.contains(said), "{m}");
+            m
+        };
+        let oom = message(
+            "out of memory (OOM command not allowed)",
+            Some(Refusal::Memory),
+        );
+        assert!(
+            oom.contains("maxmemory-policy") && !oom.contains("grant"),
+            "{oom}"
+        );
+        let denied = message(
+            "refused SET (NOPERM no permissions)",
+            Some(Refusal::Permission),
+        );
+        assert!(
+            denied.ends_with(
+                ": grant walbox's user the right to write there (and check `walbox check`)"
+            ),
+            "{denied}"
+        );
+        let other = message("read-only replica (READONLY)", None);
+        assert!(other.ends_with("never relayed)"), "{other}");
+    }
 
     #[test]
     fn the_same_data_error_at_the_same_transaction_recurs() {

@@ -92,6 +92,40 @@ pub(super) fn free_port() -> Result<u16> {
         .map_err(io_err("finding a free TCP port on 127.0.0.1"))
 }
 
+/// The TLS files of a server in a [`Daemon`]'s directory: a fresh CA (`ca.crt`), and the
+/// server's certificate (`server.crt`, for `localhost` and `127.0.0.1`, signed by that CA) and
+/// its PKCS#8 key (`server.key`), all PEM.
+#[derive(Debug, Clone)]
+pub(super) struct TlsFiles {
+    pub(super) ca: PathBuf,
+    pub(super) cert: PathBuf,
+    pub(super) key: PathBuf,
+}
+
+/// Issues a CA named after `daemon`'s server and a server certificate it signs (see
+/// [`super::tls::issue_cert`]), written to `daemon`'s directory.
+pub(super) fn issue_tls_files(daemon: &Daemon) -> Result<TlsFiles> {
+    use super::tls::issue_cert;
+    let failed = |e: openssl::error::ErrorStack| {
+        DaemonError::Command(
+            "issue TLS certificates".into(),
+            "openssl".into(),
+            e.to_string(),
+        )
+    };
+    let (ca, ca_key) =
+        issue_cert(&format!("walbox test {} CA", daemon.name), None).map_err(failed)?;
+    let (cert, key) = issue_cert("localhost", Some((&ca, &ca_key))).map_err(failed)?;
+    Ok(TlsFiles {
+        ca: daemon.write("ca.crt", &ca.to_pem().map_err(failed)?)?,
+        cert: daemon.write("server.crt", &cert.to_pem().map_err(failed)?)?,
+        key: daemon.write(
+            "server.key",
+            &key.private_key_to_pem_pkcs8().map_err(failed)?,
+        )?,
+    })
+}
+
 /// A server process and its private directory; see the [module docs](self).
 #[derive(Debug)]
 pub(super) struct Daemon {

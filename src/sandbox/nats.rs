@@ -14,12 +14,20 @@
 //!   subscriptions do not. Port and directory stay.
 //! - [`NatsServer::start`] returns once the server greets a connection with its `INFO` line
 //!   (the server opens its client port after JetStream has recovered its store).
+//! - With [`NatsOptions::tls`], every client connection must speak TLS (`--tls`), with a
+//!   certificate for `localhost` and `127.0.0.1` signed by a fresh CA
+//!   ([`NatsServer::ca_file`]); clients need no certificate. The `INFO` line still comes in
+//!   clear before the handshake (servers before 2.10), so readiness is probed the same way, but
+//!   [`NatsServer::request`] (plain text) is refused.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::daemon::{find_program, free_port, Daemon, Result, Server};
+use super::daemon::{
+    find_program, free_port, io_err, issue_tls_files, Daemon, DaemonError, Result, Server,
+};
 
 /// How long the server may take to greet a connection.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -35,22 +43,30 @@ pub struct NatsOptions {
     /// A configuration file's text (e.g. an `authorization` block with users and their
     /// permissions), passed with `-c`; the command line's settings win over it.
     pub config: Option<String>,
+    /// Require TLS of every client (see the module docs).
+    pub tls: bool,
 }
 
 /// A running throwaway NATS server; see the [module docs](self).
 #[derive(Debug)]
-pub struct NatsServer(Server);
+pub struct NatsServer {
+    server: Server,
+    /// The configuration file given with `-c`, with [`NatsOptions::config`].
+    config: Option<PathBuf>,
+    /// The CA file, with [`NatsOptions::tls`].
+    ca_file: Option<PathBuf>,
+}
 
 impl std::ops::Deref for NatsServer {
     type Target = Server;
     fn deref(&self) -> &Server {
-        &self.0
+        &self.server
     }
 }
 
 impl std::ops::DerefMut for NatsServer {
     fn deref_mut(&mut self) -> &mut Server {
-        &mut self.0
+        &mut self.server
     }
 }
 
@@ -74,12 +90,23 @@ impl NatsServer {
         ]
         .map(str::to_owned);
         let mut args = args.to_vec();
+        let mut config = None;
         if let Some(text) = &opts.config {
-            let path = daemon.root().join("nats.conf");
-            std::fs::write(&path, text).map_err(|e| {
-                super::daemon::DaemonError::Io(format!("writing {}", path.display()), e)
-            })?;
+            let path = daemon.write("nats.conf", text.as_bytes())?;
             args.extend(["-c".into(), path.display().to_string()]);
+            config = Some(path);
+        }
+        let mut ca_file = None;
+        if opts.tls {
+            let files = issue_tls_files(&daemon)?;
+            args.extend([
+                "--tls".into(),
+                "--tlscert".into(),
+                files.cert.display().to_string(),
+                "--tlskey".into(),
+                files.key.display().to_string(),
+            ]);
+            ca_file = Some(files.ca);
         }
         if let Some((user, pass)) = &opts.user {
             args.extend(["--user".into(), user.clone(), "--pass".into(), pass.clone()]);
@@ -88,17 +115,42 @@ impl NatsServer {
         if opts.watchdog {
             daemon.spawn_watchdog()?;
         }
-        Ok(NatsServer(Server::start(
-            daemon,
-            port,
-            |port| info(port).is_ok(),
-            START_TIMEOUT,
-        )?))
+        Ok(NatsServer {
+            server: Server::start(daemon, port, |port| info(port).is_ok(), START_TIMEOUT)?,
+            config,
+            ca_file,
+        })
     }
 
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port())
+    }
+
+    /// `tls://localhost:<port>`, with [`NatsOptions::tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        self.ca_file
+            .as_ref()
+            .map(|_| format!("tls://localhost:{}", self.port()))
+    }
+
+    /// The PEM file of the CA that signed the server's TLS certificate.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.ca_file.as_deref()
+    }
+
+    /// Replaces the text of the configuration file of [`NatsOptions::config`] (e.g. to grant a
+    /// user a permission); the server reads it on its next start ([`Server::restart`]). An
+    /// error when the server was started without one.
+    pub fn set_config(&self, text: &str) -> Result<()> {
+        let path = self.config.as_ref().ok_or_else(|| {
+            DaemonError::Command(
+                "rewrite the NATS configuration".into(),
+                "no file".into(),
+                "the server was started without NatsOptions::config".into(),
+            )
+        })?;
+        std::fs::write(path, text).map_err(io_err(format!("writing {}", path.display())))
     }
 
     /// The JSON of the `INFO` line the server greets a new connection with.

@@ -22,6 +22,11 @@
 //! - [`RabbitMq::start`] returns once the AMQP port answers the protocol header with a
 //!   `Connection.Start` frame; the node's log goes to its stdout, kept in
 //!   [`RabbitMq::log_path`].
+//! - With [`RabbitMqOptions::tls`], the node also listens with TLS (`listeners.ssl`) on
+//!   127.0.0.1 and a port of its own ([`RabbitMq::tls_url`]), its certificate (for `localhost`
+//!   and `127.0.0.1`) signed by a fresh CA ([`RabbitMq::ca_file`]); clients need no
+//!   certificate (`verify_none`). The plain AMQP port stays, for the readiness probe and
+//!   `rabbitmqctl`'s users.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -31,7 +36,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::daemon::{find_program, free_port, io_err, Daemon, DaemonError, Result, Server};
+use super::daemon::{
+    find_program, free_port, io_err, issue_tls_files, Daemon, DaemonError, Result, Server,
+};
 
 /// How long the node may take to answer on its AMQP port.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -49,6 +56,8 @@ pub struct RabbitMqOptions {
     /// directory once this process is gone. Set it for nodes that are never dropped, e.g. kept
     /// in a `static`.
     pub watchdog: bool,
+    /// Also listen with TLS (see the module docs).
+    pub tls: bool,
 }
 
 /// A running throwaway RabbitMQ node; see the [module docs](self).
@@ -60,6 +69,8 @@ pub struct RabbitMq {
     bin: PathBuf,
     /// The environment every RabbitMQ script of this node runs with.
     env: Vec<(String, String)>,
+    /// The TLS port and the CA file, with [`RabbitMqOptions::tls`].
+    tls: Option<(u16, PathBuf)>,
 }
 
 impl std::ops::Deref for RabbitMq {
@@ -97,11 +108,24 @@ impl RabbitMq {
         fs::write(&cookie, random_cookie()?).map_err(io_err("writing the Erlang cookie"))?;
         fs::set_permissions(&cookie, fs::Permissions::from_mode(0o400))
             .map_err(io_err("chmod the Erlang cookie"))?;
-        let config = daemon.write(
-            "rabbitmq.conf",
-            b"disk_free_limit.absolute = 1MB\nlog.file = false\nlog.console = true\n\
-              log.console.level = info\n",
-        )?;
+        let mut config = "disk_free_limit.absolute = 1MB\nlog.file = false\nlog.console = true\n\
+                          log.console.level = info\n"
+            .to_owned();
+        let mut tls = None;
+        if opts.tls {
+            let tls_port = free_port()?;
+            let files = issue_tls_files(&daemon)?;
+            config += &format!(
+                "listeners.ssl.1 = 127.0.0.1:{tls_port}\nssl_options.cacertfile = {}\n\
+                 ssl_options.certfile = {}\nssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
+                files.ca.display(),
+                files.cert.display(),
+                files.key.display(),
+            );
+            tls = Some((tls_port, files.ca));
+        }
+        let config = daemon.write("rabbitmq.conf", config.as_bytes())?;
         let plugins = daemon.write(
             "enabled_plugins",
             format!("[{}].\n", PLUGINS.join(",")).as_bytes(),
@@ -144,7 +168,21 @@ impl RabbitMq {
             node,
             bin,
             env,
+            tls,
         })
+    }
+
+    /// `amqps://guest@localhost:<TLS port>/%2f` (no password: it is `guest`), with
+    /// [`RabbitMqOptions::tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls
+            .as_ref()
+            .map(|(port, _)| format!("amqps://guest@localhost:{port}/%2f"))
+    }
+
+    /// The PEM file of the CA that signed the node's TLS certificate.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|(_, ca)| ca.as_path())
     }
 
     /// `amqp://guest:guest@127.0.0.1:<port>/%2f` (the default virtual host).

@@ -20,8 +20,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::daemon::{find_program, free_port, Daemon, DaemonError, Result, Server};
-use super::tls::issue_cert;
+use super::daemon::{find_program, free_port, issue_tls_files, Daemon, Result, Server};
 
 /// How long the server may take to answer `PING`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,30 +59,16 @@ impl std::ops::DerefMut for RedisServer {
     }
 }
 
-/// The CA, and the server's certificate and key, in `daemon`'s directory: `redis.conf` lines.
+/// The `redis.conf` lines of a TLS listener on `port` with fresh certificates, and the CA file.
 fn tls_config(daemon: &Daemon, port: u16) -> Result<(String, PathBuf)> {
-    let failed = |e: openssl::error::ErrorStack| {
-        DaemonError::Command(
-            "issue TLS certificates".into(),
-            "openssl".into(),
-            e.to_string(),
-        )
-    };
-    let (ca, ca_key) = issue_cert("walbox test Redis CA", None).map_err(failed)?;
-    let (cert, key) = issue_cert("localhost", Some((&ca, &ca_key))).map_err(failed)?;
-    let ca_file = daemon.write("ca.crt", &ca.to_pem().map_err(failed)?)?;
-    let cert_file = daemon.write("server.crt", &cert.to_pem().map_err(failed)?)?;
-    let key_file = daemon.write(
-        "server.key",
-        &key.private_key_to_pem_pkcs8().map_err(failed)?,
-    )?;
+    let files = issue_tls_files(daemon)?;
     let config = format!(
         "tls-port {port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients no\n",
-        quote(&cert_file),
-        quote(&key_file),
-        quote(&ca_file),
+        quote(&files.cert),
+        quote(&files.key),
+        quote(&files.ca),
     );
-    Ok((config, ca_file))
+    Ok((config, files.ca))
 }
 
 impl RedisServer {

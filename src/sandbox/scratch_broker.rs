@@ -50,9 +50,10 @@ impl ScratchBroker {
                 watchdog: true,
                 ..Default::default()
             })?),
-            BrokerKind::RabbitMq => {
-                ScratchBroker::RabbitMq(RabbitMq::start(RabbitMqOptions { watchdog: true })?)
-            }
+            BrokerKind::RabbitMq => ScratchBroker::RabbitMq(RabbitMq::start(RabbitMqOptions {
+                watchdog: true,
+                ..Default::default()
+            })?),
         })
     }
 

@@ -46,6 +46,19 @@ pub struct BrokerError {
     pub class: Class,
     /// What the broker said, and what to do about it.
     pub message: String,
+    /// What kind of refusal it is, when the fix depends on it (a write refused for want of a
+    /// permission, or of memory); `None` otherwise.
+    pub refusal: Option<Refusal>,
+}
+
+/// A kind of refusal whose fix is known, for the messages of a caller that adds its own words
+/// (the progress record's, say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// walbox's user (principal) may not write there: grant it.
+    Permission,
+    /// The server is out of memory (Redis's `OOM`): free memory, or change its policy.
+    Memory,
 }
 
 impl BrokerError {
@@ -55,6 +68,15 @@ impl BrokerError {
             broker,
             class,
             message: message.into(),
+            refusal: None,
+        }
+    }
+
+    /// The same failure, known to be a refusal of kind `refusal`.
+    pub fn refusing(self, refusal: Refusal) -> Self {
+        BrokerError {
+            refusal: Some(refusal),
+            ..self
         }
     }
 }
@@ -65,6 +87,23 @@ impl DeliveryError {
         match self {
             DeliveryError::Kafka(e) => kafka_error(e),
             DeliveryError::Broker(e) => e.class,
+        }
+    }
+
+    /// What kind of refusal it is, when its fix is known: Kafka's authorization codes, and
+    /// what another broker's publisher said ([`BrokerError::refusal`]).
+    pub fn refusal(&self) -> Option<Refusal> {
+        use RDKafkaErrorCode as C;
+        match self {
+            DeliveryError::Kafka(e) => match e.rdkafka_error_code() {
+                Some(
+                    C::TopicAuthorizationFailed
+                    | C::ClusterAuthorizationFailed
+                    | C::TransactionalIdAuthorizationFailed,
+                ) => Some(Refusal::Permission),
+                _ => None,
+            },
+            DeliveryError::Broker(e) => e.refusal,
         }
     }
 

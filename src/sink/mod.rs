@@ -40,7 +40,7 @@ pub mod transaction;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, PROGRESS_ROUTE};
+pub use ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, Refusal, PROGRESS_ROUTE};
 pub use kafka::close_in_background;
 pub use publisher::{Publisher, SinkError};
 

@@ -44,6 +44,11 @@
 //!   retrying cannot heal it, and a record dead-lettered past it would let the relay confirm
 //!   past records the stream never stored. An operator raises the limits and restarts walbox.
 //! - Authorization refused (on connect, or on a reconnect): fatal, `Failure::Auth`.
+//! - A failed TLS handshake on connect (the server's certificate not signed by
+//!   `nats.tls_ca_file`'s CA or the system's roots, a name it does not cover): fatal,
+//!   `Failure::Auth` (exit 4, as PostgreSQL's untrusted certificate), whether the client calls
+//!   it a TLS or an I/O error (it reports a refused certificate as the latter): a reconnect
+//!   meets the same certificate. TLS settings it cannot load are `Failure::Config`.
 //! - Timeouts, lost connections: transient.
 //!
 //! # Progress records

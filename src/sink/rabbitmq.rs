@@ -29,7 +29,8 @@
 //!
 //! The one reordering that remains is in the broker, not here: after a `basic.nack` for record
 //! *n*, records *n+1…* published before the nack arrived may already be enqueued (RabbitMQ
-//! nacks only when a queue process failed internally, so this is rare), and PostgreSQL re-sends
+//! nacks when a queue is full with `x-overflow: reject-publish`, which refuses the later records
+//! too until there is room, or when a queue process failed internally), and PostgreSQL re-sends
 //! *n* after them. A consumer sees *n+1…*, then *n, n+1…* again: the duplicates that
 //! at-least-once delivery has anyway, with one record out of place. A connection lost with
 //! records unconfirmed is the common case and does not reorder: RabbitMQ enqueues a channel's
@@ -47,6 +48,11 @@
 //! record would fail alike). A message over the node's `max_message_size` (RabbitMQ 3.10's
 //! default: 128 MiB; the channel is closed with `PRECONDITION_FAILED`) is the record's fault:
 //! the record whose size the refusal names fails `Rejected`, the others transiently.
+//! A `basic.nack` is transient, its message naming exchange and routing key and the likely
+//! cause (a queue full with `x-overflow: reject-publish`): consumers or the operator make room,
+//! and the relay publishes the record again with backoff, logging each attempt. A failed TLS
+//! handshake on connect is `Failure::Auth` (exit 4, as PostgreSQL's untrusted certificate): a
+//! reconnect meets the same certificate.
 //! Everything else (connection errors, the node restarting, timeouts) is transient.
 //!
 //! # Progress records
@@ -477,10 +483,7 @@ async fn run(shared: Arc<Shared>, link: Option<Link>, mut rx: mpsc::Receiver<Job
                         shared.push(p.job, Err(e));
                     }
                     Ok(Confirmation::Nack(_)) => {
-                        let e = err(
-                            Class::Transient,
-                            "the node refused the message (basic.nack: a queue failed to take it)",
-                        );
+                        let e = nacked(&p.job);
                         pending.push_front(p);
                         return fail_rest(&shared, jobs_of(pending), &mut rx, e);
                     }
@@ -515,10 +518,25 @@ fn confirm_result(
                 job.exchange, job.routing_key
             ),
         )),
-        Ok(Ok(Confirmation::Nack(_))) => Err(err(Class::Transient, "basic.nack")),
+        Ok(Ok(Confirmation::Nack(_))) => Err(nacked(job)),
         Ok(Err(e)) => Err(classify(&e, "waiting for the publisher confirm", config)),
         Err(_) => Err(err(Class::Transient, "no publisher confirm before shutdown")),
     }
+}
+
+/// The error of a record the node nacked: a queue it routes to is full and refuses new
+/// messages (`x-overflow: reject-publish` at `x-max-length` / `x-max-length-bytes`, by
+/// argument or policy), or a queue process failed. Transient: consumers taking messages off
+/// the queue (or the operator raising its limit) heal it, and the relay sends the record again
+/// with backoff, nothing confirmed past it; each attempt logs this message.
+fn nacked(job: &Job) -> BrokerError {
+    err(
+        Class::Transient,
+        format!(
+            "the node refused the message for exchange {:?}, routing key {:?} (basic.nack): a queue it routes to is full with x-overflow reject-publish (x-max-length / x-max-length-bytes), or failed to take it; let its consumers catch up or raise the queue's limit (a policy's max-length); walbox sends it again",
+            job.exchange, job.routing_key
+        ),
+    )
 }
 
 /// Publishes `job` on `link`, declaring its progress queue first when it is one.

@@ -8,7 +8,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ErrorKind};
 
-use super::ack::BrokerError;
+use super::ack::{BrokerError, Refusal};
 use crate::config::{BrokerKind, RabbitMqConfig};
 use crate::failure::{Class, Failure};
 use lapin::protocol::AMQPHardError;
@@ -91,8 +91,21 @@ fn node(config: &RabbitMqConfig) -> String {
         .to_owned()
 }
 
-/// A connect error: refused credentials are [`Failure::Auth`], the rest transient.
+/// A connect error: refused credentials are [`Failure::Auth`]; a failed TLS handshake (the
+/// node's certificate not signed by `rabbitmq.tls_ca_file`'s CA or the system's roots, a name
+/// it does not cover, a node without TLS on that port) is [`Failure::Auth`] (exit 4), as
+/// PostgreSQL's untrusted certificate and NATS's: a reconnect meets the same certificate, so
+/// retrying would loop forever; the rest transient.
 fn classify_connect(e: &lapin::Error, config: &RabbitMqConfig) -> BrokerError {
+    if let Some(tls) = tls_failure(e) {
+        return err(
+            Class::Fatal(Failure::Auth),
+            format!(
+                "the TLS handshake with {} failed ({tls}): check rabbitmq.tls_ca_file (the CA that signed the node's certificate), that the url's host is a name the certificate covers, rabbitmq.tls_cert_file and rabbitmq.tls_key_file, and that the port speaks TLS (amqps://)",
+                node(config)
+            ),
+        );
+    }
     if let ErrorKind::ProtocolError(amqp) = e.kind() {
         if matches!(
             amqp.kind(),
@@ -113,6 +126,24 @@ fn classify_connect(e: &lapin::Error, config: &RabbitMqConfig) -> BrokerError {
     classify(e, &format!("connecting to {}", node(config)), config)
 }
 
+/// OpenSSL's reason, when `e` is a failed TLS handshake (lapin's TLS is OpenSSL's: the
+/// handshake's error comes wrapped in an I/O error).
+fn tls_failure(e: &lapin::Error) -> Option<String> {
+    let ErrorKind::IOError(io) = e.kind() else {
+        return None;
+    };
+    let inner = io.get_ref()?;
+    if let Some(ssl) = inner.downcast_ref::<openssl::ssl::Error>() {
+        return Some(match ssl.ssl_error() {
+            Some(stack) => stack.to_string(),
+            None => ssl.to_string(),
+        });
+    }
+    inner
+        .downcast_ref::<openssl::error::ErrorStack>()
+        .map(ToString::to_string)
+}
+
 /// A channel or connection error while `doing`.
 pub(crate) fn classify(e: &lapin::Error, doing: &str, config: &RabbitMqConfig) -> BrokerError {
     let ErrorKind::ProtocolError(amqp) = e.kind() else {
@@ -128,7 +159,8 @@ pub(crate) fn classify(e: &lapin::Error, doing: &str, config: &RabbitMqConfig) -
                 config.exchange,
                 config.progress_queue
             ),
-        ),
+        )
+        .refusing(Refusal::Permission),
         AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => err(
             Class::Fatal(Failure::Kafka),
             format!(
@@ -236,4 +268,23 @@ async fn read_queue(
 /// Whether `e` is a `NOT_FOUND` channel close.
 pub(crate) fn is_not_found(e: &lapin::Error) -> bool {
     matches!(e.kind(), ErrorKind::ProtocolError(a) if matches!(a.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_tls_handshake_stops_walbox_and_an_unreachable_node_is_retried() {
+        let config = RabbitMqConfig::for_url("amqps://walbox@localhost:5671/%2f");
+        // lapin's OpenSSL handshake error arrives wrapped in an I/O error.
+        let handshake: lapin::Error =
+            std::io::Error::other(openssl::error::ErrorStack::get()).into();
+        let e = classify_connect(&handshake, &config);
+        assert_eq!(e.class, Class::Fatal(Failure::Auth), "{}", e.message);
+        assert!(e.message.contains("rabbitmq.tls_ca_file"), "{}", e.message);
+        let refused: lapin::Error =
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+        assert_eq!(classify_connect(&refused, &config).class, Class::Transient);
+    }
 }

@@ -47,7 +47,10 @@
 //!
 //! # TLS
 //! `rediss://` connects with rustls (ring), verifying the server's name and certificate
-//! against `redis.tls_ca_file` or the system's roots.
+//! against `redis.tls_ca_file` or the system's roots. A failed handshake (a certificate that
+//! CA did not sign, a name it does not cover), which the client reports as an I/O error, is
+//! fatal, `Failure::Auth` (exit 4, as PostgreSQL's untrusted certificate): a reconnect meets the
+//! same certificate. An unreachable server stays transient.
 //!
 //! # Ordering under pipelining
 //! One connection, one task: records are taken from a bounded queue in `send` order and written

@@ -14,7 +14,7 @@ use redis::{RedisError, Value};
 use crate::config::BrokerKind;
 use crate::failure::{Class, Failure};
 
-use super::ack::BrokerError;
+use super::ack::{BrokerError, Refusal};
 
 /// The error Redis gives an `XADD` whose explicit id is not above the stream's last.
 pub const ID_NOT_ABOVE_TOP: &str = "equal or smaller than the target stream top item";
@@ -55,6 +55,11 @@ pub fn classify_server(code: &str, detail: &str, command: &str, key: &str) -> Br
         code.to_owned()
     } else {
         format!("{code} {detail}")
+    };
+    let refusal = match code {
+        "NOPERM" => Some(Refusal::Permission),
+        "OOM" => Some(Refusal::Memory),
+        _ => None,
     };
     let (class, message) = match code {
         "WRONGPASS" | "NOAUTH" => (
@@ -97,7 +102,11 @@ pub fn classify_server(code: &str, detail: &str, command: &str, key: &str) -> Br
             format!("redis refused {command} on key {key:?}: {said}"),
         ),
     };
-    broker_error(class, message)
+    let error = broker_error(class, message);
+    match refusal {
+        Some(refusal) => error.refusing(refusal),
+        None => error,
+    }
 }
 
 /// The class of a client error (connection, timeout, protocol, or an error reply the client
@@ -114,6 +123,13 @@ pub fn classify_client(e: &RedisError, at: &str, command: &str, key: &str) -> Br
                 "redis at {at} refused the credentials: check redis.user and redis.password_file"
             ),
         ),
+        _ if tls_failure(e).is_some() => broker_error(
+            Class::Fatal(Failure::Auth),
+            format!(
+                "the TLS handshake with redis at {at} failed ({}): check redis.tls_ca_file (the CA that signed the server's certificate), that the url's host is a name the certificate covers, and that the port speaks TLS (rediss://)",
+                tls_failure(e).unwrap_or_default()
+            ),
+        ),
         ErrorKind::InvalidClientConfig => broker_error(
             Class::Fatal(Failure::Config),
             format!("redis client configuration refused: {e}"),
@@ -124,6 +140,24 @@ pub fn classify_client(e: &RedisError, at: &str, command: &str, key: &str) -> Br
         ),
         _ => broker_error(Class::Transient, format!("redis at {at}: {e}")),
     }
+}
+
+/// rustls's reason, when `e` is a failed TLS handshake (the server's certificate not signed by
+/// `redis.tls_ca_file`'s CA or the system's roots, a name it does not cover, a port without
+/// TLS). The client reports it as an I/O error, which it would retry; but a reconnect meets
+/// the same certificate, so it is exit 4, as PostgreSQL's untrusted certificate.
+fn tls_failure(e: &RedisError) -> Option<String> {
+    use std::error::Error;
+    use std::sync::Arc;
+    let source = e.source()?;
+    // The client keeps the I/O error behind an `Arc`, whose `source` skips it.
+    let io = source
+        .downcast_ref::<Arc<dyn Error + Send + Sync>>()
+        .and_then(|arc| arc.downcast_ref::<std::io::Error>())
+        .or_else(|| source.downcast_ref::<std::io::Error>())?;
+    io.get_ref()?
+        .downcast_ref::<rustls::Error>()
+        .map(ToString::to_string)
 }
 
 /// The text of a bulk or simple string reply.
@@ -215,12 +249,39 @@ mod tests {
         assert!(m.contains("point redis.url at the primary"), "{m}");
         let m = classify_server("OOM", "command not allowed", "XADD", "s").message;
         assert!(m.contains("maxmemory"), "{m}");
+        let refusal = |code: &str| classify_server(code, "x", "SET", "p").refusal;
+        assert_eq!(refusal("OOM"), Some(Refusal::Memory));
+        assert_eq!(refusal("NOPERM"), Some(Refusal::Permission));
+        assert_eq!(refusal("READONLY"), None);
         let m = classify_server("NOPERM", "no permissions", "XADD", "orders").message;
         assert!(m.contains("XADD") && m.contains("\"orders\""), "{m}");
         assert!(is_id_not_above_top(
             "ERR",
             "The ID specified in XADD is equal or smaller than the target stream top item"
         ));
+    }
+
+    #[test]
+    fn an_untrusted_certificate_exits_4_and_an_unreachable_server_is_retried() {
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = classify_client(&refused.into(), "localhost:6380", "connect", "");
+        assert_eq!(e.class, Class::Fatal(Failure::Auth), "{}", e.message);
+        assert!(
+            e.message.contains("redis.tls_ca_file") && e.message.contains("UnknownIssuer"),
+            "{}",
+            e.message
+        );
+        for kind in [
+            std::io::ErrorKind::ConnectionRefused,
+            std::io::ErrorKind::ConnectionReset,
+        ] {
+            let down = RedisError::from(std::io::Error::from(kind));
+            let e = classify_client(&down, "localhost:6380", "connect", "");
+            assert_eq!(e.class, Class::Transient, "{}", e.message);
+        }
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! NATS JetStream): a row the slot skipped is reported missing, with the exit status and the
 //! broker named; republishing from it fills the hole, and the audit then passes. On RabbitMQ,
 //! whose queues are consumed, the audit says so in one line (exit 3). And a record the broker
-//! refuses stops walbox with exit 8 and the statement that skips it, nothing confirmed past it.
+//! refuses stops walbox with exit 8 and the statement that skips it, nothing confirmed past it
+//! (Redis, NATS, RabbitMQ).
 
 use crate::broker_relay::{env_for, Target};
 use crate::broker_targets::{NatsTarget, RabbitTarget, RedisTarget};
@@ -10,7 +11,8 @@ use crate::support::brokers::{nats, rabbitmq, redis};
 use crate::support::events::distinct_ids;
 use crate::support::{wait_until, walbox_output, TestDb, Walbox, WAIT};
 
-fn insert(db: &TestDb, destination: &str, agg: &str) -> i64 {
+/// Inserts one outbox row for `destination`; its id.
+pub(crate) fn insert(db: &TestDb, destination: &str, agg: &str) -> i64 {
     db.sql(&format!(
         "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('{agg}', '{destination}', 'x', '{{}}') RETURNING id"
     ))
@@ -122,9 +124,10 @@ fn rabbitmq_audit_says_in_one_line_that_queues_cannot_be_read_back() {
 }
 
 /// A record the broker refuses for its own sake (Redis: a key of another type; NATS: a
-/// subject no stream captures) stops walbox with exit 8 and the statement that skips its
+/// subject no stream captures; RabbitMQ: a routing key no queue is bound for) stops walbox
+/// with exit 8, the one line naming the event, `names` and the statement that skips its
 /// transaction, and nothing past it is confirmed.
-fn a_refused_record_exits_8(target: &mut dyn Target, bad: &str, tag: &str) {
+fn a_refused_record_exits_8(target: &mut dyn Target, bad: &str, names: &[&str], tag: &str) {
     let db = TestDb::new(tag);
     let slot = db.name.clone();
     db.create_slot_and_publication(&slot);
@@ -143,6 +146,9 @@ fn a_refused_record_exits_8(target: &mut dyn Target, bad: &str, tag: &str) {
         line.contains(&format!("event {refused} ")) && line.contains("pg_replication_slot_advance"),
         "the error names the event and the statement that skips it: {line}"
     );
+    for name in names {
+        assert!(line.contains(name), "the error names {name}: {line}");
+    }
     assert!(
         db.confirmed(&slot) < commits[1].1,
         "confirmed past the refused event"
@@ -162,7 +168,9 @@ fn a_refused_record_exits_8(target: &mut dyn Target, bad: &str, tag: &str) {
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
     let records = target.read_all();
     assert_eq!(distinct_ids(&records).len(), 2, "{}", walbox.log());
-    assert_eq!(records.len(), 2, "each once: {}", walbox.log());
+    if !target.duplicates_possible() {
+        assert_eq!(records.len(), 2, "each once: {}", walbox.log());
+    }
     assert!(!distinct_ids(&records).contains(&refused));
 }
 
@@ -172,7 +180,7 @@ fn redis_a_key_of_another_type_exits_8_and_confirms_nothing_past_it() {
     let mut target = RedisTarget::new(server.url());
     let bad = crate::support::unique("not_a_stream");
     assert_eq!(server.command(&["SET", &bad, "x"]).unwrap(), "+OK\r\n");
-    a_refused_record_exits_8(&mut target, &bad, "redis_refused");
+    a_refused_record_exits_8(&mut target, &bad, &[&bad], "redis_refused");
 }
 
 #[test]
@@ -183,5 +191,15 @@ fn nats_a_subject_no_stream_captures_exits_8_and_confirms_nothing_past_it() {
         "{}.orders",
         crate::support::unique("nostream").replace('_', "-")
     );
-    a_refused_record_exits_8(&mut target, &bad, "nats_refused");
+    a_refused_record_exits_8(&mut target, &bad, &[&bad], "nats_refused");
+}
+
+#[test]
+fn rabbitmq_an_unroutable_record_exits_8_names_exchange_and_routing_key() {
+    let Some(node) = rabbitmq() else { return };
+    let mut target = RabbitTarget::new(node.port());
+    let bad = crate::support::unique("unbound");
+    let exchange = format!("exchange {:?}", target.exchange());
+    let key = format!("routing key {bad:?}");
+    a_refused_record_exits_8(&mut target, &bad, &[&exchange, &key], "rabbit_refused");
 }

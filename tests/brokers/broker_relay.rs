@@ -43,6 +43,21 @@ pub fn env_for(db: &TestDb, slot: &str, target: &dyn Target) -> Vec<(String, Str
     env
 }
 
+/// [`env_for`], with `extra` replacing or adding variables (credentials, TLS settings).
+pub fn env_with(
+    db: &TestDb,
+    slot: &str,
+    target: &dyn Target,
+    extra: &[(&str, String)],
+) -> Vec<(String, String)> {
+    let mut env = env_for(db, slot, target);
+    for (key, value) in extra {
+        env.retain(|(k, _)| k != key);
+        env.push(((*key).to_owned(), value.clone()));
+    }
+    env
+}
+
 /// A test's database, slot (made, with its publication), walbox's variables for `target`, and
 /// the writer of `writes` into the target's destination, started.
 struct Run {

@@ -2,6 +2,8 @@
 //! what it holds, as `ConsumedRecord`s: the destination as topic, `walbox.key` as key), and the
 //! tests that run the SIGKILL loop and the broker restart on each.
 
+use std::path::{Path, PathBuf};
+
 use async_nats::jetstream;
 use lapin::ExchangeKind;
 use walbox::outbox::KEY_HEADER;
@@ -104,19 +106,59 @@ impl Target for RedisTarget {
 pub struct NatsTarget {
     url: String,
     name: String,
+    /// The CA the server's certificate is verified with, for a server that requires TLS.
+    ca: Option<PathBuf>,
     rt: tokio::runtime::Runtime,
 }
 
 impl NatsTarget {
     pub fn new(url: String) -> Self {
+        Self::connected(url, None)
+    }
+
+    /// On a server that requires TLS (`url` is `tls://…`), verified with `ca`.
+    pub fn with_tls(url: String, ca: &Path) -> Self {
+        Self::connected(url, Some(ca.to_owned()))
+    }
+
+    fn connected(url: String, ca: Option<PathBuf>) -> Self {
         let name = unique("outbox").replace('_', "-");
         let rt = tokio::runtime::Runtime::new().expect("runtime");
-        rt.block_on(async {
-            let js = jetstream::new(async_nats::connect(&url).await.expect("connect to nats"));
-            make_stream(&js, &name).await;
+        let target = NatsTarget { url, name, ca, rt };
+        target.rt.block_on(async {
+            make_stream(&target.jetstream().await, &target.name).await;
         });
-        NatsTarget { url, name, rt }
+        target
     }
+
+    async fn jetstream(&self) -> jetstream::Context {
+        let options = match &self.ca {
+            Some(ca) => async_nats::ConnectOptions::new()
+                .require_tls(true)
+                .add_root_certificates(ca.clone()),
+            None => async_nats::ConnectOptions::new(),
+        };
+        jetstream::new(options.connect(&self.url).await.expect("connect to nats"))
+    }
+
+    /// The stream's name.
+    pub fn stream(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Limits stream `name` of the server at `url` to `max_messages` (-1: no limit), refusing new
+/// ones when full (`discard: new`), as an operator would.
+pub fn limit_nats_stream(url: &str, name: &str, max_messages: i64) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let js = jetstream::new(async_nats::connect(url).await.expect("connect to nats"));
+        let mut stream = js.get_stream(name).await.expect("the stream");
+        let mut config = stream.info().await.expect("stream info").config.clone();
+        config.max_messages = max_messages;
+        config.discard = jetstream::stream::DiscardPolicy::New;
+        js.update_stream(config).await.expect("update the stream");
+    });
 }
 
 impl Target for NatsTarget {
@@ -135,9 +177,9 @@ impl Target for NatsTarget {
     }
 
     fn read_all(&mut self) -> Vec<ConsumedRecord> {
-        let (url, name) = (self.url.clone(), self.name.clone());
-        self.rt.block_on(async move {
-            let js = jetstream::new(async_nats::connect(&url).await.expect("connect to nats"));
+        let name = self.name.clone();
+        self.rt.block_on(async {
+            let js = self.jetstream().await;
             let mut s = js.get_stream(&name).await.expect("the stream");
             let info = s.info().await.expect("stream info");
             let mut out = Vec::new();
@@ -165,8 +207,9 @@ impl Target for NatsTarget {
     }
 }
 
-/// RabbitMQ: a topic exchange and one durable queue bound to the destination; reading takes
-/// the messages off the queue, so the target keeps what it read.
+/// RabbitMQ: a topic exchange and one durable queue bound to the destination (no other
+/// routing key reaches a queue); reading takes the messages off the queue, so the target keeps
+/// what it read.
 pub struct RabbitTarget {
     port: u16,
     exchange: String,
@@ -191,10 +234,20 @@ impl RabbitTarget {
                 .await
                 .expect("connect to rabbitmq");
             rabbitmq_sink::exchange(&ch, &target.exchange, ExchangeKind::Topic).await;
-            rabbitmq_sink::queue(&ch, &target.queue, &target.exchange, "#").await;
+            rabbitmq_sink::queue(&ch, &target.queue, &target.exchange, &target.destination()).await;
             conn.close(200, "declared".into()).await.expect("close");
         });
         target
+    }
+
+    /// The exchange walbox publishes to.
+    pub fn exchange(&self) -> &str {
+        &self.exchange
+    }
+
+    /// The queue bound to the destination.
+    pub fn queue(&self) -> &str {
+        &self.queue
     }
 }
 

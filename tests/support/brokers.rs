@@ -76,7 +76,12 @@ pub fn own_nats(opts: NatsOptions) -> Option<NatsServer> {
 pub fn rabbitmq() -> Option<&'static RabbitMq> {
     static SERVER: OnceLock<Option<RabbitMq>> = OnceLock::new();
     SERVER
-        .get_or_init(|| own_rabbitmq(RabbitMqOptions { watchdog: true }))
+        .get_or_init(|| {
+            own_rabbitmq(RabbitMqOptions {
+                watchdog: true,
+                ..Default::default()
+            })
+        })
         .as_ref()
 }
 

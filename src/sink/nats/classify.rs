@@ -11,7 +11,7 @@ use async_nats::jetstream::{self, ErrorCode};
 
 use super::shared::{error, lock};
 use crate::failure::{Class, Failure};
-use crate::sink::BrokerError;
+use crate::sink::{BrokerError, Refusal};
 
 /// JetStream's "maximum messages exceeded" / "maximum bytes exceeded" (a stream full with
 /// `discard: new`) and "insufficient resources".
@@ -117,10 +117,16 @@ impl Judge {
                     Class::Rejected,
                     format!("the stream capturing {subject:?} refused the record as larger than its max_msg_size ({j}): raise the stream's max_msg_size, or make the event smaller"),
                 ),
-                Some(j) if STREAM_FULL.contains(&j.error_code()) => error(
-                    Class::Fatal(Failure::Kafka),
-                    format!("the stream capturing {subject:?} refuses new records ({j}): it is full with discard policy \"new\", or JetStream is out of storage; raise the stream's max_msgs / max_bytes (or free storage) and restart walbox"),
-                ),
+                Some(j) if STREAM_FULL.contains(&j.error_code()) => {
+                    let stream = match self.js.stream_by_subject(subject).await {
+                        Ok(name) => format!("stream {name:?}"),
+                        Err(_) => "the stream".to_owned(),
+                    };
+                    error(
+                        Class::Fatal(Failure::Kafka),
+                        format!("{stream}, capturing {subject:?}, refuses new records ({j}): it is full with discard policy \"new\", or JetStream is out of storage; raise the stream's max_msgs / max_bytes (e.g. `nats stream edit <stream> --max-msgs`), or free storage, and restart walbox"),
+                    )
+                }
                 Some(j) => error(
                     Class::Transient,
                     format!("JetStream refused the record for {subject:?}: {j}"),
@@ -144,6 +150,7 @@ impl Judge {
                 self.who
             ),
         )
+        .refusing(Refusal::Permission)
     }
 
     /// 503 no responders: no stream captures `subject` (the record's route names a subject

@@ -162,21 +162,7 @@ pub(crate) async fn open(
     let client = options
         .connect(config.servers.as_slice())
         .await
-        .map_err(|e| {
-            let (class, hint) = match e.kind() {
-                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => (
-                    Class::Fatal(Failure::Auth),
-                    "the server refused the credentials: check nats.user and nats.password_file, nats.token_file or nats.credentials_file",
-                ),
-                ConnectErrorKind::ServerParse => (Class::Fatal(Failure::Config), "check nats.url"),
-                ConnectErrorKind::Tls => (
-                    Class::Fatal(Failure::Config),
-                    "check nats.tls_ca_file, nats.tls_cert_file and nats.tls_key_file, and that the server speaks TLS",
-                ),
-                _ => (Class::Transient, "is the server running and reachable?"),
-            };
-            error(class, format!("cannot connect as {}: {}: {hint}", who_of(config), e.kind()))
-        })?;
+        .map_err(|e| connect_error(&e, config))?;
     let js = jetstream::ContextBuilder::new()
         .timeout(config.ack_timeout)
         .max_ack_inflight(QUEUE)
@@ -187,6 +173,59 @@ pub(crate) async fn open(
         js,
         violations,
     })
+}
+
+/// The class and message of a failed connect: refused credentials are exit 4, and so is a
+/// failed TLS handshake (see below); settings the client cannot use are exit 3; the rest
+/// (an unreachable server) transient.
+fn connect_error(e: &async_nats::ConnectError, config: &NatsConfig) -> BrokerError {
+    let (class, hint) = match e.kind() {
+        ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => (
+            Class::Fatal(Failure::Auth),
+            "the server refused the credentials: check nats.user and nats.password_file, nats.token_file or nats.credentials_file",
+        ),
+        ConnectErrorKind::ServerParse => (Class::Fatal(Failure::Config), "check nats.url"),
+        // A failed handshake (a certificate the CA did not sign, a name it does not
+        // cover), which the client reports as an I/O error, is exit 4 as PostgreSQL's
+        // untrusted certificate: a reconnect meets the same certificate and would retry
+        // forever.
+        _ if tls_failure(e).is_some() => {
+            let why = tls_failure(e).unwrap_or_default();
+            return error(
+                Class::Fatal(Failure::Auth),
+                format!("cannot connect as {}: the TLS handshake failed ({why}): {TLS_HINT}", who_of(config)),
+            );
+        }
+        ConnectErrorKind::Tls => (Class::Fatal(Failure::Config), TLS_HINT),
+        _ => (Class::Transient, "is the server running and reachable?"),
+    };
+    error(
+        class,
+        format!("cannot connect as {}: {}: {hint}", who_of(config), e.kind()),
+    )
+}
+
+/// What to check when the TLS handshake fails.
+const TLS_HINT: &str = "check nats.tls_ca_file (the CA that signed the server's certificate), that the url's host is a name the certificate covers, nats.tls_cert_file and nats.tls_key_file, and that the server speaks TLS";
+
+/// rustls's reason, when `e` is a failed TLS handshake.
+fn tls_failure(e: &async_nats::ConnectError) -> Option<String> {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(inner) = cause
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+                return Some(tls.to_string());
+            }
+        }
+        source = cause.source();
+    }
+    None
 }
 
 /// Who walbox connects as, for messages.
@@ -254,5 +293,48 @@ pub(crate) fn js_class(text: &str) -> Class {
         Class::Fatal(Failure::Kafka)
     } else {
         Class::Transient
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_certificate_reported_as_an_io_error_is_a_tls_failure() {
+        use async_nats::ConnectError;
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = ConnectError::with_source(ConnectErrorKind::Io, refused);
+        assert!(tls_failure(&e).is_some_and(|why| why.contains("UnknownIssuer")));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(
+            tls_failure(&ConnectError::with_source(ConnectErrorKind::Io, reset)),
+            None
+        );
+    }
+
+    #[test]
+    fn an_untrusted_certificate_exits_4_and_an_unreachable_server_is_retried() {
+        use async_nats::ConnectError;
+        let config = NatsConfig::for_url("tls://localhost:4222");
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = connect_error(
+            &ConnectError::with_source(ConnectErrorKind::Io, refused),
+            &config,
+        );
+        assert_eq!(e.class, Class::Fatal(Failure::Auth), "{}", e.message);
+        assert!(e.message.contains("nats.tls_ca_file"), "{}", e.message);
+        let down = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = connect_error(
+            &ConnectError::with_source(ConnectErrorKind::Io, down),
+            &config,
+        );
+        assert_eq!(e.class, Class::Transient, "{}", e.message);
     }
 }
