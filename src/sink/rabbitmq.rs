@@ -91,25 +91,81 @@ use crate::config::{BrokerKind, RabbitMqConfig};
 use crate::failure::Class;
 use crate::outbox::{OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER, KEY_HEADER};
 
-/// Records published and not yet confirmed, at most.
-pub const WINDOW: usize = 10_000;
-/// Records waiting for the publishing task, at most (then [`SinkError::QueueFull`]).
-const QUEUE: usize = 20_000;
+/// Records published and not yet confirmed, at most. Confirms come in batches (`multiple`), so
+/// a window of 2,000 keeps a local node busy; what a record costs while unconfirmed (its
+/// frames, its confirm's state) is what a larger one would add to walbox's memory (measured in
+/// `benches/brokers.rs`: 10,000 in flight took walbox's peak RSS from 34 to 57 MiB, for no
+/// more events per second).
+pub const WINDOW: usize = 2_000;
+/// Records waiting for the publishing task, at most (then [`SinkError::QueueFull`], and the
+/// relay waits for room): with [`WINDOW`], a sink holds at most 4,000 records, whatever
+/// `relay.max_in_flight` allows.
+const QUEUE: usize = 2_000;
 
-/// One record for the publishing task.
+/// One record for the publishing task. It keeps the event as the relay built it (whose
+/// fields share their buffers) and builds the AMQP properties only when it is published, and
+/// its [`FailedRecord`] only when it failed: a record waiting in the queue costs the event,
+/// not a copy of every header.
 struct Job {
     seq: u64,
     route: usize,
-    exchange: String,
-    routing_key: String,
-    body: Bytes,
-    properties: BasicProperties,
-    failed: FailedRecord,
+    exchange: Arc<str>,
+    routing_key: Arc<str>,
+    record: Record,
+}
+
+/// What a [`Job`] publishes.
+enum Record {
+    Event(OutboxEvent),
+    /// A progress record: its key and value.
+    Progress {
+        key: String,
+        value: Bytes,
+    },
+}
+
+impl Job {
+    fn body(&self) -> &[u8] {
+        match &self.record {
+            Record::Event(e) => e.value.as_deref().unwrap_or_default(),
+            Record::Progress { value, .. } => value,
+        }
+    }
+
+    fn properties(&self) -> BasicProperties {
+        match &self.record {
+            Record::Event(e) => properties(e),
+            Record::Progress { .. } => BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_content_type("application/json".into()),
+        }
+    }
+
+    fn failed(self) -> FailedRecord {
+        match self.record {
+            Record::Event(event) => FailedRecord {
+                topic: event.topic.to_string(),
+                id: String::from_utf8_lossy(&event.id).into_owned(),
+                lsn: header(&event, COMMIT_LSN_HEADER),
+                index: header(&event, INDEX_HEADER),
+                key: event.key,
+                payload: event.value,
+            },
+            Record::Progress { key, value } => FailedRecord {
+                topic: self.routing_key.to_string(),
+                key: Some(Bytes::from(key.into_bytes())),
+                payload: Some(value),
+                ..Default::default()
+            },
+        }
+    }
 }
 
 /// What the sink's handles share.
 struct Shared {
     config: RabbitMqConfig,
+    /// `config.exchange`, shared by every job.
+    exchange: Arc<str>,
     acks: Arc<AckQueue>,
     /// The publishing task's queue (closed once the task failed).
     tx: Mutex<Option<mpsc::Sender<Job>>>,
@@ -125,10 +181,11 @@ struct Shared {
 impl Shared {
     fn push(&self, job: Job, result: Result<(), BrokerError>) {
         self.silences.answered();
-        let failed = result.is_err().then_some(job.failed);
+        let (seq, route) = (job.seq, job.route);
+        let failed = result.is_err().then(|| job.failed());
         self.acks.push(Ack {
-            seq: job.seq,
-            route: job.route,
+            seq,
+            route,
             result: result.map_err(Into::into),
             failed,
         });
@@ -160,6 +217,7 @@ pub async fn connect(
     let link = open(config).await?;
     let shared = Arc::new(Shared {
         config: config.clone(),
+        exchange: Arc::from(config.exchange.as_str()),
         acks,
         tx: Mutex::new(None),
         failed: AtomicBool::new(false),
@@ -304,42 +362,25 @@ impl Publisher for RabbitMqSink {
     }
 
     fn send(&self, event: &OutboxEvent, seq: u64, route: usize) -> Result<(), SinkError> {
-        let failed = FailedRecord {
-            topic: event.topic.to_string(),
-            id: String::from_utf8_lossy(&event.id).into_owned(),
-            lsn: header(event, COMMIT_LSN_HEADER),
-            index: header(event, INDEX_HEADER),
-            key: event.key.clone(),
-            payload: event.value.clone(),
-        };
         self.hand_over(Job {
             seq,
             route,
-            exchange: self.shared.config.exchange.clone(),
-            routing_key: event.topic.to_string(),
-            body: event.value.clone().unwrap_or_default(),
-            properties: properties(event),
-            failed,
+            exchange: self.shared.exchange.clone(),
+            routing_key: event.topic.clone(),
+            record: Record::Event(event.clone()),
         })
     }
 
     fn send_progress(&self, key: &str, value: &[u8]) -> Result<(), SinkError> {
         let queue = progress_queue(&self.shared.config, key);
-        let body = Bytes::copy_from_slice(value);
         self.hand_over(Job {
             seq: 0,
             route: PROGRESS_ROUTE,
-            exchange: String::new(),
-            routing_key: queue.clone(),
-            body: body.clone(),
-            properties: BasicProperties::default()
-                .with_delivery_mode(2)
-                .with_content_type("application/json".into()),
-            failed: FailedRecord {
-                topic: queue,
-                key: Some(Bytes::copy_from_slice(key.as_bytes())),
-                payload: Some(body),
-                ..Default::default()
+            exchange: Arc::from(""),
+            routing_key: Arc::from(queue),
+            record: Record::Progress {
+                key: key.to_owned(),
+                value: Bytes::copy_from_slice(value),
             },
         })
     }
@@ -541,10 +582,10 @@ fn nacked(job: &Job) -> BrokerError {
 
 /// Publishes `job` on `link`, declaring its progress queue first when it is one.
 async fn publish(link: &mut Link, job: &Job) -> lapin::Result<PublisherConfirm> {
-    if job.route == PROGRESS_ROUTE && !link.declared.contains(&job.routing_key) {
+    if job.route == PROGRESS_ROUTE && !link.declared.contains(&*job.routing_key) {
         link.channel
             .queue_declare(
-                job.routing_key.as_str().into(),
+                (*job.routing_key).into(),
                 QueueDeclareOptions {
                     durable: true,
                     ..Default::default()
@@ -552,18 +593,18 @@ async fn publish(link: &mut Link, job: &Job) -> lapin::Result<PublisherConfirm> 
                 progress_arguments(),
             )
             .await?;
-        link.declared.insert(job.routing_key.clone());
+        link.declared.insert(job.routing_key.to_string());
     }
     link.channel
         .basic_publish(
-            job.exchange.as_str().into(),
-            job.routing_key.as_str().into(),
+            (*job.exchange).into(),
+            (*job.routing_key).into(),
             BasicPublishOptions {
                 mandatory: true,
                 ..Default::default()
             },
-            &job.body,
-            job.properties.clone(),
+            job.body(),
+            job.properties(),
         )
         .await
 }
@@ -587,7 +628,7 @@ fn fail_rest(
     }
     // The record a size refusal names (by its size); else the first gets the error itself.
     let culprit = match size {
-        Some(n) => jobs.iter().position(|j| j.body.len() as u64 == n),
+        Some(n) => jobs.iter().position(|j| j.body().len() as u64 == n),
         None if error.class == Class::Rejected => None,
         None => Some(0),
     };
