@@ -184,7 +184,10 @@ async fn drain(
 ) -> anyhow::Result<Drained> {
     let mut env = server.walbox_env();
     // Extra settings to try (`WALBOX_BENCH_WALBOX_ENV="WALBOX_RELAY_MAX_IN_FLIGHT=2000 …"`).
-    for pair in harness::var("WALBOX_BENCH_WALBOX_ENV").unwrap_or_default().split_whitespace() {
+    for pair in harness::var("WALBOX_BENCH_WALBOX_ENV")
+        .unwrap_or_default()
+        .split_whitespace()
+    {
         let (k, v) = pair
             .split_once('=')
             .with_context(|| format!("WALBOX_BENCH_WALBOX_ENV: {pair:?} is not NAME=value"))?;
