@@ -21,7 +21,7 @@ use crate::support::{self, delay_every_broker, wait_until, Walbox, WAIT};
 /// How late every mock broker answers while the window is held open.
 const LATE: Duration = Duration::from_millis(300);
 
-/// Issue 45: an event whose delivery fails after its transaction's progress record was
+/// An event whose delivery fails after its transaction's progress record was
 /// produced. librdkafka refuses to commit that transaction, walbox aborts it and confirms
 /// nothing of it; the next session does not trust the aborted transaction's progress record,
 /// which a broker without transaction markers shows (it lies beyond the last record this
@@ -112,7 +112,7 @@ fn an_event_failing_after_its_progress_record_was_produced_aborts_and_loses_noth
     assert_per_aggregate_commit_order(&reader.records);
 }
 
-/// Issue 45: walbox killed on the commit's thread, its transaction's progress record produced
+/// walbox killed on the commit's thread, its transaction's progress record produced
 /// and its events not yet acknowledged (on the mock cluster, every answer 300 ms late; on
 /// Apache Kafka, as fast as the broker answers). The next process aborts the transaction as
 /// it fences the dead one, reads the progress record committed before it, and relays the

@@ -1,4 +1,4 @@
-//! The real brokers of the coming RabbitMQ, NATS JetStream and Redis Streams sinks (issue 44):
+//! The real brokers of the RabbitMQ, NATS JetStream and Redis Streams sinks:
 //! each server of `support::brokers` starts, answers its own protocol, and keeps its data
 //! across a restart, which the broker tests will do under a backlog. Raw protocol only: no
 //! client crate yet.
