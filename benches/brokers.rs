@@ -60,7 +60,7 @@ mod reference;
 #[path = "brokers/servers.rs"]
 mod servers;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
@@ -139,6 +139,10 @@ struct Row {
     /// walbox's rate from its first ack on.
     steady: Option<f64>,
     plain: f64,
+    /// The plain client's CPU seconds.
+    plain_cpu: f64,
+    /// walbox's and PostgreSQL's CPU seconds during walbox's drain.
+    cpu: Option<(f64, f64)>,
     rss: Option<u64>,
 }
 
@@ -170,13 +174,17 @@ struct Drained {
     confirmed: f64,
     /// Peak `VmHWM`.
     rss: u64,
+    /// walbox's CPU seconds until the last ack.
+    cpu: f64,
+    /// PostgreSQL's CPU seconds (walsender and all) over the same time.
+    pg_cpu: f64,
 }
 
 /// walbox drains `slot` into `server`: timed until the broker acknowledged all `events`, and
 /// until the slot confirmed `end`.
 async fn drain(
     admin: &Client,
-    pg_url: &str,
+    pg: (&str, &Path),
     server: &Server,
     slot: &str,
     end: Lsn,
@@ -194,6 +202,8 @@ async fn drain(
         env.push((k.to_owned(), v.to_owned()));
     }
     let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let (pg_url, data_dir) = pg;
+    let pg_cpu0 = procs::postgres_cpu_seconds(data_dir);
     let t0 = Instant::now();
     let mut walbox = WalboxChild::start_on(pg_url, slot, PUBLICATION, false, &env)?;
     let pid = walbox.pid();
@@ -202,6 +212,7 @@ async fn drain(
     let mut next_sample = t0;
     let mut first_ack = None;
     let mut acked = None;
+    let (mut cpu, mut pg_cpu) = (0.0, 0.0);
     let confirmed_at = loop {
         walbox.check_alive()?;
         if Instant::now() >= next_sample {
@@ -215,6 +226,8 @@ async fn drain(
             }
             if published >= events {
                 acked = Some(t0.elapsed().as_secs_f64());
+                cpu = procs::cpu_seconds(pid);
+                pg_cpu = procs::postgres_cpu_seconds(data_dir) - pg_cpu0;
             }
         }
         if acked.is_some() && confirmed(admin, slot).await? >= end {
@@ -232,6 +245,8 @@ async fn drain(
         first_ack,
         confirmed: confirmed_at,
         rss,
+        cpu,
+        pg_cpu,
     })
 }
 
@@ -275,7 +290,8 @@ async fn run() -> anyhow::Result<()> {
         )
         .await?;
         for (server, slot) in servers.iter().zip(&slots) {
-            rows.extend(measure(&admin, &pg_url, server, slot, end, settings.events, shape).await?);
+            let pg = (pg_url.as_str(), cluster.data_dir());
+            rows.extend(measure(&admin, pg, server, slot, end, settings.events, shape).await?);
         }
         for slot in &slots {
             admin
@@ -294,7 +310,7 @@ async fn run() -> anyhow::Result<()> {
 /// walbox, then the plain client(s), on one broker and one backlog.
 async fn measure(
     admin: &Client,
-    pg_url: &str,
+    pg: (&str, &Path),
     server: &Server,
     slot: &str,
     end: Lsn,
@@ -302,7 +318,7 @@ async fn measure(
     shape: u64,
 ) -> anyhow::Result<Vec<Row>> {
     server.reset().await?;
-    let d = drain(admin, pg_url, server, slot, end, events).await?;
+    let d = drain(admin, pg, server, slot, end, events).await?;
     let walbox_rate = events as f64 / d.secs;
     // Past start-up: from the first ack (the first batch's events left out of the count).
     let steady = d
@@ -310,12 +326,14 @@ async fn measure(
         .filter(|f| *f < d.secs)
         .map(|f| events as f64 / (d.secs - f));
     eprintln!(
-        "{} {shape}-row: walbox {walbox_rate:.0} events/s ({:.2} s, first ack at {:?} s, slot confirmed at {:.2} s), peak RSS {}",
+        "{} {shape}-row: walbox {walbox_rate:.0} events/s ({:.2} s, first ack at {:?} s, slot confirmed at {:.2} s), peak RSS {}, CPU walbox {:.1} s, PostgreSQL {:.1} s",
         server.kind,
         d.secs,
         d.first_ack,
         d.confirmed,
-        format::mib(d.rss)
+        format::mib(d.rss),
+        d.cpu,
+        d.pg_cpu
     );
     let messages = server.read_back(events).await?;
     if messages.len() as u64 != events {
@@ -334,13 +352,17 @@ async fn measure(
     let mut rows = Vec::new();
     for (label, mode) in server.kind.reference_modes() {
         server.reset().await?;
+        let cpu0 = procs::cpu_seconds(std::process::id());
         let secs = reference::publish(server, &messages, mode).await?;
+        let plain_cpu = procs::cpu_seconds(std::process::id()) - cpu0;
         let held = server.count().await?;
         if held != events {
             bail!("{label}: the broker holds {held} of {events} events after the plain client");
         }
         let plain = events as f64 / secs;
-        eprintln!("{label} {shape}-row: plain client {plain:.0} events/s ({secs:.2} s)");
+        eprintln!(
+            "{label} {shape}-row: plain client {plain:.0} events/s ({secs:.2} s, CPU {plain_cpu:.1} s)"
+        );
         let is_walbox_mode = rows.is_empty();
         rows.push(Row {
             broker: label.to_owned(),
@@ -349,6 +371,8 @@ async fn measure(
             walbox: Some(walbox_rate),
             steady,
             plain,
+            plain_cpu,
+            cpu: is_walbox_mode.then_some((d.cpu, d.pg_cpu)),
             rss: is_walbox_mode.then_some(d.rss),
         });
     }
@@ -373,12 +397,12 @@ fn report(settings: &Settings, rows: &[Row], versions: &[String]) -> String {
     ));
     t.push_str(&format!("Servers: {}.\n\n", versions.join("; ")));
     t.push_str(
-        "| broker | shape | events | walbox events/s | plain client events/s | ratio (target ≥ 0.8×) | walbox peak RSS MiB (target < 40) | walbox events/s from its 1st ack | ratio from 1st ack |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| broker | shape | events | walbox events/s | plain client events/s | ratio (target ≥ 0.8×) | walbox peak RSS MiB (target < 40) | walbox events/s from its 1st ack | ratio from 1st ack | CPU s: walbox + PostgreSQL / plain client |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         t.push_str(&format!(
-            "| {} | {}-row tx | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {}-row tx | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.broker,
             r.shape,
             fmt_n(r.events),
@@ -391,6 +415,10 @@ fn report(settings: &Settings, rows: &[Row], versions: &[String]) -> String {
             )),
             r.steady.map_or("–".into(), k),
             r.steady.map_or("–".into(), |w| ratio(w, r.plain)),
+            r.cpu.map_or_else(
+                || format!("– / {:.1}", r.plain_cpu),
+                |(w, pg)| format!("{w:.1} + {pg:.1} / {:.1}", r.plain_cpu)
+            ),
         ));
     }
     t.push_str(
@@ -400,7 +428,10 @@ fn report(settings: &Settings, rows: &[Row], versions: &[String]) -> String {
          plain client without walbox's one-in-flight-per-subject rule. \"From 1st ack\": all \
          events over the time from walbox's first acknowledged event to its last (its \
          `/metrics`), which leaves start-up out (an upper bound: the first batch is \
-         counted but not timed).\n",
+         counted but not timed). CPU: walbox's CPU seconds and the PostgreSQL server's (its \
+         walsender decoding the WAL, and the rest) until walbox's last ack, against the plain \
+         client's (the bench process); the broker's own CPU is in neither, and on a machine of \
+         few cores the three processes of walbox's path share them.\n",
     );
     t
 }
