@@ -26,8 +26,8 @@ use walbox::sandbox::broker::TopicReader;
 use rand::{Rng, SeedableRng};
 
 use crate::support::events::{
-    assert_per_aggregate_commit_order, await_distinct, distinct_ids, id_counts, id_of, outbox_ids,
-    stop_and_read_exactly, write_txn, write_txns,
+    assert_once_but_the_aborted, assert_per_aggregate_commit_order, await_distinct, distinct_ids,
+    id_counts, id_of, outbox_ids, stop_and_read_exactly, write_txn, write_txns,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
@@ -632,14 +632,7 @@ fn an_abortable_commit_error_aborts_and_starts_over_from_the_slot() {
         t.db.confirmed(&t.slot) >= second.after_commit
     });
     stop_and_read_exactly(&mut walbox, &mut reader, &all);
-    let second_ids: HashSet<i64> = second.ids.iter().copied().collect();
-    for (id, n) in id_counts(reader.records.iter().map(id_of)) {
-        assert!(
-            n == 1 || (n == 2 && second_ids.contains(&id)),
-            "event {id} in Kafka {n} times, and not of the aborted transaction"
-        );
-    }
-    assert_per_aggregate_commit_order(&reader.records);
+    assert_once_but_the_aborted(&reader.records, &second.ids);
 }
 
 #[test]

@@ -14,7 +14,8 @@ use walbox::sandbox::broker::TopicReader;
 
 use crate::exactly_once::{eos_env, progress_positions, setup, transactional_id, wait_for_all};
 use crate::support::events::{
-    assert_per_aggregate_commit_order, id_counts, id_of, stop_and_read_exactly, write_txn,
+    assert_once_but_the_aborted, assert_per_aggregate_commit_order, id_counts, id_of,
+    stop_and_read_exactly, write_txn,
 };
 use crate::support::{self, delay_every_broker, wait_until, Walbox, WAIT};
 
@@ -102,14 +103,7 @@ fn an_event_failing_after_its_progress_record_was_produced_aborts_and_loses_noth
         walbox.log()
     );
     stop_and_read_exactly(&mut walbox, &mut reader, &all);
-    let second_ids: HashSet<i64> = second.ids.iter().copied().collect();
-    for (id, n) in id_counts(reader.records.iter().map(id_of)) {
-        assert!(
-            n == 1 || (n == 2 && second_ids.contains(&id)),
-            "event {id} in Kafka {n} times, and not of the aborted transaction"
-        );
-    }
-    assert_per_aggregate_commit_order(&reader.records);
+    assert_once_but_the_aborted(&reader.records, &second.ids);
 }
 
 /// walbox killed on the commit's thread, its transaction's progress record produced

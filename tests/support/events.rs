@@ -158,6 +158,19 @@ pub fn ids_twice(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
         .collect()
 }
 
+/// Every event once, except those of an aborted Kafka transaction (`aborted`), which a broker
+/// that shows aborted records may hold twice; and per-aggregate commit order.
+pub fn assert_once_but_the_aborted(records: &[ConsumedRecord], aborted: &[i64]) {
+    let aborted: HashSet<i64> = aborted.iter().copied().collect();
+    for (id, n) in id_counts(records.iter().map(id_of)) {
+        assert!(
+            n == 1 || (n == 2 && aborted.contains(&id)),
+            "event {id} in Kafka {n} times, and not of the aborted transaction"
+        );
+    }
+    assert_per_aggregate_commit_order(records);
+}
+
 /// Per aggregate, the event ids in the order a consumer sees them, duplicates removed (first
 /// occurrence kept), must be increasing: one writer, so id order is commit order.
 pub fn assert_per_aggregate_commit_order(records: &[ConsumedRecord]) {
