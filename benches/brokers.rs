@@ -43,7 +43,7 @@
 //! of `redis`, `nats`, `rabbitmq`; default all), `WALBOX_BENCH_SHAPES` (comma list of rows per
 //! transaction, default `100,1`), `WALBOX_BENCH_OUTPUT` (default `benches/brokers-results.md`),
 //! `WALBOX_BENCH_WALBOX_LOG` (walbox's log filter, default warn), `WALBOX_BENCH_WALBOX_ENV`
-//! (space-separated `NAME=value` settings added to walbox's environment, to try one).
+//! (more `WALBOX_*` settings for walbox, `K=V;K=V`, to try one).
 
 #[path = "common/backlog.rs"]
 mod backlog;
@@ -191,16 +191,8 @@ async fn drain(
     events: u64,
 ) -> anyhow::Result<Drained> {
     let mut env = server.walbox_env();
-    // Extra settings to try (`WALBOX_BENCH_WALBOX_ENV="WALBOX_RELAY_MAX_IN_FLIGHT=2000 …"`).
-    for pair in harness::var("WALBOX_BENCH_WALBOX_ENV")
-        .unwrap_or_default()
-        .split_whitespace()
-    {
-        let (k, v) = pair
-            .split_once('=')
-            .with_context(|| format!("WALBOX_BENCH_WALBOX_ENV: {pair:?} is not NAME=value"))?;
-        env.push((k.to_owned(), v.to_owned()));
-    }
+    // Extra settings to try (`WALBOX_BENCH_WALBOX_ENV="WALBOX_RELAY_MAX_IN_FLIGHT=2000;…"`).
+    env.extend(harness::assignments("WALBOX_BENCH_WALBOX_ENV")?);
     let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     let (pg_url, data_dir) = pg;
     let pg_cpu0 = procs::postgres_cpu_seconds(data_dir);

@@ -54,6 +54,22 @@ pub fn num<T: FromStr>(k: &str, default: T) -> anyhow::Result<T> {
     })
 }
 
+/// `NAME=value` assignments separated by `;` in variable `k` (none when unset).
+pub fn assignments(k: &str) -> anyhow::Result<Vec<(String, String)>> {
+    var(k)
+        .map(|v| {
+            v.split(';')
+                .filter(|a| !a.trim().is_empty())
+                .map(|a| {
+                    a.split_once('=')
+                        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                        .with_context(|| format!("{k}: {a:?} is not NAME=VALUE"))
+                })
+                .collect()
+        })
+        .unwrap_or(Ok(Vec::new()))
+}
+
 /// The comma-separated list in `k`, else `default`.
 pub fn list<T: FromStr>(k: &str, default: Vec<T>) -> anyhow::Result<Vec<T>>
 where

@@ -131,22 +131,6 @@ pub struct Settings {
     walbox_socket: bool,
 }
 
-/// `K=V;K=V` in `k` as pairs.
-fn assignments(k: &str) -> anyhow::Result<Vec<(String, String)>> {
-    harness::var(k)
-        .map(|v| {
-            v.split(';')
-                .filter(|a| !a.trim().is_empty())
-                .map(|a| {
-                    a.split_once('=')
-                        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-                        .with_context(|| format!("{k}: {a:?} is not NAME=VALUE"))
-                })
-                .collect()
-        })
-        .unwrap_or(Ok(Vec::new()))
-}
-
 impl Settings {
     fn from_env() -> anyhow::Result<Self> {
         use harness::{num, var};
@@ -159,8 +143,8 @@ impl Settings {
                 || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/debezium-results.md"),
                 PathBuf::from,
             ),
-            walbox_env: assignments("WALBOX_BENCH_WALBOX_ENV")?,
-            debezium_props: assignments("WALBOX_BENCH_DEBEZIUM_PROPS")?,
+            walbox_env: harness::assignments("WALBOX_BENCH_WALBOX_ENV")?,
+            debezium_props: harness::assignments("WALBOX_BENCH_DEBEZIUM_PROPS")?,
             walbox_socket: var("WALBOX_BENCH_WALBOX_SOCKET").is_some_and(|v| v != "0"),
         })
     }
