@@ -54,7 +54,9 @@ pub fn num<T: FromStr>(k: &str, default: T) -> anyhow::Result<T> {
     })
 }
 
-/// `NAME=value` assignments separated by `;` in variable `k` (none when unset).
+/// `NAME=value` assignments separated by `;` in variable `k` (none when unset). Only the
+/// benches that take such settings call it (debezium, brokers).
+#[allow(dead_code)]
 pub fn assignments(k: &str) -> anyhow::Result<Vec<(String, String)>> {
     var(k)
         .map(|v| {
