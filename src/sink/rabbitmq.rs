@@ -97,6 +97,9 @@ use crate::outbox::{OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER, KEY_HEADER};
 /// `benches/brokers.rs`: 10,000 in flight took walbox's peak RSS from 34 to 57 MiB, for no
 /// more events per second).
 pub const WINDOW: usize = 2_000;
+/// How long a failed publish waits for the confirms still due, whose failure may be the reason
+/// the channel closed.
+const CLOSE_REASON_WAIT: Duration = Duration::from_secs(5);
 /// Records waiting for the publishing task, at most (then [`SinkError::QueueFull`], and the
 /// relay waits for room): with [`WINDOW`], a sink holds at most 4,000 records, whatever
 /// `relay.max_in_flight` allows.
@@ -490,7 +493,26 @@ async fn run(shared: Arc<Shared>, link: Option<Link>, mut rx: mpsc::Receiver<Job
                     confirm: Box::pin(confirm),
                 }),
                 Err(e) => {
-                    let e = classify(&e, "publishing", &config);
+                    let mut e = classify(&e, "publishing", &config);
+                    // A node closing the channel over a record (too large, …) fails the next
+                    // publish ("invalid channel state") before that record's confirm carries
+                    // the reason: the confirms still due are read first, those acknowledged
+                    // acked, and the first failed one's reason is the failure.
+                    let wait = config.confirm_timeout.min(CLOSE_REASON_WAIT);
+                    while let Some(front) = pending.front_mut() {
+                        match tokio::time::timeout(wait, front.confirm.as_mut()).await {
+                            Ok(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => {
+                                if let Some(p) = pending.pop_front() {
+                                    shared.push(p.job, Ok(()));
+                                }
+                            }
+                            Ok(Err(reason)) => {
+                                e = classify(&reason, "waiting for the publisher confirm", &config);
+                                break;
+                            }
+                            _ => break,
+                        }
+                    }
                     let mut jobs = jobs_of(pending);
                     jobs.push(job);
                     return fail_rest(&shared, jobs, &mut rx, e);
