@@ -31,7 +31,12 @@ impl Relay {
         let status_interval = self.settings.postgres.status_interval;
         let mut status_tick = tokio::time::interval(status_interval);
         status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let configured_window = self.settings.relay.max_in_flight;
+        // The publisher's own memory bound, when lower (RabbitMQ, NATS).
+        let configured_window = self
+            .settings
+            .relay
+            .max_in_flight
+            .min(self.sink.max_held().unwrap_or(usize::MAX));
         // Once shutdown is requested, intake continues only to the end of the open transaction
         // (bounded by `relay.shutdown_timeout`): its acknowledged events are then confirmed and
         // not sent again after the restart.

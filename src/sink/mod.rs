@@ -121,6 +121,10 @@ impl Publisher for Sink {
     fn oldest_unacked(&self) -> Option<Duration> {
         self.publisher().oldest_unacked()
     }
+
+    fn max_held(&self) -> Option<usize> {
+        self.publisher().max_held()
+    }
 }
 
 /// Connects the publisher `config` names (its own, not shared with other relays); its reports

@@ -78,7 +78,7 @@ use crate::outbox::{OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER, KEY_HEADER};
 
 pub use classify::sanitize_key;
 pub use shared::{error, DEFAULT_DUPLICATE_WINDOW};
-use shared::{lock, Pending, Shared, QUEUE};
+use shared::{lock, Pending, Shared, HELD, QUEUE};
 pub(crate) use shared::{open, progress_bucket};
 use task::{Job, Publishing};
 
@@ -250,6 +250,10 @@ impl Publisher for NatsSink {
 
     fn oldest_unacked(&self) -> Option<Duration> {
         Some(self.unconfirmed_span())
+    }
+
+    fn max_held(&self) -> Option<usize> {
+        Some(HELD)
     }
 }
 

@@ -41,6 +41,12 @@ pub trait Publisher {
         0
     }
 
+    /// Records this publisher holds at most (its memory bound) when that is fewer than
+    /// `relay.max_in_flight`: the relay then stops reading at this many.
+    fn max_held(&self) -> Option<usize> {
+        None
+    }
+
     /// How long the oldest record handed over has waited for its ack, when the publisher
     /// tracks it: the duplicate window a NATS stream needs at least.
     fn oldest_unacked(&self) -> Option<Duration> {

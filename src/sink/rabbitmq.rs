@@ -101,8 +101,8 @@ pub const WINDOW: usize = 2_000;
 /// the channel closed.
 const CLOSE_REASON_WAIT: Duration = Duration::from_secs(5);
 /// Records waiting for the publishing task, at most (then [`SinkError::QueueFull`], and the
-/// relay waits for room): with [`WINDOW`], a sink holds at most 4,000 records, whatever
-/// `relay.max_in_flight` allows.
+/// relay waits for room): with [`WINDOW`], a sink holds at most 4,000 records, and the relay
+/// stops reading at that many (`Publisher::max_held`) whatever `relay.max_in_flight` allows.
 const QUEUE: usize = 2_000;
 
 /// One record for the publishing task. It keeps the event as the relay built it (whose
@@ -392,6 +392,10 @@ impl Publisher for RabbitMqSink {
 
     fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    fn max_held(&self) -> Option<usize> {
+        Some(WINDOW + QUEUE)
     }
 
     fn flush(&self, timeout: Duration) -> bool {

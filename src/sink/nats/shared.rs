@@ -17,6 +17,12 @@ use crate::sink::silence::Silences;
 /// How many records may wait for the publishing task (the relay's in-flight cap is lower).
 pub(crate) const QUEUE: usize = 1 << 16;
 
+/// Records the sink holds at most (accepted and not yet acknowledged): the relay stops reading
+/// at this many (`Publisher::max_held`) when `relay.max_in_flight` is higher. Each holds its NATS header map until its PubAck:
+/// on a 150,000-event drain (`benches/brokers.rs`), 4,000 held gave the rate of 10,000 with
+/// 10 MiB less peak RSS (34 against 44 MiB).
+pub(crate) const HELD: usize = 4_000;
+
 /// JetStream's default duplicate window: a shorter one is warned about.
 pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
