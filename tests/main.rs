@@ -19,7 +19,6 @@ mod deploy;
 mod exactly_once;
 mod exactly_once_faults;
 mod exactly_once_history;
-mod exactly_once_window;
 mod failover;
 mod failures;
 mod faults;
