@@ -173,22 +173,7 @@ pub fn sigkill_loop(target: &mut dyn Target, tag: &str) {
     writer.join().expect("writer");
     assert!(checked > 0, "no kill happened after any confirmation");
     let mut walbox = Walbox::spawn(&env);
-    let arrived = Cell::new(0);
-    wait_until_or(
-        WAIT * 2,
-        "every event after the kills",
-        || {
-            arrived.set(distinct_ids(&target.read_all()).len());
-            arrived.get() >= TOTAL
-        },
-        || {
-            let n = arrived.get();
-            format!(
-                "after {kills} kills, {n} of {TOTAL} events arrived; log:\n{}",
-                walbox.log()
-            )
-        },
-    );
+    await_all(target, &walbox, TOTAL, &format!("after {kills} kills"));
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
     check_complete(target, &written_ids(&written), &never, TOTAL);
@@ -233,26 +218,32 @@ pub fn restart_during_backlog(target: &mut dyn Target, restart: &mut dyn FnMut()
             }
         }
     }
-    let arrived = Cell::new(0);
-    wait_until_or(
-        WAIT * 2,
-        "every event after the broker restart",
-        || {
-            arrived.set(distinct_ids(&target.read_all()).len());
-            arrived.get() >= TOTAL
-        },
-        || {
-            let n = arrived.get();
-            format!(
-                "{n} of {TOTAL} events arrived after the broker restart; log:\n{}",
-                walbox.log()
-            )
-        },
-    );
+    await_all(target, &walbox, TOTAL, "after the broker restart");
     assert!(walbox.running(), "walbox exited:\n{}", walbox.log());
     walbox.terminate();
     assert!(walbox.wait_exit(WAIT).success(), "{}", walbox.log());
     check_complete(target, &written_ids(&written), &HashSet::new(), TOTAL);
+}
+
+/// Waits until `total` distinct events arrived at `target` (`when`: after what), naming how
+/// many did and walbox's log when they do not.
+fn await_all(target: &mut dyn Target, walbox: &Walbox, total: usize, when: &str) {
+    let arrived = Cell::new(0);
+    wait_until_or(
+        WAIT * 2,
+        &format!("every event {when}"),
+        || {
+            arrived.set(distinct_ids(&target.read_all()).len());
+            arrived.get() >= total
+        },
+        || {
+            format!(
+                "{when}, {} of {total} events arrived; log:\n{}",
+                arrived.get(),
+                walbox.log()
+            )
+        },
+    );
 }
 
 /// Everything the writer committed.
