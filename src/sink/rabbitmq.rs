@@ -639,13 +639,15 @@ async fn publish(link: &mut Link, job: &Job) -> lapin::Result<PublisherConfirm> 
 
 /// Fails every record of `jobs` (the first with `error`, the rest transient, except the
 /// record a size refusal names) and everything still queued, closing `rx` first; then marks
-/// the sink failed (see `hand_over`).
+/// the sink failed (see `hand_over`). Holds the sender's lock throughout, so a `hand_over`
+/// that finds the failed acks taken also finds the sink marked failed.
 fn fail_rest(
     shared: &Shared,
     mut jobs: Vec<Job>,
     rx: &mut mpsc::Receiver<Job>,
     error: BrokerError,
 ) {
+    let _sender = lock(&shared.tx);
     rx.close();
     tracing::warn!(error = %error, "rabbitmq publisher stopped; records after the failure fail transiently");
     let size = (error.class == Class::Rejected)
