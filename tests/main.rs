@@ -19,6 +19,7 @@ mod deploy;
 mod exactly_once;
 mod exactly_once_faults;
 mod exactly_once_history;
+mod exactly_once_refusals;
 mod failover;
 mod failures;
 mod faults;

@@ -167,6 +167,11 @@ pub enum RelayError {
         /// The most walbox confirms.
         confirmed: Lsn,
     },
+    /// An event was refused while transactions before it were not all confirmed: the next
+    /// session relays one record (and in exactly-once mode one PostgreSQL transaction per Kafka
+    /// transaction) up to it, so that it is refused with everything before it confirmed.
+    #[error("{0}; the transactions before it were not all confirmed: relaying one at a time up to it, to stop there with everything before it confirmed")]
+    Isolating(Box<RelayError>),
     /// The publication does not cover an outbox table any more: found by the publication
     /// watch while streaming (`relay::coverage`), or at start on a slot walbox streamed from.
     #[error(transparent)]
@@ -262,6 +267,7 @@ impl Classify for RelayError {
             // Refused rights are fatal (exit 9, 4 for credentials); anything else is retried.
             RelayError::ProgressWrite { error, .. } => error.class().fatal(),
             RelayError::StreamEnded | RelayError::Undrained { .. } => None,
+            RelayError::Isolating(_) => None,
             RelayError::Unwatched { .. } => None,
             RelayError::Change { .. } => Some(Failure::Schema),
             RelayError::NonTransactionalMessage { .. } => Some(Failure::EventRejected),

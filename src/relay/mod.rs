@@ -650,15 +650,28 @@ impl Relay {
         self.made_progress = progressed;
         let result = self.permanent(result, &session, progressed);
         self.rejected = None;
+        let mut result = result;
         if let Some(commit_lsn) = result
             .as_ref()
             .err()
             .and_then(RelayError::rejected_commit_lsn)
         {
-            self.rejected = Some(
-                self.locate(&mut session, commit_lsn, connection_alive)
-                    .await,
-            );
+            let rejected = self
+                .locate(&mut session, commit_lsn, connection_alive)
+                .await;
+            // Transactions before it were not all confirmed (exactly-once: they shared its
+            // Kafka transaction and were aborted with it). Stopping now would print no exact
+            // skip, and the next run could end the same way: the next session relays one
+            // record, and one PostgreSQL transaction per Kafka transaction, up to it, and stops
+            // there with everything before it confirmed.
+            if !rejected.exact && !session.isolated {
+                self.isolate_until = Some(self.isolate_until.unwrap_or(Lsn::ZERO).max(commit_lsn));
+                if let Err(e) = result {
+                    result = Err(RelayError::Isolating(Box::new(e)));
+                }
+            } else {
+                self.rejected = Some(rejected);
+            }
         }
         self.next_seq = session.checkpoint.next_seq();
         // A session whose publication watch found a change, or could not read the publication,

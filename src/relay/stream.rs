@@ -568,19 +568,30 @@ fn in_flight(s: &Session) -> usize {
 impl Relay {
     /// The in-flight window: `configured`, or 1 while the records up to
     /// [`Relay::isolate_until`] are produced one at a time (after a batch refused for one of its
-    /// records); marks the session's records as produced alone meanwhile.
+    /// records, or a refused record whose earlier transactions were not all confirmed); marks
+    /// the session's records as produced alone meanwhile. In exactly-once mode each PostgreSQL
+    /// transaction then gets a Kafka transaction of its own, so the ones before the refused
+    /// record commit before it is produced.
     fn window(&mut self, s: &mut Session, configured: usize) -> usize {
         match self.isolate_until {
             Some(until) if s.checkpoint.frontier() <= until => {
                 if !s.isolated {
                     tracing::info!(until = %until, "producing one record at a time");
                     s.isolated = true;
+                    if let Some(txn) = s.eos.as_mut() {
+                        txn.bounds.max_events = 1;
+                    }
                 }
                 1
             }
             Some(_) => {
                 self.isolate_until = None;
                 s.isolated = false;
+                if let (Some(txn), Some(bounds)) =
+                    (s.eos.as_mut(), self.settings.kafka.exactly_once)
+                {
+                    txn.bounds = bounds;
+                }
                 tracing::info!("producing in batches again");
                 configured
             }
