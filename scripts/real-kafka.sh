@@ -40,7 +40,7 @@ bash scripts/install-debezium.sh >/dev/null
 whole_lane=false
 if [ "$#" -eq 0 ]; then
   whole_lane=true
-  set -- exactly_once:: exactly_once_faults:: exactly_once_history:: inbox:: progress:: progress_topic:: audit:: \
+  set -- exactly_once:: exactly_once_faults:: exactly_once_history:: exactly_once_window:: inbox:: progress:: progress_topic:: audit:: \
     kafka_security:: kafka_acls:: routing:: debezium:: debezium_converters:: debezium_migration:: \
     relay::sigkill_at_random_points failures::a_timestamp_the_broker promotion::exactly_once \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \

@@ -13,8 +13,9 @@
 //! | `relay::produced`        | an event was handed to the producer (mid-transaction)         |
 //! | `relay::acked`           | the broker's acks moved the frontier, before the status update |
 //! | `relay::status-sent`     | a status update confirming a new position reached the socket  |
-//! | `relay::eos-before-commit` | exactly-once: a transaction's records were sent, before its commit |
-//! | `relay::eos-committing`  | exactly-once: on the commit's own thread, before `commit_transaction` |
+//! | `relay::eos-before-commit` | exactly-once: a transaction's records and progress record were produced (not yet acknowledged), before its commit |
+//! | `relay::eos-committing`  | exactly-once: on the commit's own thread, before it waits for the records' acknowledgements and commits |
+//! | `relay::eos-flushed`     | exactly-once: on the commit's own thread, every record of the transaction acknowledged, before EndTxn |
 //! | `relay::eos-buffered`    | exactly-once: an event was buffered behind the commit in flight |
 //! | `relay::eos-committed`   | exactly-once: the Kafka transaction committed, before the frontier moves |
 //! | `layout::slots-created` | a shard layout's missing slots were created, before they are moved to one position |

@@ -56,12 +56,15 @@ pub struct Metrics {
     /// `walbox_kafka_transactions_total{outcome}`: exactly-once mode's Kafka transactions,
     /// `committed` or `aborted`.
     pub kafka_transactions: IntCounterVec,
-    /// `walbox_kafka_transaction_commit_seconds`: how long `commit_transaction` took.
+    /// `walbox_kafka_transaction_commit_seconds`: how long `commit_transaction` took (EndTxn,
+    /// once every record was released).
     pub kafka_transaction_commit: Histogram,
     /// `walbox_kafka_transaction_phase_seconds{phase}`: the other steps of a Kafka
     /// transaction, `first_ack` (begun → its first delivery report: the coordinator adding its
-    /// partitions), `acks` (commit started → every event acknowledged) and `progress` (progress
-    /// record sent → acknowledged).
+    /// partitions), and from the start of its commit (its progress record produced right
+    /// behind its events): `acks` (→ every event acknowledged), `progress` (→ the progress
+    /// record acknowledged), `flush` (the commit's thread waiting until librdkafka released
+    /// every record) and `whole` (→ the commit returned, the pause after EndTxn included).
     pub kafka_transaction_phase: HistogramVec,
     /// `walbox_exactly_once_skipped_events_total`: events PostgreSQL sent again that a
     /// committed Kafka transaction already holds (skipped at start-up).
@@ -270,7 +273,7 @@ impl Metrics {
                 HistogramVec::new(
                     HistogramOpts::new(
                         "walbox_kafka_transaction_phase_seconds",
-                        "Steps of a Kafka transaction in exactly-once mode: first_ack (begun to first delivery report), acks (commit started to every event acknowledged), progress (progress record sent to acknowledged).",
+                        "Steps of a Kafka transaction in exactly-once mode: first_ack (begun to first delivery report); from the start of its commit: acks (every event acknowledged), progress (progress record acknowledged), whole (commit returned); flush (commit thread waiting for every record to be released).",
                     )
                     .buckets(vec![
                         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,

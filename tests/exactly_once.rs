@@ -46,7 +46,7 @@ pub(crate) fn eos_env(
 
 /// The positions of the progress records in `topic` for `slot`, in the order written (a
 /// progress topic of the test's own: [`support::own_progress_topic`]).
-fn progress_positions(brokers: &str, topic: &str, slot: &str) -> Vec<Lsn> {
+pub(crate) fn progress_positions(brokers: &str, topic: &str, slot: &str) -> Vec<Lsn> {
     let mut reader = TopicReader::new(brokers, &[topic], WAIT).unwrap();
     reader.read_to_end(WAIT).unwrap();
     reader
@@ -496,7 +496,7 @@ fn sigkills_while_a_writer_commits_lose_nothing_and_never_confirm_past_kafka() {
 }
 
 /// The transactional id walbox derives for `slot` of `db`.
-fn transactional_id(db: &TestDb, slot: &str) -> String {
+pub(crate) fn transactional_id(db: &TestDb, slot: &str) -> String {
     let sysid = db.sql("SELECT system_identifier FROM pg_control_system()");
     format!("walbox/{sysid}/{}/{slot}", db.name)
 }
@@ -676,6 +676,11 @@ fn a_fatal_commit_error_stops_walbox_without_confirming_the_transaction() {
     mock.clear_request_errors(RDKafkaApiKey::EndTxn);
     let mut walbox = Walbox::spawn(&env);
     let all = wait_for_all(&mut reader, &t.db, &walbox);
+    // The mock shows the failed transaction's records, so they may all be read before this
+    // walbox has started: it is stopped once it has confirmed the transaction.
+    wait_until(WAIT, "the second transaction to be confirmed", || {
+        t.db.confirmed(&t.slot) >= second.after_commit
+    });
     stop_and_read_exactly(&mut walbox, &mut reader, &all);
 }
 

@@ -375,17 +375,17 @@ fn read_uncommitted_sees_an_aborted_transaction_that_read_committed_never_sees()
         .map(|_| write_txn(&rig.db, &rig.topic, &aggs, false))
         .collect();
     // Commit 1 is the session's start record, 2 the first transaction's: the crash comes
-    // before the second transaction's Kafka commit, its records produced.
+    // before the second transaction's EndTxn, its records all acknowledged (written).
     let mut faulty = env.clone();
     faulty.push((
         "FAILPOINTS".into(),
-        "relay::eos-before-commit=2*off->return".into(),
+        "relay::eos-flushed=2*off->return".into(),
     ));
     let mut crashed = Walbox::spawn(&faulty);
     assert!(!crashed.wait_exit(WAIT).success(), "{}", crashed.log());
     assert!(crashed
         .log()
-        .contains("fault point relay::eos-before-commit fired"));
+        .contains("fault point relay::eos-flushed fired"));
     rig.release();
     let mut walbox = Walbox::spawn(&env);
     let mut committed = rig.reader();

@@ -20,6 +20,7 @@ mod exactly_once;
 mod exactly_once_faults;
 mod exactly_once_history;
 mod exactly_once_refusals;
+mod exactly_once_window;
 mod failover;
 mod failures;
 mod faults;

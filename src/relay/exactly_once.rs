@@ -13,9 +13,9 @@
 //! open transaction at a time).
 //!
 //! ```text
-//!  read:     N's events ─┬─ N+1's events (buffered) ───────────────┬─ N+2's (buffered) ─ …
-//!  producer: N's records │ acks ─ progress(N) ─ its ack ─ EndTxn(N) ┴ N+1's records ─ acks ─ …
-//!                        └ commit of N starts                       └ N committed: checkpoint ≤ N
+//!  read:     N's events ─┬─ N+1's events (buffered) ─────────┬─ N+2's (buffered) ─ …
+//!  producer: N's records ─ progress(N) ─ every ack ─ EndTxn(N) ┴ N+1's records ─ progress ─ …
+//!                        └ commit of N starts                 └ N committed: checkpoint ≤ N
 //! ```
 //!
 //! # Invariants
@@ -24,13 +24,16 @@
 //!   `kafka.transaction_max_events` events or `kafka.transaction_max_bytes` bytes, or is
 //!   `kafka.transaction_interval` old), or while no PostgreSQL transaction is being received. A
 //!   PostgreSQL transaction larger than the bound is still one Kafka transaction.
-//! - The commit of a Kafka transaction waits for the delivery reports of all its records, then
-//!   sends its progress record and waits for that record's report, then runs
-//!   `commit_transaction` on a blocking thread (with nothing left to flush). Meanwhile
-//!   events read get their sequence numbers and are buffered with the PostgreSQL commits
-//!   between them, never handed to the producer, so the transaction committing holds exactly
-//!   the sequence numbers below its `through_seq` and its progress record describes exactly
-//!   them. Once the commit returned, the buffer is produced into the next transaction up to the
+//! - The commit of a Kafka transaction produces its progress record right behind its events,
+//!   without waiting for their delivery reports, and hands `commit_transaction` to a blocking
+//!   thread, which waits until librdkafka released every record of it (all their delivery
+//!   reports served), then commits. A Kafka transaction is atomic whatever order its records
+//!   were acknowledged in, and librdkafka refuses to commit one whose record failed delivery
+//!   (it must be aborted): a commit that succeeds holds every event and the progress record.
+//!   Meanwhile events read get their sequence numbers and are buffered with the PostgreSQL
+//!   commits between them, never handed to the producer, so the transaction committing holds
+//!   exactly the sequence numbers below its `through_seq` and its progress record describes
+//!   exactly them. Once the commit returned, the buffer is produced into the next transaction up to the
 //!   first buffered PostgreSQL commit at which that one is due, whose commit then starts.
 //!   Intake stops while the buffer holds `kafka.transaction_max_bytes`.
 //! - The checkpoint counts an event only when its Kafka transaction commits
@@ -48,9 +51,12 @@
 //!   (see [`lineage`]): a record of another history is ignored or cut at the point where the
 //!   histories part, duplicates rather than silent loss. This closes the window
 //!   between a Kafka commit and the status update that confirms it. It relies on the broker
-//!   hiding the records of aborted transactions from `read_committed` readers, as Kafka does;
-//!   on a broker that does not, it still loses nothing, because a transaction's progress
-//!   record is sent only after every one of its events was acknowledged.
+//!   hiding the records of aborted transactions from `read_committed` readers, as Kafka does:
+//!   the progress record of a transaction that was aborted (or never committed: the process
+//!   died, or one of its events failed) may have been acknowledged before its events were.
+//!   A later session of the same process trusts no record beyond the last one it committed
+//!   itself, so on a broker that shows aborted transactions an abort the process lived
+//!   through still loses nothing (its events are sent again).
 //! - An aborted transaction confirms nothing; the session ends and the next one starts over from
 //!   the slot and the progress record. A fenced producer stops the process: as a takeover by
 //!   another walbox, unless the session's transaction had been open `transaction.timeout.ms`,
@@ -177,6 +183,20 @@ impl Relay {
                 }
             },
         };
+        // A record beyond the last one this process committed is of a transaction it aborted
+        // (a failed record, a refused commit): on a broker that shows aborted transactions to
+        // `read_committed` readers, its events may never have been written. Nobody else
+        // committed since (a takeover fences this process for good), so it is not trusted.
+        let (skip_below, skip_commit_time) = match self.eos_committed {
+            Some((mine, time)) if skip_below > mine => {
+                tracing::warn!(
+                    recorded = %skip_below, committed = %mine,
+                    "the last progress record lies beyond the last one this process committed: the broker shows aborted transactions; trusted only up to the committed one"
+                );
+                (mine, time)
+            }
+            _ => (skip_below, skip_commit_time),
+        };
         tracing::info!(
             transactional_id = %id, committed = %skip_below,
             init_ms = init_took.as_millis() as u64,
@@ -272,6 +292,7 @@ impl Relay {
         } else if txn.due() {
             let through_seq = s.checkpoint.next_seq();
             self.start_commit(s, through_seq);
+            self.drive_commit(s).await?;
         }
         Ok(())
     }
@@ -293,9 +314,9 @@ impl Relay {
             through_seq,
             end_lsn,
             commit_time,
-            phase: Phase::Flushing {
-                deadline: Instant::now() + TXN_CALL_TIMEOUT,
-            },
+            phase: Phase::Sealing,
+            events_acked: false,
+            progress_acked: false,
         });
         txn.reset_fill();
     }
@@ -309,84 +330,66 @@ impl Relay {
         }
     }
 
-    /// Moves the commit in flight on: once every event of its transaction is acknowledged,
-    /// sends its progress record (a progress record a broker shows always follows all of its
-    /// events, even on a broker that shows aborted transactions to `read_committed` readers;
-    /// see the module docs); once that record is acknowledged, hands `commit_transaction` to a
-    /// blocking thread (which then has nothing left to flush: see [`commit_blocking`]). Called
-    /// after delivery reports were taken.
+    /// Moves the commit just started on: produces its progress record right behind its
+    /// events, without waiting for their delivery reports (the Kafka transaction commits or
+    /// aborts whole: see the module docs), and hands `commit_transaction` to a blocking thread
+    /// (which waits for every report first: see [`commit_blocking`]). Called right after
+    /// [`Self::start_commit`], and at the loop's head while the producer's queue is full.
     pub(super) async fn drive_commit(&mut self, s: &mut Session) -> Result<(), RelayError> {
-        let Some(txn) = s.eos.as_mut() else {
+        let Some(txn) = s.eos.as_mut().filter(|t| t.sealing()) else {
             return Ok(());
         };
-        let Some(closing) = txn.closing.as_mut() else {
-            return Ok(());
-        };
-        let (deadline, waiting) = match closing.phase {
-            Phase::Flushing { deadline } => (deadline, s.outstanding > 0),
-            Phase::Sealing {
-                deadline, acked, ..
-            } => (deadline, !acked),
-            Phase::Committing { .. } => return Ok(()),
-        };
-        if waiting {
-            if Instant::now() >= deadline {
-                return Err(RelayError::Transaction(TxnError::Abortable(
-                    rdkafka::error::KafkaError::Flush(
-                        rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
-                    ),
-                )));
-            }
-            return Ok(());
-        }
         let id = txn.id.clone();
-        if let Phase::Flushing { .. } = closing.phase {
-            self.metrics
-                .kafka_transaction_phase
-                .with_label_values(&["acks"])
-                .observe(closing.started.elapsed().as_secs_f64());
-            if let Some(key) = self.progress_key.clone() {
-                let (end_lsn, commit_time) = (closing.end_lsn, closing.commit_time);
-                loop {
-                    match self.send_progress(&key, end_lsn, commit_time) {
-                        Ok(()) => break,
-                        Err(SinkError::QueueFull) => {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                        Err(SinkError::Send(e)) | Err(SinkError::Config(e)) => {
-                            return Err(RelayError::Transaction(classify_txn(
-                                self.txn_sink(),
-                                &id,
-                                e,
-                            )));
-                        }
-                        // Only Kafka runs exactly-once mode.
-                        Err(SinkError::Broker(e)) => return Err(RelayError::Producer(e.into())),
+        let Some(closing) = txn.closing.as_ref() else {
+            return Ok(());
+        };
+        let (end_lsn, commit_time) = (closing.end_lsn, closing.commit_time);
+        if s.outstanding == 0 {
+            self.observe_events_acked(s);
+        }
+        if let Some(key) = self.progress_key.clone() {
+            loop {
+                match self.send_progress(&key, end_lsn, commit_time) {
+                    Ok(()) => break,
+                    Err(SinkError::QueueFull) => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
                     }
+                    Err(SinkError::Send(e)) | Err(SinkError::Config(e)) => {
+                        return Err(RelayError::Transaction(classify_txn(
+                            self.txn_sink(),
+                            &id,
+                            e,
+                        )));
+                    }
+                    // Only Kafka runs exactly-once mode.
+                    Err(SinkError::Broker(e)) => return Err(RelayError::Producer(e.into())),
                 }
-                if let Some(closing) = s.eos.as_mut().and_then(|t| t.closing.as_mut()) {
-                    closing.phase = Phase::Sealing {
-                        deadline,
-                        sent: Instant::now(),
-                        acked: false,
-                    };
-                }
-                return Ok(());
             }
-        } else if let Phase::Sealing { sent, .. } = closing.phase {
-            self.metrics
-                .kafka_transaction_phase
-                .with_label_values(&["progress"])
-                .observe(sent.elapsed().as_secs_f64());
         }
         crash_point!("relay::eos-before-commit");
         let sink = self.txn_sink().clone();
+        let flush = self
+            .metrics
+            .kafka_transaction_phase
+            .with_label_values(&["flush"]);
         let took = self.metrics.kafka_transaction_commit.clone();
-        let handle = tokio::task::spawn_blocking(move || commit_blocking(&sink, &id, &took));
+        let handle =
+            tokio::task::spawn_blocking(move || commit_blocking(&sink, &id, &flush, &took));
         if let Some(closing) = s.eos.as_mut().and_then(|t| t.closing.as_mut()) {
             closing.phase = Phase::Committing { handle };
         }
         Ok(())
+    }
+
+    /// Every event of the commit in flight is acknowledged: observes the `acks` step (commit
+    /// started → that moment), once per commit.
+    pub(super) fn observe_events_acked(&mut self, s: &mut Session) {
+        if let Some(started) = s.eos.as_mut().and_then(KafkaTxn::events_acked) {
+            self.metrics
+                .kafka_transaction_phase
+                .with_label_values(&["acks"])
+                .observe(started.elapsed().as_secs_f64());
+        }
     }
 
     /// The commit in flight returned `outcome`. Committed: its events count for the
@@ -402,6 +405,9 @@ impl Relay {
         outcome: Result<(), TxnError>,
     ) -> Result<(), RelayError> {
         self.settle_commit(s, outcome)?;
+        // The committed transaction's delivery reports are all in (its commit waited for
+        // them): taken before the next transaction opens, they time none of its steps.
+        self.take_acks(s)?;
         let Some(txn) = s.eos.as_mut() else {
             return Ok(());
         };
@@ -441,7 +447,7 @@ impl Relay {
                             .first_buffered_seq()
                             .unwrap_or_else(|| s.checkpoint.next_seq());
                         self.start_commit(s, through_seq);
-                        return Ok(());
+                        return self.drive_commit(s).await;
                     }
                 }
             }
@@ -451,6 +457,7 @@ impl Relay {
         if at_commit && s.eos.as_ref().is_some_and(KafkaTxn::due) {
             let through_seq = s.checkpoint.next_seq();
             self.start_commit(s, through_seq);
+            self.drive_commit(s).await?;
         }
         Ok(())
     }
@@ -474,7 +481,12 @@ impl Relay {
             .kafka_transactions
             .with_label_values(&["committed"])
             .inc();
+        self.metrics
+            .kafka_transaction_phase
+            .with_label_values(&["whole"])
+            .observe(closing.started.elapsed().as_secs_f64());
         txn.open = false;
+        self.eos_committed = Some((closing.end_lsn, closing.commit_time));
         crash_point!("relay::eos-committed");
         if s.checkpoint.ack_through(closing.through_seq) > 0 {
             self.observe_confirmed(s);
@@ -490,29 +502,23 @@ impl Relay {
         self.finish_commit(s).await
     }
 
-    /// Waits until no commit is in flight: delivery reports, the progress record,
-    /// `commit_transaction`, and the production of the events buffered meanwhile.
+    /// Waits until no commit is in flight: its progress record, `commit_transaction` (with
+    /// the delivery reports it waits for), and the production of the events buffered
+    /// meanwhile.
     async fn finish_commit(&mut self, s: &mut Session) -> Result<(), RelayError> {
         loop {
             let Some(txn) = s.eos.as_mut() else {
                 return Ok(());
             };
-            match txn.flush_deadline() {
-                _ if !txn.committing() => return Ok(()),
-                Some(deadline) => {
-                    // A failed record ends the session here (the transaction is then aborted).
-                    self.take_acks(s)?;
-                    self.drive_commit(s).await?;
-                    if s.eos.as_ref().and_then(KafkaTxn::flush_deadline).is_some() {
-                        let acks = self.acks.clone();
-                        let _ = tokio::time::timeout_at(deadline.into(), acks.wait()).await;
-                    }
-                }
-                None => {
-                    let outcome = commit_returned(&mut s.eos).await;
-                    self.on_commit_returned(s, outcome).await?;
-                }
+            if !txn.committing() {
+                return Ok(());
             }
+            if txn.sealing() {
+                self.drive_commit(s).await?;
+                continue;
+            }
+            let outcome = commit_returned(&mut s.eos).await;
+            self.on_commit_returned(s, outcome).await?;
         }
     }
 
@@ -605,7 +611,7 @@ impl Relay {
                     tracing::warn!(error = %e, "committing the last kafka transaction failed")
                 }
             }
-        } else if s.eos.as_ref().is_some_and(|t| t.flush_deadline().is_none()) {
+        } else if s.eos.as_ref().is_some_and(|t| !t.sealing()) {
             // A commit on its blocking thread: its outcome decides what is confirmed.
             let outcome = match s.eos.as_ref().is_some_and(KafkaTxn::committing) {
                 true => Some(commit_returned(&mut s.eos).await),

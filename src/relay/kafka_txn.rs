@@ -53,24 +53,32 @@ pub(super) async fn blocking(
 }
 
 /// `commit_transaction`, retried while librdkafka calls its errors retriable (for at most
-/// [`COMMIT_RETRY_FOR`]; then the transaction is aborted). Runs on a blocking thread, once the
-/// transaction's records were all acknowledged.
+/// [`COMMIT_RETRY_FOR`]; then the transaction is aborted). Runs on a blocking thread, handed
+/// over as soon as the transaction's progress record was produced, behind its events, without
+/// waiting for any of their delivery reports: a Kafka transaction commits or aborts whole
+/// whatever order its records were acknowledged in.
 ///
-/// It first waits until librdkafka holds no record: the relay hands a commit over once the
-/// delivery report of its progress record arrived, and librdkafka releases that record just
-/// after the report. `commit_transaction` of rust-rdkafka flushes before it commits, and its
-/// flush polls the producer in 100 ms slices against the producer's own polling thread, which
-/// takes the reports: a commit called with one record in flight took 100 ms more.
+/// It first waits until librdkafka holds none of the transaction's records (`flush`): every
+/// delivery report arrived and was served. That is the flush `commit_transaction` does
+/// itself, but rust-rdkafka's polls the producer in 100 ms slices against the producer's own
+/// polling thread, which takes the reports: a commit called with one record in flight took
+/// 100 ms more; this wait looks every 200 µs. librdkafka then refuses to commit a transaction
+/// one of whose records failed delivery (it must be aborted), so a commit that returns `Ok`
+/// holds every record produced into it.
 ///
 /// A committed transaction returns [`MARKERS_PAUSE`] after EndTxn was answered (see there);
-/// `took` observes how long `commit_transaction` itself took.
+/// `flush` observes the wait for the records, `took` how long `commit_transaction` itself took.
 pub(super) fn commit_blocking(
     sink: &KafkaSink,
     id: &str,
+    flush: &Histogram,
     took: &Histogram,
 ) -> Result<(), TxnError> {
     crash_point!("relay::eos-committing");
+    let flushing = Instant::now();
     sink.wait_released(TXN_CALL_TIMEOUT);
+    flush.observe(flushing.elapsed().as_secs_f64());
+    crash_point!("relay::eos-flushed");
     let retry_until = Instant::now() + COMMIT_RETRY_FOR;
     let mut backoff = Duration::from_millis(50);
     let started = Instant::now();
@@ -125,17 +133,11 @@ pub(super) enum Buffered {
 
 /// Where the commit of a Kafka transaction stands.
 pub(super) enum Phase {
-    /// Waiting for the delivery reports of its events; then its progress record is sent.
-    Flushing { deadline: Instant },
-    /// Its progress record was sent at `sent`: waiting for that record's delivery report
-    /// (`acked`), so that `commit_transaction` finds nothing to flush (see
-    /// [`commit_blocking`]).
-    Sealing {
-        deadline: Instant,
-        sent: Instant,
-        acked: bool,
-    },
-    /// `commit_transaction` runs on a blocking thread.
+    /// Its progress record is still to be produced (the producer's queue was full); then
+    /// `commit_transaction` goes to its thread.
+    Sealing,
+    /// `commit_transaction` runs on a blocking thread (which first waits for the delivery
+    /// reports of all its records: see [`commit_blocking`]).
     Committing {
         handle: JoinHandle<Result<(), TxnError>>,
     },
@@ -152,6 +154,10 @@ pub(super) struct Closing {
     pub(super) end_lsn: Lsn,
     pub(super) commit_time: Option<i64>,
     pub(super) phase: Phase,
+    /// The delivery reports of its events all arrived (the `acks` step was observed).
+    pub(super) events_acked: bool,
+    /// Its progress record's delivery report arrived (the `progress` step was observed).
+    pub(super) progress_acked: bool,
 }
 
 /// The Kafka transactions of one session: at most one open in the producer, and while it
@@ -229,20 +235,27 @@ impl KafkaTxn {
         self.closing.is_some()
     }
 
-    /// Until when the commit in flight may wait for its delivery reports (far away when it
-    /// does not wait for them).
-    pub(super) fn flush_deadline(&self) -> Option<Instant> {
-        match self.closing.as_ref().map(|c| &c.phase) {
-            Some(Phase::Flushing { deadline } | Phase::Sealing { deadline, .. }) => Some(*deadline),
-            _ => None,
-        }
+    /// Whether the commit in flight still has its progress record to produce.
+    pub(super) fn sealing(&self) -> bool {
+        matches!(
+            self.closing.as_ref().map(|c| &c.phase),
+            Some(Phase::Sealing)
+        )
     }
 
-    /// The delivery report of a progress record arrived: the commit waiting for it may go on.
-    pub(super) fn progress_acked(&mut self) {
-        if let Some(Phase::Sealing { acked, .. }) = self.closing.as_mut().map(|c| &mut c.phase) {
-            *acked = true;
-        }
+    /// The delivery report of a progress record arrived: when the commit in flight started,
+    /// the first time for that commit.
+    pub(super) fn progress_acked(&mut self) -> Option<Instant> {
+        let closing = self.closing.as_mut()?;
+        (!std::mem::replace(&mut closing.progress_acked, true)).then_some(closing.started)
+    }
+
+    /// No delivery report of an event is outstanding: when the commit in flight started, the
+    /// first time for that commit (no event is produced while a commit is in flight, so the
+    /// reports outstanding are its events').
+    pub(super) fn events_acked(&mut self) -> Option<Instant> {
+        let closing = self.closing.as_mut()?;
+        (!std::mem::replace(&mut closing.events_acked, true)).then_some(closing.started)
     }
 
     /// Whether the events buffered behind the commit in flight reached

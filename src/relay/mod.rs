@@ -225,6 +225,10 @@ pub struct Relay {
     progress_at: Option<Instant>,
     /// Commit time (PostgreSQL microseconds) of the newest transaction confirmed.
     confirmed_commit_time: Option<i64>,
+    /// Exactly-once: the position and commit time of the last progress record this process
+    /// committed in Kafka. A later session of the process trusts no record read beyond it
+    /// (see [`exactly_once`]).
+    eos_committed: Option<(Lsn, Option<i64>)>,
     /// After the broker refused a batch for one record's timestamp: records are produced one
     /// at a time until everything up to this commit LSN is acknowledged, so the record at
     /// fault is refused alone.
@@ -266,6 +270,7 @@ impl Relay {
             progress_lsn: Lsn::ZERO,
             progress_at: None,
             confirmed_commit_time: None,
+            eos_committed: None,
             rejected: None,
             isolate_until: None,
             on_standby: false,

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use super::coverage::Change;
 use super::error::{DeliveryFailure, RelayError, Uncovered};
-use super::kafka_txn::commit_returned;
+use super::kafka_txn::{commit_returned, KafkaTxn};
 use super::{OpenTxn, Relay, Session, SessionEnd, EAGER_STATUS_GAP, MAX_BURST};
 use crate::failure::Class;
 use crate::fault::crash_point;
@@ -43,7 +43,7 @@ impl Relay {
         let mut draining: Option<Instant> = None;
         let mut liveness = Liveness::new(self.settings.postgres.receive_timeout);
         loop {
-            // Exactly-once: a commit whose events are all acknowledged goes to its thread.
+            // Exactly-once: a commit whose progress record met a full queue goes on.
             self.drive_commit(s).await?;
             let max_in_flight = self.window(s, configured_window);
             let reading = intake_open(s, max_in_flight);
@@ -69,8 +69,6 @@ impl Relay {
             let drain_deadline = draining.unwrap_or_else(Instant::now);
             let eos = s.eos.as_ref();
             let committing = eos.is_some_and(|t| t.committing());
-            let flushing = eos.is_some_and(|t| t.flush_deadline().is_some());
-            let flush_at = flush_deadline(s);
             let idle_commit = s.txn.is_none() && eos.is_some_and(|t| t.committable());
             let eos_at = eos_deadline(s);
             tokio::select! {
@@ -97,8 +95,6 @@ impl Relay {
                 outcome = commit_returned(&mut s.eos), if committing => {
                     self.on_commit_returned(s, outcome).await?;
                 }
-                // … or its delivery reports are late (the loop's head ends the session).
-                _ = tokio::time::sleep_until(flush_at.into()), if flushing => {}
                 // A Kafka transaction that reached its age bound while no PostgreSQL
                 // transaction is being received starts its commit now.
                 _ = tokio::time::sleep_until(eos_at.into()), if idle_commit => {
@@ -178,9 +174,12 @@ impl Relay {
         let mut first_error = None;
         for ack in batch.drain(..) {
             if ack.route == PROGRESS_ROUTE {
-                // Exactly-once: a commit waits for it (a failed one then fails the commit).
-                if let Some(txn) = s.eos.as_mut() {
-                    txn.progress_acked();
+                // Exactly-once: its commit waits for it (a failed one fails the commit).
+                if let Some(started) = s.eos.as_mut().and_then(KafkaTxn::progress_acked) {
+                    self.metrics
+                        .kafka_transaction_phase
+                        .with_label_values(&["progress"])
+                        .observe(started.elapsed().as_secs_f64());
                 }
                 if std::mem::take(&mut s.start_record_pending) {
                     if let Err(error) = ack.result {
@@ -203,6 +202,9 @@ impl Relay {
             }
         }
         self.ack_batch = batch;
+        if s.outstanding == 0 && s.eos.as_ref().is_some_and(KafkaTxn::committing) {
+            self.observe_events_acked(s);
+        }
         first_error.map_or(Ok(()), Err)
     }
 
@@ -604,15 +606,6 @@ impl Relay {
 /// fewer than `kafka.transaction_max_bytes` buffered behind the commit in flight.
 fn intake_open(s: &Session, max_in_flight: usize) -> bool {
     in_flight(s) < max_in_flight && !s.eos.as_ref().is_some_and(|t| t.buffer_full())
-}
-
-/// Until when exactly-once mode's commit in flight waits for its delivery reports (far away
-/// when none waits, where the branch waiting for it is off).
-fn flush_deadline(s: &Session) -> Instant {
-    s.eos
-        .as_ref()
-        .and_then(|t| t.flush_deadline())
-        .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
 }
 
 /// When exactly-once mode's open Kafka transaction reaches its age bound (far away outside
