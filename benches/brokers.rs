@@ -17,7 +17,11 @@
 //! 3. reads back what walbox stored (every event, checked by count), empties the destinations,
 //!    and publishes those very messages again with a plain client (`brokers/reference.rs`):
 //!    same destinations, payloads, headers/fields/properties, ids, in walbox's commit order,
-//!    with the acknowledgement walbox waits for, timed from the first publish to the last ack.
+//!    with the acknowledgement walbox waits for, timed from the first publish to the last ack;
+//! 4. per shape, before the brokers, `pg_recvlogical` drains one more slot of the same backlog
+//!    to `/dev/null` over the same Unix socket: PostgreSQL's own pace for the stream walbox
+//!    reads, with no broker behind it (walbox / `pg_recvlogical` says how much of that pace a
+//!    relay to each broker keeps; the plain client reads no WAL at all).
 //!
 //! Destinations (the outbox `topic` template), the same for both runs:
 //! - Redis: one stream per aggregate type, `bench.${aggregate_type}` (8 streams); the plain
@@ -144,6 +148,65 @@ struct Row {
     /// walbox's and PostgreSQL's CPU seconds during walbox's drain.
     cpu: Option<(f64, f64)>,
     rss: Option<u64>,
+    /// `pg_recvlogical` on the same backlog: events/s.
+    recv: Option<f64>,
+}
+
+/// `pg_recvlogical`'s drain of one backlog.
+struct Recv {
+    rate: f64,
+    /// Its CPU seconds, and PostgreSQL's over the same time.
+    cpu: f64,
+    pg_cpu: f64,
+}
+
+/// `pg_recvlogical` drains `slot` up to `end` to `/dev/null` over the Unix socket walbox uses:
+/// PostgreSQL's own pace for the stream, with no broker behind it.
+async fn recvlogical(
+    admin: &Client,
+    cluster: &walbox::sandbox::postgres::PgCluster,
+    slot: &str,
+    end: Lsn,
+    events: u64,
+) -> anyhow::Result<Recv> {
+    let cpu0 = procs::postgres_cpu_seconds(cluster.data_dir());
+    let t0 = Instant::now();
+    let mut child = Command::new(cluster.bin_dir().join("pg_recvlogical"))
+        .args(["-d", &cluster.socket_url("bench"), "-S", slot])
+        .args(["--start", "--no-loop", "-E", &end.to_string()])
+        .args(["-o", "proto_version=1", "-o"])
+        .arg(format!("publication_names={PUBLICATION}"))
+        .args(["-f", "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .context("starting pg_recvlogical")?;
+    let deadline = t0 + Duration::from_secs(120 + events / 1_000);
+    let (mut cpu, mut pg_cpu) = (0.0f64, 0.0f64);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        cpu = cpu.max(procs::cpu_seconds(child.id()));
+        pg_cpu = pg_cpu.max(procs::postgres_cpu_seconds(cluster.data_dir()) - cpu0);
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("pg_recvlogical did not drain {slot} in time");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    if !status.success() {
+        bail!("pg_recvlogical failed: {status}");
+    }
+    if confirmed(admin, slot).await? < end {
+        bail!("pg_recvlogical exited before the end of the backlog {end} on {slot}");
+    }
+    Ok(Recv {
+        rate: events as f64 / secs,
+        cpu,
+        pg_cpu,
+    })
 }
 
 fn main() -> ExitCode {
@@ -267,10 +330,12 @@ async fn run() -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     for &shape in &settings.shapes {
-        let slots: Vec<String> = servers
+        let mut slots: Vec<String> = servers
             .iter()
             .map(|s| format!("bench_{}_{shape}", s.kind))
             .collect();
+        let recv_slot = format!("bench_recvlogical_{shape}");
+        slots.push(recv_slot.clone());
         let slot_refs: Vec<&str> = slots.iter().map(String::as_str).collect();
         let (end, _) = backlog::load(
             &admin,
@@ -281,10 +346,34 @@ async fn run() -> anyhow::Result<()> {
             shape,
         )
         .await?;
+        let recv = recvlogical(&admin, &cluster, &recv_slot, end, settings.events).await?;
+        eprintln!(
+            "pg_recvlogical {shape}-row: {:.0} events/s, CPU {:.1} s, PostgreSQL {:.1} s",
+            recv.rate, recv.cpu, recv.pg_cpu
+        );
         for (server, slot) in servers.iter().zip(&slots) {
             let pg = (pg_url.as_str(), cluster.data_dir());
-            rows.extend(measure(&admin, pg, server, slot, end, settings.events, shape).await?);
+            let measured = measure(&admin, pg, server, slot, end, settings.events, shape).await?;
+            rows.extend(measured.into_iter().map(|r| Row {
+                recv: r.cpu.map(|_| recv.rate),
+                ..r
+            }));
         }
+        rows.push(Row {
+            broker: format!(
+                "pg_recvlogical (CPU {:.1} + {:.1} s)",
+                recv.cpu, recv.pg_cpu
+            ),
+            shape,
+            events: settings.events,
+            walbox: None,
+            steady: None,
+            plain: recv.rate,
+            plain_cpu: recv.cpu,
+            cpu: None,
+            rss: None,
+            recv: None,
+        });
         for slot in &slots {
             admin
                 .execute("SELECT pg_drop_replication_slot($1)", &[slot])
@@ -366,6 +455,7 @@ async fn measure(
             plain_cpu,
             cpu: is_walbox_mode.then_some((d.cpu, d.pg_cpu)),
             rss: is_walbox_mode.then_some(d.rss),
+            recv: None,
         });
     }
     server.reset().await?;
@@ -389,12 +479,12 @@ fn report(settings: &Settings, rows: &[Row], versions: &[String]) -> String {
     ));
     t.push_str(&format!("Servers: {}.\n\n", versions.join("; ")));
     t.push_str(
-        "| broker | shape | events | walbox events/s | plain client events/s | ratio (target ≥ 0.8×) | walbox peak RSS MiB (target < 40) | walbox events/s from its 1st ack | ratio from 1st ack | CPU s: walbox + PostgreSQL / plain client |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| broker | shape | events | walbox events/s | plain client events/s | ratio (target ≥ 0.8×) | walbox peak RSS MiB (target < 40) | walbox events/s from its 1st ack | ratio from 1st ack | CPU s: walbox + PostgreSQL / plain client | walbox / pg_recvlogical |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         t.push_str(&format!(
-            "| {} | {}-row tx | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {}-row tx | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.broker,
             r.shape,
             fmt_n(r.events),
@@ -411,6 +501,10 @@ fn report(settings: &Settings, rows: &[Row], versions: &[String]) -> String {
                 || format!("– / {:.1}", r.plain_cpu),
                 |(w, pg)| format!("{w:.1} + {pg:.1} / {:.1}", r.plain_cpu)
             ),
+            match (r.walbox, r.recv) {
+                (Some(w), Some(p)) => ratio(w, p),
+                _ => "–".into(),
+            },
         ));
     }
     t.push_str(
@@ -423,7 +517,11 @@ fn report(settings: &Settings, rows: &[Row], versions: &[String]) -> String {
          counted but not timed). CPU: walbox's CPU seconds and the PostgreSQL server's (its \
          walsender decoding the WAL, and the rest) until walbox's last ack, against the plain \
          client's (the bench process); the broker's own CPU is in neither, and on a machine of \
-         few cores the three processes of walbox's path share them.\n",
+         few cores the three processes of walbox's path share them. `pg_recvlogical`: the \
+         same backlog on a slot of its own drained to `/dev/null` over the same Unix socket, \
+         before the brokers' runs (its events/s in the plain-client column, its CPU and \
+         PostgreSQL's in its label); walbox / pg_recvlogical is how much of PostgreSQL's own \
+         pace walbox's relay to that broker keeps.\n",
     );
     t
 }

@@ -288,3 +288,42 @@ fn assert_refused_without_the_password(env: &[(String, String)]) {
     );
     assert!(!log.contains(KAFKA_PASSWORD), "{log}");
 }
+
+#[test]
+fn brokers_whose_certificate_the_ca_does_not_sign_stop_walbox_with_exit_4_naming_ssl_ca_location() {
+    use crate::support::{kafka, TestDb, Walbox, WAIT};
+    let db = TestDb::new("kafka_untrusted");
+    let dir = tempfile::tempdir().unwrap();
+    let (other_ca, _) = issue_cert("not the brokers' CA", None).unwrap();
+    let ca = dir.path().join("other-ca.pem");
+    std::fs::write(&ca, other_ca.to_pem().unwrap()).unwrap();
+    let Some(env) = scram_env(
+        &db,
+        |s| s.sasl_ssl_servers(),
+        "SCRAM-SHA-512",
+        kafka::SCRAM_USER.1,
+        &[
+            (
+                "WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL",
+                "SASL_SSL".to_owned(),
+            ),
+            (
+                "WALBOX_KAFKA_PROPERTY_SSL_CA_LOCATION",
+                ca.display().to_string(),
+            ),
+        ],
+    ) else {
+        return;
+    };
+    db.create_slot_and_publication(&db.name);
+    // Retrying cannot make the handshake succeed: walbox stops at once instead.
+    let mut walbox = Walbox::spawn(&env);
+    let status = walbox.wait_exit(WAIT);
+    let (log, line) = (walbox.log(), walbox.last_line());
+    assert_eq!(status.code(), Some(4), "{log}");
+    assert!(
+        line.contains("certificate") && line.contains("ssl.ca.location") && !line.contains('\n'),
+        "{line}"
+    );
+    assert!(!log.contains(kafka::SCRAM_USER.1), "{log}");
+}

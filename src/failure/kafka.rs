@@ -13,6 +13,11 @@
 //!
 //! Authentication (who walbox is) is exit 4, as for PostgreSQL; authorization (what the
 //! principal may do: ACLs) is exit 9, the Kafka client's failure.
+//!
+//! `_SSL` alone is transient (a connection cut during a handshake says it too), but a TLS
+//! handshake that failed on a certificate ([`untrusted_certificate`]: the brokers' is not signed
+//! by the configured CA or does not name the host, or the brokers refused walbox's) is exit 4:
+//! librdkafka would retry it forever, and no retry can succeed.
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
@@ -51,6 +56,20 @@ pub fn kafka(code: RDKafkaErrorCode) -> Class {
 /// tells them apart by producing one record at a time (see the table above).
 pub fn is_batch_refusal(error: &KafkaError) -> bool {
     error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTimestamp)
+}
+
+/// Whether a client error (`error`, with librdkafka's `reason`) is a TLS handshake that failed
+/// on a certificate: the brokers' certificate not verified against `ssl.ca.location` (or the
+/// system's roots), or not naming the host; or walbox's own certificate refused by the brokers.
+pub fn untrusted_certificate(error: &KafkaError, reason: &str) -> bool {
+    const CERTIFICATE_FAILURES: [&str; 4] = [
+        "certificate verify failed",
+        "alert unknown ca",
+        "alert bad certificate",
+        "alert certificate required",
+    ];
+    error.rdkafka_error_code() == Some(RDKafkaErrorCode::SSL)
+        && CERTIFICATE_FAILURES.iter().any(|f| reason.contains(f))
 }
 
 /// The class of a client error: its code's ([`kafka`]), an error without a code being
@@ -170,5 +189,30 @@ mod tests {
             Some(Failure::Auth)
         );
         assert_eq!(KafkaError::Global(C::AllBrokersDown).failure(), None);
+    }
+
+    #[test]
+    fn only_a_handshake_failed_on_a_certificate_is_an_untrusted_certificate() {
+        use RDKafkaErrorCode as C;
+        // librdkafka 2.x's words for a broker certificate its CA does not sign.
+        let unverified = "ssl://localhost:9093/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate could not be verified, verify that ssl.ca.location is correctly configured or root CA certificates are installed (after 4ms in state SSL_HANDSHAKE)";
+        assert!(untrusted_certificate(
+            &KafkaError::Global(C::SSL),
+            unverified
+        ));
+        assert!(untrusted_certificate(
+            &KafkaError::Global(C::SSL),
+            "SSL handshake failed: ssl/record/rec_layer_s3.c:1605: error:0A000418:SSL routines::tlsv1 alert unknown ca"
+        ));
+        // A cut connection is retried, as is any other code with the same words.
+        assert!(!untrusted_certificate(
+            &KafkaError::Global(C::SSL),
+            "SSL handshake failed: Disconnected: connection reset by peer"
+        ));
+        assert!(!untrusted_certificate(
+            &KafkaError::Global(C::BrokerTransportFailure),
+            unverified
+        ));
+        assert_eq!(kafka(C::SSL), Class::Transient);
     }
 }

@@ -40,11 +40,11 @@ use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Message};
 
-use super::ack::{Ack, AckQueue, FailedRecord, PROGRESS_ROUTE};
+use super::ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, PROGRESS_ROUTE};
 use super::publisher::{Publisher, SinkError, NO_SUCH_PARTITION};
 use super::silence::Silences;
 use crate::config::{BrokerKind, KafkaConfig, KafkaRole};
-use crate::failure::{kafka_error, Class, Failure};
+use crate::failure::{kafka_error, untrusted_certificate, Class, Failure};
 use crate::outbox::OutboxEvent;
 
 /// A record the broker failed, as the relay reports it: for a size limit, which limits to
@@ -94,6 +94,22 @@ impl ClientContext for SinkContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        if untrusted_certificate(&error, reason) {
+            tracing::error!(error = %error, reason, "kafka TLS handshake failed on a certificate");
+            let refused = BrokerError {
+                broker: BrokerKind::Kafka,
+                class: Class::Fatal(Failure::Auth),
+                message: format!(
+                    "the TLS handshake with the brokers failed on a certificate ({}); set kafka.properties \"ssl.ca.location\" to the CA that signed the brokers' certificate (or check that it names the host walbox connects to, and that the brokers trust walbox's ssl.certificate.location)",
+                    reason.trim()
+                ),
+                refusal: None,
+            };
+            for lane in &self.lanes {
+                lane.fail(DeliveryError::Broker(refused.clone()));
+            }
+            return;
+        }
         if let Class::Fatal(failure) = kafka_error(&error) {
             if failure == Failure::Fenced {
                 // librdkafka says "fenced by a newer instance" for the coordinator's abort of a
