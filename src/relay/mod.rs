@@ -653,9 +653,8 @@ impl Relay {
         };
         let progressed = session.checkpoint.frontier() > start;
         self.made_progress = progressed;
-        let result = self.permanent(result, &session, progressed);
+        let mut result = self.permanent(result, &session, progressed);
         self.rejected = None;
-        let mut result = result;
         if let Some(commit_lsn) = result
             .as_ref()
             .err()
