@@ -64,23 +64,23 @@ mod task;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, message::PublishMessage};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::ack::{AckQueue, BrokerError, FailedRecord};
+use super::ack::{AckQueue, BrokerError, PROGRESS_ROUTE};
 use super::silence::Silences;
 use super::{Publisher, SinkError};
 use crate::config::{BrokerKind, NatsConfig};
 use crate::failure::Class;
-use crate::outbox::{OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER, KEY_HEADER};
+use crate::outbox::{self, OutboxEvent, KEY_HEADER};
 
 pub use classify::sanitize_key;
 pub use shared::{error, DEFAULT_DUPLICATE_WINDOW};
 use shared::{lock, Pending, Shared, HELD, QUEUE};
 pub(crate) use shared::{open, progress_bucket};
-use task::{Job, Publishing};
+use task::{Job, Publishing, Record};
 
 /// The NATS JetStream publisher of one relay; see the [module docs](self). Clones share it.
 #[derive(Clone)]
@@ -111,10 +111,8 @@ impl NatsSink {
     /// unconfirmed span for a re-send to be dropped as a duplicate.
     pub fn unconfirmed_span(&self) -> Duration {
         lock(&self.shared.pending)
-            .since
-            .values()
-            .next()
-            .map_or(Duration::ZERO, Instant::elapsed)
+            .oldest()
+            .map_or(Duration::ZERO, |t| t.elapsed())
     }
 
     fn hand_over(&self, job: Job) -> Result<(), SinkError> {
@@ -136,30 +134,71 @@ impl NatsSink {
     }
 }
 
-/// The NATS headers of `event`, or why it cannot be carried (the record's fault).
+/// Why `event` cannot be carried (the record's fault), if it cannot: a header name NATS does
+/// not take, or a header value (or the key) that is not text without line breaks. Checked when
+/// the record is handed over; [`headers`] builds them when it is published.
+fn check_headers(event: &OutboxEvent) -> Result<(), String> {
+    for (name, value) in &event.headers {
+        let name = name.as_str();
+        if !valid_name(name) {
+            return Err(name_fault(name));
+        }
+        if let Some(v) = value {
+            text(name, v)?;
+        }
+    }
+    if let Some(key) = &event.key {
+        text(KEY_HEADER, key)?;
+    }
+    Ok(())
+}
+
+/// The NATS headers of `event` (without `Nats-Msg-Id`), or why it cannot be carried.
 fn headers(event: &OutboxEvent) -> Result<HeaderMap, String> {
     let mut map = HeaderMap::new();
     for (name, value) in &event.headers {
-        let name = name.as_str();
-        let header = HeaderName::try_from(name).map_err(|_| {
-            format!("header name {name:?} is not a NATS header name (printable ASCII, no ':')")
-        })?;
-        let value = match value {
-            None => HeaderValue::default(),
-            Some(v) => text_value(name, v)?,
+        let header = match name {
+            // walbox's own names: no copy.
+            outbox::HeaderName::Static(s) if valid_name(s) => HeaderName::from_static(s),
+            other => {
+                let name = other.as_str();
+                HeaderName::try_from(name).map_err(|_| name_fault(name))?
+            }
         };
-        map.append(header, value);
+        match value {
+            None => map.append(header, HeaderValue::default()),
+            Some(v) => map.append(header, text(name.as_str(), v)?),
+        }
     }
     if let Some(key) = &event.key {
-        map.insert(KEY_HEADER, text_value(KEY_HEADER, key)?);
+        map.insert(KEY_HEADER, text(KEY_HEADER, key)?);
     }
     Ok(map)
 }
 
-fn text_value(name: &str, value: &[u8]) -> Result<HeaderValue, String> {
+/// `event` as the message to publish: its headers, the event id as `Nats-Msg-Id`, the value
+/// as payload (empty for a tombstone).
+fn message(event: &OutboxEvent) -> Result<PublishMessage, String> {
+    Ok(PublishMessage::build()
+        .payload(event.value.clone().unwrap_or_default())
+        .headers(headers(event)?)
+        .message_id(String::from_utf8_lossy(&event.id)))
+}
+
+/// Whether NATS takes `name` as a header name (the client's rule: printable ASCII, no ':').
+fn valid_name(name: &str) -> bool {
+    !name.contains(|c: char| !c.is_ascii_graphic() || c == ':')
+}
+
+fn name_fault(name: &str) -> String {
+    format!("header name {name:?} is not a NATS header name (printable ASCII, no ':')")
+}
+
+/// `value` as a header value: UTF-8 text without line breaks.
+fn text<'v>(name: &str, value: &'v [u8]) -> Result<&'v str, String> {
     std::str::from_utf8(value)
         .ok()
-        .and_then(|v| HeaderValue::try_from(v).ok())
+        .filter(|v| !v.contains(['\r', '\n']))
         .ok_or_else(|| {
             format!(
                 "header {name:?} is not UTF-8 text without line breaks, which NATS headers carry"
@@ -177,45 +216,27 @@ impl Publisher for NatsSink {
         if let Err(why) = classify::check_subject(subject) {
             return Err(error(Class::Rejected, format!("subject {subject:?} {why}")).into());
         }
-        let headers = headers(event).map_err(|why| error(Class::Rejected, why))?;
-        let id = String::from_utf8_lossy(&event.id).into_owned();
-        let header = |name: &str| {
-            event
-                .headers
-                .iter()
-                .find(|(n, _)| n.as_str() == name)
-                .and_then(|(_, v)| v.as_ref())
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default()
-        };
-        let failed = FailedRecord {
-            topic: subject.to_owned(),
-            id: id.clone(),
-            lsn: header(COMMIT_LSN_HEADER),
-            index: header(INDEX_HEADER),
-            key: event.key.clone(),
-            payload: event.value.clone(),
-        };
+        check_headers(event).map_err(|why| error(Class::Rejected, why))?;
         let ticket = self.shared.accept();
         self.hand_over(Job {
             ticket,
             seq,
             route,
-            subject: subject.to_owned(),
-            msg_id: id,
-            headers,
-            payload: event.value.clone().unwrap_or_default(),
-            failed: Some(failed),
+            record: Record::Event(event.clone()),
         })
     }
 
     fn send_progress(&self, key: &str, value: &[u8]) -> Result<(), SinkError> {
         let ticket = self.shared.accept();
-        self.hand_over(Job::progress(
+        self.hand_over(Job {
             ticket,
-            sanitize_key(key),
-            Bytes::copy_from_slice(value),
-        ))
+            seq: 0,
+            route: PROGRESS_ROUTE,
+            record: Record::Progress {
+                key: sanitize_key(key),
+                value: Bytes::copy_from_slice(value),
+            },
+        })
     }
 
     fn in_flight(&self) -> usize {
@@ -225,7 +246,7 @@ impl Publisher for NatsSink {
     fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut p = lock(&self.shared.pending);
-        while !p.since.is_empty() {
+        while !p.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
@@ -293,4 +314,49 @@ pub async fn read_progress(config: &NatsConfig, key: &str) -> Result<Option<Vec<
                 format!("cannot read progress record {key:?} from bucket {bucket:?}: {e}"),
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::{EventPosition, Headers};
+
+    fn event(headers: &[(outbox::HeaderName, &str)], key: &str) -> OutboxEvent {
+        let headers: Headers = headers
+            .iter()
+            .map(|(n, v)| (n.clone(), Some(Bytes::from(v.to_string()))))
+            .collect();
+        OutboxEvent {
+            topic: "orders.1".into(),
+            partition: None,
+            key: Some(Bytes::from(key.to_owned())),
+            value: None,
+            headers,
+            timestamp_ms: 0,
+            id: Bytes::from_static(b"e-1"),
+            position: EventPosition::default(),
+            source: "public.outbox".into(),
+        }
+    }
+
+    #[test]
+    fn headers_checked_on_hand_over_are_the_ones_built_on_publish() {
+        let own = outbox::HeaderName::Static("walbox.index");
+        let custom = outbox::HeaderName::Custom("x-tenant".into());
+        let ok = event(&[(own.clone(), "3"), (custom.clone(), "acme")], "k");
+        assert_eq!(check_headers(&ok), Ok(()));
+        let map = headers(&ok).unwrap();
+        assert_eq!(map.get("walbox.index").map(|v| v.as_str()), Some("3"));
+        assert_eq!(map.get("x-tenant").map(|v| v.as_str()), Some("acme"));
+        assert_eq!(map.get(KEY_HEADER).map(|v| v.as_str()), Some("k"));
+        for bad in [
+            event(&[(outbox::HeaderName::Custom("a:b".into()), "v")], "k"),
+            event(&[(outbox::HeaderName::Static("bad name"), "v")], "k"),
+            event(&[(custom.clone(), "two\nlines")], "k"),
+            event(&[(own, "3")], "line\r"),
+        ] {
+            let why = check_headers(&bad).unwrap_err();
+            assert_eq!(headers(&bad).err(), Some(why));
+        }
+    }
 }

@@ -5,9 +5,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, kv};
-use async_nats::HeaderMap;
+use async_nats::Subject;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -17,6 +16,7 @@ use super::classify::Judge;
 use super::shared::{error, who, Connection, Shared, DEFAULT_DUPLICATE_WINDOW};
 use crate::config::NatsConfig;
 use crate::failure::Class;
+use crate::outbox::{OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER};
 use crate::sink::ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, PROGRESS_ROUTE};
 
 /// One record handed to the task.
@@ -25,67 +25,115 @@ pub(crate) struct Job {
     pub ticket: u64,
     pub seq: u64,
     pub route: usize,
-    /// The subject (an event) or the key-value key (a progress record).
-    pub subject: String,
-    pub msg_id: String,
-    pub headers: HeaderMap,
-    pub payload: Bytes,
-    /// What identifies an event in a failed ack; `None` for a progress record.
-    pub failed: Option<FailedRecord>,
+    pub record: Record,
+}
+
+/// What a [`Job`] publishes: the relay's event itself (its NATS headers are built when it is
+/// published, its failed record only when it fails), or a progress record. Nearly every job
+/// is an event: boxing it would add an allocation per event to spare the rare progress record
+/// some bytes.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Record {
+    Event(OutboxEvent),
+    /// A progress record: `value` under key-value key `key`.
+    Progress {
+        key: String,
+        value: Bytes,
+    },
 }
 
 impl Job {
-    /// A progress record: `value` under key-value key `key`.
-    pub(crate) fn progress(ticket: u64, key: String, value: Bytes) -> Job {
-        Job {
-            ticket,
-            seq: 0,
-            route: PROGRESS_ROUTE,
-            subject: key,
-            msg_id: String::new(),
-            headers: HeaderMap::new(),
-            payload: value,
-            failed: None,
-        }
-    }
-
     fn is_progress(&self) -> bool {
-        self.route == PROGRESS_ROUTE
+        matches!(self.record, Record::Progress { .. })
     }
 
-    /// Its FIFO: the subject, or (never a valid subject: it holds a space) the progress key's.
-    fn lane(&self) -> String {
-        if self.is_progress() {
-            format!("progress {}", self.subject)
-        } else {
-            self.subject.clone()
+    /// Its FIFO: the subject (the event's interned topic, shared), or (never a valid subject:
+    /// it holds a space) the progress key's.
+    fn lane(&self) -> Arc<str> {
+        match &self.record {
+            Record::Event(event) => event.topic.clone(),
+            Record::Progress { key, .. } => Arc::from(format!("progress {key}")),
         }
     }
+
+    /// What identifies the record in a failed ack; `None` for a progress record.
+    fn failed(self) -> Option<FailedRecord> {
+        match self.record {
+            Record::Event(event) => Some(failed_record(event)),
+            Record::Progress { .. } => None,
+        }
+    }
+}
+
+fn failed_record(event: OutboxEvent) -> FailedRecord {
+    let header = |name: &str| {
+        event
+            .headers
+            .iter()
+            .find(|(n, _)| n.as_str() == name)
+            .and_then(|(_, v)| v.as_ref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default()
+    };
+    FailedRecord {
+        topic: event.topic.to_string(),
+        id: String::from_utf8_lossy(&event.id).into_owned(),
+        lsn: header(COMMIT_LSN_HEADER),
+        index: header(INDEX_HEADER),
+        key: event.key,
+        payload: event.value,
+    }
+}
+
+/// A subject's FIFO: its jobs waiting behind the one in flight.
+struct Lane {
+    /// The subject as the client takes it, made once per lane (a clone shares it).
+    subject: Subject,
+    waiting: VecDeque<Job>,
 }
 
 /// What a job in flight keeps for its ack.
 struct Flying {
+    ticket: u64,
     seq: u64,
     route: usize,
-    lane: String,
-    failed: Option<FailedRecord>,
+    lane: Arc<str>,
+    /// The event, for its failed record; `None` for a progress record.
+    event: Option<OutboxEvent>,
 }
 
-/// A publish's outcome: the job's ticket, and the stream that stored it.
-type Outcome = (u64, Result<Option<String>, BrokerError>);
+impl Flying {
+    fn failed(self) -> Option<FailedRecord> {
+        self.event.map(failed_record)
+    }
+}
+
+/// Jobs taken from the queue at once.
+const BATCH: usize = 64;
+
+/// A publish's outcome: the slot of its [`Flying`], and the stream that stored it.
+type Outcome = (usize, Result<Option<String>, BrokerError>);
+
+/// What every publish's future shares (one reference count per publish).
+struct Publish {
+    js: jetstream::Context,
+    judge: Judge,
+    shared: Arc<Shared>,
+}
 
 /// The task's state.
 pub(crate) struct Publishing {
-    js: jetstream::Context,
+    publish: Arc<Publish>,
     /// Kept so the connection lives as long as the task.
     _client: async_nats::Client,
     bucket: kv::Store,
-    judge: Arc<Judge>,
     acks: Arc<AckQueue>,
     shared: Arc<Shared>,
     /// Lanes with a job in flight, and the jobs waiting behind it.
-    lanes: HashMap<String, VecDeque<Job>>,
-    flying: HashMap<u64, Flying>,
+    lanes: HashMap<Arc<str>, Lane>,
+    /// The jobs in flight, by slot (a free slot is `None` and listed in `free`).
+    flying: Vec<Option<Flying>>,
+    free: Vec<usize>,
     futures: FuturesUnordered<BoxFuture<'static, Outcome>>,
     /// The failure that failed every record after it, until the relay took those acks.
     poisoned: Option<BrokerError>,
@@ -101,21 +149,25 @@ impl Publishing {
         acks: Arc<AckQueue>,
         shared: Arc<Shared>,
     ) -> Self {
-        let judge = Arc::new(Judge {
+        let judge = Judge {
             js: conn.js.clone(),
             violations: conn.violations.clone(),
             who: who(config),
             ack_timeout: config.ack_timeout,
-        });
+        };
         Publishing {
-            js: conn.js,
+            publish: Arc::new(Publish {
+                js: conn.js,
+                judge,
+                shared: shared.clone(),
+            }),
             _client: conn.client,
             bucket,
-            judge,
             acks,
             shared,
             lanes: HashMap::new(),
-            flying: HashMap::new(),
+            flying: Vec::new(),
+            free: Vec::new(),
             futures: FuturesUnordered::new(),
             poisoned: None,
             streams: HashSet::new(),
@@ -126,14 +178,19 @@ impl Publishing {
     /// ack.
     pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Job>) {
         let mut open = true;
+        let mut jobs = Vec::with_capacity(BATCH);
         while open || !self.futures.is_empty() {
             tokio::select! {
-                job = rx.recv(), if open => match job {
-                    Some(job) => self.admit(job),
-                    None => open = false,
-                },
-                Some((ticket, outcome)) = self.futures.next(), if !self.futures.is_empty() => {
-                    self.settle(ticket, outcome);
+                n = rx.recv_many(&mut jobs, BATCH), if open => {
+                    if n == 0 {
+                        open = false;
+                    }
+                    for job in jobs.drain(..) {
+                        self.admit(job);
+                    }
+                }
+                Some((slot, outcome)) = self.futures.next(), if !self.futures.is_empty() => {
+                    self.settle(slot, outcome);
                 }
             }
         }
@@ -148,106 +205,118 @@ impl Publishing {
                     self.poisoned = None;
                 } else {
                     let e = follower(cause);
-                    self.ack(job.ticket, job.seq, job.route, Err(e), job.failed);
+                    let (ticket, seq, route) = (job.ticket, job.seq, job.route);
+                    self.ack(ticket, seq, route, Err(e), job.failed());
                     return;
                 }
             }
         }
-        let lane = job.lane();
-        match self.lanes.get_mut(&lane) {
-            Some(waiting) => waiting.push_back(job),
+        let name = job.lane();
+        match self.lanes.get_mut(&name) {
+            Some(lane) => lane.waiting.push_back(job),
             None => {
-                self.lanes.insert(lane.clone(), VecDeque::new());
-                self.start(lane, job);
+                let subject = Subject::from(&*name);
+                self.lanes.insert(
+                    name.clone(),
+                    Lane {
+                        subject: subject.clone(),
+                        waiting: VecDeque::new(),
+                    },
+                );
+                self.start(name, subject, job);
             }
         }
     }
 
-    fn start(&mut self, lane: String, job: Job) {
-        let ticket = job.ticket;
-        let future: BoxFuture<'static, Outcome> = if job.is_progress() {
-            let bucket = self.bucket.clone();
-            let (key, value) = (job.subject, job.payload);
-            Box::pin(async move {
-                let result = bucket.put(&key, value).await.map(|_| None).map_err(|e| {
-                    error(
-                        Class::Transient,
-                        format!("writing progress record {key:?}: {e}"),
-                    )
+    fn start(&mut self, lane: Arc<str>, subject: Subject, job: Job) {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.flying.push(None);
+            self.flying.len() - 1
+        });
+        let (future, event): (BoxFuture<'static, Outcome>, _) = match job.record {
+            Record::Progress { key, value } => {
+                let bucket = self.bucket.clone();
+                let future = Box::pin(async move {
+                    let result = bucket.put(&key, value).await.map(|_| None).map_err(|e| {
+                        error(
+                            Class::Transient,
+                            format!("writing progress record {key:?}: {e}"),
+                        )
+                    });
+                    (slot, result)
                 });
-                (ticket, result)
-            })
-        } else {
-            let (js, judge, shared) = (self.js.clone(), self.judge.clone(), self.shared.clone());
-            let subject = job.subject;
-            let message = PublishMessage::build()
-                .payload(job.payload)
-                .headers(job.headers)
-                .message_id(&job.msg_id);
-            Box::pin(async move {
-                let sent = match js.send_publish(subject.clone(), message).await {
-                    Ok(ack) => ack.await,
-                    Err(e) => Err(e),
-                };
-                let result = match sent {
-                    Ok(ack) => {
-                        if ack.duplicate {
-                            shared.duplicates.fetch_add(1, Ordering::Relaxed);
+                (future, None)
+            }
+            Record::Event(event) => {
+                let publish = self.publish.clone();
+                // Checked when handed over (`check_headers`): an error here is the record's.
+                let message = super::message(&event);
+                let future = Box::pin(async move {
+                    let message = match message {
+                        Ok(message) => message,
+                        Err(why) => return (slot, Err(error(Class::Rejected, why))),
+                    };
+                    let sent = match publish.js.send_publish(subject.clone(), message).await {
+                        Ok(ack) => ack.await,
+                        Err(e) => Err(e),
+                    };
+                    let result = match sent {
+                        Ok(ack) => {
+                            if ack.duplicate {
+                                publish.shared.duplicates.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(Some(ack.stream))
                         }
-                        Ok(Some(ack.stream))
-                    }
-                    Err(e) => Err(judge.publish_error(&subject, e).await),
-                };
-                (ticket, result)
-            })
+                        Err(e) => Err(publish.judge.publish_error(&subject, e).await),
+                    };
+                    (slot, result)
+                });
+                (future, Some(event))
+            }
         };
-        self.flying.insert(
-            ticket,
-            Flying {
-                seq: job.seq,
-                route: job.route,
-                lane,
-                failed: job.failed,
-            },
-        );
+        self.flying[slot] = Some(Flying {
+            ticket: job.ticket,
+            seq: job.seq,
+            route: job.route,
+            lane,
+            event,
+        });
         self.futures.push(future);
     }
 
-    fn settle(&mut self, ticket: u64, outcome: Result<Option<String>, BrokerError>) {
-        let Some(f) = self.flying.remove(&ticket) else {
+    fn settle(&mut self, slot: usize, outcome: Result<Option<String>, BrokerError>) {
+        let Some(f) = self.flying.get_mut(slot).and_then(Option::take) else {
             return;
         };
+        self.free.push(slot);
         let progress = f.route == PROGRESS_ROUTE;
         match outcome {
             Ok(stream) => {
                 if let Some(stream) = stream {
                     self.log_window(stream);
                 }
-                self.ack(ticket, f.seq, f.route, Ok(()), None);
+                self.ack(f.ticket, f.seq, f.route, Ok(()), None);
                 self.next(&f.lane);
             }
             Err(e) if progress || e.class == Class::Rejected => {
-                self.ack(ticket, f.seq, f.route, Err(e), f.failed);
-                self.next(&f.lane);
+                let lane = f.lane.clone();
+                self.ack(f.ticket, f.seq, f.route, Err(e), f.failed());
+                self.next(&lane);
             }
             Err(e) => {
                 let later = follower(&e);
-                self.ack(ticket, f.seq, f.route, Err(e.clone()), f.failed);
+                self.ack(f.ticket, f.seq, f.route, Err(e.clone()), f.failed());
                 self.poisoned = Some(e);
                 // Every record in flight or queued after it, whatever its subject.
                 self.futures = FuturesUnordered::new();
-                for (ticket, f) in std::mem::take(&mut self.flying) {
-                    self.ack(ticket, f.seq, f.route, Err(later.clone()), f.failed);
+                self.free.clear();
+                for f in std::mem::take(&mut self.flying).into_iter().flatten() {
+                    self.ack(f.ticket, f.seq, f.route, Err(later.clone()), f.failed());
                 }
-                for (_, waiting) in std::mem::take(&mut self.lanes) {
-                    for job in waiting {
-                        self.ack(
-                            job.ticket,
-                            job.seq,
-                            job.route,
-                            Err(later.clone()),
-                            job.failed,
-                        );
+                for (_, lane) in std::mem::take(&mut self.lanes) {
+                    for job in lane.waiting {
+                        let (ticket, seq, route) = (job.ticket, job.seq, job.route);
+                        self.ack(ticket, seq, route, Err(later.clone()), job.failed());
                     }
                 }
             }
@@ -255,11 +324,17 @@ impl Publishing {
     }
 
     /// Starts the next job of `lane`, or frees the lane.
-    fn next(&mut self, lane: &str) {
-        match self.lanes.get_mut(lane).and_then(VecDeque::pop_front) {
-            Some(job) => self.start(lane.to_owned(), job),
+    fn next(&mut self, name: &Arc<str>) {
+        let Some(lane) = self.lanes.get_mut(name) else {
+            return;
+        };
+        match lane.waiting.pop_front() {
+            Some(job) => {
+                let subject = lane.subject.clone();
+                self.start(name.clone(), subject, job);
+            }
             None => {
-                self.lanes.remove(lane);
+                self.lanes.remove(name);
             }
         }
     }
@@ -272,7 +347,6 @@ impl Publishing {
         result: Result<(), BrokerError>,
         failed: Option<FailedRecord>,
     ) {
-        let failed = if result.is_err() { failed } else { None };
         self.acks.push(Ack {
             seq,
             route,
@@ -289,7 +363,7 @@ impl Publishing {
             return;
         }
         self.streams.insert(stream.clone());
-        let js = self.js.clone();
+        let js = self.publish.js.clone();
         tokio::spawn(async move {
             match js.get_stream(&stream).await {
                 Ok(s) => {
