@@ -25,9 +25,11 @@ use walbox::sandbox::broker::TopicReader;
 
 use rand::{Rng, SeedableRng};
 
+#[cfg(feature = "failpoints")]
+use crate::support::events::write_txns;
 use crate::support::events::{
     assert_once_but_the_aborted, assert_per_aggregate_commit_order, await_distinct, distinct_ids,
-    id_counts, id_of, outbox_ids, stop_and_read_exactly, write_txn, write_txns,
+    id_counts, id_of, outbox_ids, stop_and_read_exactly, write_txn,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 

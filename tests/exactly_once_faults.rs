@@ -21,12 +21,16 @@ use walbox::sandbox::kafka::{KafkaServer, KafkaServerOptions};
 use walbox::sandbox::kafka_cluster::KafkaCluster;
 use walbox::sandbox::postgres::PgCluster;
 
+#[cfg(feature = "failpoints")]
+use crate::support::events::id_counts;
 use crate::support::events::{
-    assert_per_aggregate_commit_order, await_distinct, id_counts, id_of, outbox_ids,
-    stop_and_read_exactly, write_txn, write_txns,
+    assert_per_aggregate_commit_order, await_distinct, id_of, outbox_ids, stop_and_read_exactly,
+    write_txn, write_txns,
 };
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
-use walbox::sandbox::proxy::{Mode, Proxy};
+#[cfg(feature = "failpoints")]
+use walbox::sandbox::proxy::Mode;
+use walbox::sandbox::proxy::Proxy;
 
 /// Partitions of each test topic.
 const PARTITIONS: i32 = 4;

@@ -7,17 +7,19 @@
 //! hides aborted transactions (on the mock cluster, which does not, the aborted transaction's
 //! events may be seen twice, never missing).
 
+#[cfg(feature = "failpoints")]
 use std::collections::HashSet;
 use std::time::Duration;
 
 use walbox::sandbox::broker::TopicReader;
 
 use crate::exactly_once::{eos_env, progress_positions, setup, transactional_id, wait_for_all};
-use crate::support::events::{
-    assert_once_but_the_aborted, assert_per_aggregate_commit_order, id_counts, id_of,
-    stop_and_read_exactly, write_txn,
-};
-use crate::support::{self, delay_every_broker, wait_until, Walbox, WAIT};
+#[cfg(feature = "failpoints")]
+use crate::support;
+use crate::support::events::{assert_once_but_the_aborted, stop_and_read_exactly, write_txn};
+#[cfg(feature = "failpoints")]
+use crate::support::events::{assert_per_aggregate_commit_order, id_counts, id_of};
+use crate::support::{delay_every_broker, wait_until, Walbox, WAIT};
 
 /// How late every mock broker answers while the window is held open.
 const LATE: Duration = Duration::from_millis(300);

@@ -4,17 +4,22 @@
 //! between making and moving the slots is finished by the next.
 
 use std::collections::HashSet;
+#[cfg(feature = "failpoints")]
 use std::sync::atomic::Ordering;
 
+#[cfg(feature = "failpoints")]
 use walbox::lsn::Lsn;
 use walbox::sandbox::broker::TopicReader;
 use walbox::sandbox::postgres::{PgCluster, PgClusterOptions};
 
+#[cfg(feature = "failpoints")]
+use crate::shards::Writer;
 use crate::shards::{
     buckets, served_shards, shard_slot, sharded_env, sharding_supported, slots, start_streaming,
-    Writer,
 };
-use crate::support::events::{await_distinct, distinct_ids, stop_and_read_exactly, write_txns};
+#[cfg(feature = "failpoints")]
+use crate::support::events::distinct_ids;
+use crate::support::events::{await_distinct, stop_and_read_exactly, write_txns};
 use crate::support::{self, http_get, wait_until, walbox_cmd, TestDb, Walbox, WAIT};
 
 /// A cluster with room for two slots and two walsenders: less than three shards need.
