@@ -58,14 +58,14 @@
 //! is what a bucket keeps, without a stream walbox must size.
 
 mod classify;
+mod headers;
 mod shared;
 mod task;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, message::PublishMessage};
-use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use async_nats::jetstream;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
@@ -74,9 +74,10 @@ use super::silence::Silences;
 use super::{Publisher, SinkError};
 use crate::config::{BrokerKind, NatsConfig};
 use crate::failure::Class;
-use crate::outbox::{self, OutboxEvent, KEY_HEADER};
+use crate::outbox::OutboxEvent;
 
 pub use classify::sanitize_key;
+use headers::check_headers;
 pub use shared::{error, DEFAULT_DUPLICATE_WINDOW};
 use shared::{lock, Pending, Shared, HELD, QUEUE};
 pub(crate) use shared::{open, progress_bucket};
@@ -132,78 +133,6 @@ impl NatsSink {
             }
         }
     }
-}
-
-/// Why `event` cannot be carried (the record's fault), if it cannot: a header name NATS does
-/// not take, or a header value (or the key) that is not text without line breaks. Checked when
-/// the record is handed over; [`headers`] builds them when it is published.
-fn check_headers(event: &OutboxEvent) -> Result<(), String> {
-    for (name, value) in &event.headers {
-        let name = name.as_str();
-        if !valid_name(name) {
-            return Err(name_fault(name));
-        }
-        if let Some(v) = value {
-            text(name, v)?;
-        }
-    }
-    if let Some(key) = &event.key {
-        text(KEY_HEADER, key)?;
-    }
-    Ok(())
-}
-
-/// The NATS headers of `event` (without `Nats-Msg-Id`), or why it cannot be carried.
-fn headers(event: &OutboxEvent) -> Result<HeaderMap, String> {
-    let mut map = HeaderMap::new();
-    for (name, value) in &event.headers {
-        let header = match name {
-            // walbox's own names: no copy.
-            outbox::HeaderName::Static(s) if valid_name(s) => HeaderName::from_static(s),
-            other => {
-                let name = other.as_str();
-                HeaderName::try_from(name).map_err(|_| name_fault(name))?
-            }
-        };
-        match value {
-            None => map.append(header, HeaderValue::default()),
-            Some(v) => map.append(header, text(name.as_str(), v)?),
-        }
-    }
-    if let Some(key) = &event.key {
-        map.insert(KEY_HEADER, text(KEY_HEADER, key)?);
-    }
-    Ok(map)
-}
-
-/// `event` as the message to publish: its headers, the event id as `Nats-Msg-Id`, the value
-/// as payload (empty for a tombstone).
-fn message(event: &OutboxEvent) -> Result<PublishMessage, String> {
-    Ok(PublishMessage::build()
-        .payload(event.value.clone().unwrap_or_default())
-        .headers(headers(event)?)
-        .message_id(String::from_utf8_lossy(&event.id)))
-}
-
-/// Whether NATS takes `name` as a header name (the client's rule: printable ASCII, no ':').
-fn valid_name(name: &str) -> bool {
-    !name.contains(|c: char| !c.is_ascii_graphic() || c == ':')
-}
-
-fn name_fault(name: &str) -> String {
-    format!("header name {name:?} is not a NATS header name (printable ASCII, no ':')")
-}
-
-/// `value` as a header value: UTF-8 text without line breaks.
-fn text<'v>(name: &str, value: &'v [u8]) -> Result<&'v str, String> {
-    std::str::from_utf8(value)
-        .ok()
-        .filter(|v| !v.contains(['\r', '\n']))
-        .ok_or_else(|| {
-            format!(
-                "header {name:?} is not UTF-8 text without line breaks, which NATS headers carry"
-            )
-        })
 }
 
 impl Publisher for NatsSink {
@@ -314,49 +243,4 @@ pub async fn read_progress(config: &NatsConfig, key: &str) -> Result<Option<Vec<
                 format!("cannot read progress record {key:?} from bucket {bucket:?}: {e}"),
             )
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::outbox::{EventPosition, Headers};
-
-    fn event(headers: &[(outbox::HeaderName, &str)], key: &str) -> OutboxEvent {
-        let headers: Headers = headers
-            .iter()
-            .map(|(n, v)| (n.clone(), Some(Bytes::from(v.to_string()))))
-            .collect();
-        OutboxEvent {
-            topic: "orders.1".into(),
-            partition: None,
-            key: Some(Bytes::from(key.to_owned())),
-            value: None,
-            headers,
-            timestamp_ms: 0,
-            id: Bytes::from_static(b"e-1"),
-            position: EventPosition::default(),
-            source: "public.outbox".into(),
-        }
-    }
-
-    #[test]
-    fn headers_checked_on_hand_over_are_the_ones_built_on_publish() {
-        let own = outbox::HeaderName::Static("walbox.index");
-        let custom = outbox::HeaderName::Custom("x-tenant".into());
-        let ok = event(&[(own.clone(), "3"), (custom.clone(), "acme")], "k");
-        assert_eq!(check_headers(&ok), Ok(()));
-        let map = headers(&ok).unwrap();
-        assert_eq!(map.get("walbox.index").map(|v| v.as_str()), Some("3"));
-        assert_eq!(map.get("x-tenant").map(|v| v.as_str()), Some("acme"));
-        assert_eq!(map.get(KEY_HEADER).map(|v| v.as_str()), Some("k"));
-        for bad in [
-            event(&[(outbox::HeaderName::Custom("a:b".into()), "v")], "k"),
-            event(&[(outbox::HeaderName::Static("bad name"), "v")], "k"),
-            event(&[(custom.clone(), "two\nlines")], "k"),
-            event(&[(own, "3")], "line\r"),
-        ] {
-            let why = check_headers(&bad).unwrap_err();
-            assert_eq!(headers(&bad).err(), Some(why));
-        }
-    }
 }

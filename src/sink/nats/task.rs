@@ -250,7 +250,7 @@ impl Publishing {
             Record::Event(event) => {
                 let publish = self.publish.clone();
                 // Checked when handed over (`check_headers`): an error here is the record's.
-                let message = super::message(&event);
+                let message = super::headers::message(&event);
                 let future = Box::pin(async move {
                     let message = match message {
                         Ok(message) => message,
