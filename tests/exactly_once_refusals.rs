@@ -11,6 +11,7 @@ use std::collections::HashSet;
 
 use walbox::sandbox::broker::TopicReader;
 
+use crate::support::events::padded_rows;
 use crate::support::{self, walbox_env, TestDb, Walbox, WAIT};
 
 #[test]
@@ -19,12 +20,7 @@ fn a_refused_event_sharing_a_kafka_transaction_stops_with_everything_before_it_c
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
-    let insert = |n: usize, size: usize| {
-        format!(
-            "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
-             SELECT 'a' || g, '{topic}', 'x', jsonb_build_object('pad', repeat('x', {size})) FROM generate_series(1, {n}) g;"
-        )
-    };
+    let insert = |n: usize, size: usize| padded_rows(&topic, n, size);
     // Two transactions, the second with one event over librdkafka's message.max.bytes (1 MB).
     db.sql(&insert(3, 10));
     db.sql(&insert(1, 2_000_000));

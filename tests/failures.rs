@@ -8,6 +8,7 @@ use std::time::Duration;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use walbox::sandbox::broker::TopicReader;
 
+use crate::support::events::padded_rows;
 use crate::support::{self, wait_until, walbox_env, TestDb, Walbox, WAIT};
 
 fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
@@ -102,12 +103,7 @@ fn message_larger_than_the_broker_accepts_exits_8_and_confirms_nothing_past_it()
     let slot = db.name.clone();
     let (topic, broker) = support::topic_on_broker(&db, 2);
     db.create_slot_and_publication(&slot);
-    let insert = |n: usize, size: usize| {
-        format!(
-            "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
-             SELECT 'a' || g, '{topic}', 'x', jsonb_build_object('pad', repeat('x', {size})) FROM generate_series(1, {n}) g;"
-        )
-    };
+    let insert = |n: usize, size: usize| padded_rows(&topic, n, size);
     db.sql(&insert(3, 10));
     // 2 MB: over librdkafka's and Kafka's default message.max.bytes (1 MB).
     db.sql(&insert(1, 2_000_000));

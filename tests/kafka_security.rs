@@ -208,6 +208,27 @@ fn scram_env(
     Some(env)
 }
 
+/// A walbox relaying to the Apache Kafka broker's SASL_SSL listener as the SCRAM-SHA-512 user,
+/// trusting the CA in `ca`; `None` without that broker.
+fn sasl_ssl_env(db: &crate::support::TestDb, ca: &Path) -> Option<Vec<(String, String)>> {
+    scram_env(
+        db,
+        |s| s.sasl_ssl_servers(),
+        "SCRAM-SHA-512",
+        crate::support::kafka::SCRAM_USER.1,
+        &[
+            (
+                "WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL",
+                "SASL_SSL".to_owned(),
+            ),
+            (
+                "WALBOX_KAFKA_PROPERTY_SSL_CA_LOCATION",
+                ca.display().to_string(),
+            ),
+        ],
+    )
+}
+
 #[test]
 fn scram_sha_512_over_tls_relays_to_apache_kafka() {
     use crate::support::events::{await_distinct, outbox_ids, stop_and_read_exactly, write_txns};
@@ -219,22 +240,7 @@ fn scram_sha_512_over_tls_relays_to_apache_kafka() {
         return;
     };
     let (topic, broker) = support::topic_on_broker(&db, 2);
-    let Some(env) = scram_env(
-        &db,
-        |s| s.sasl_ssl_servers(),
-        "SCRAM-SHA-512",
-        kafka::SCRAM_USER.1,
-        &[
-            (
-                "WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL",
-                "SASL_SSL".to_owned(),
-            ),
-            (
-                "WALBOX_KAFKA_PROPERTY_SSL_CA_LOCATION",
-                ca.display().to_string(),
-            ),
-        ],
-    ) else {
+    let Some(env) = sasl_ssl_env(&db, &ca) else {
         return;
     };
     db.create_slot_and_publication(&db.name);
@@ -297,22 +303,7 @@ fn brokers_whose_certificate_the_ca_does_not_sign_stop_walbox_with_exit_4_naming
     let (other_ca, _) = issue_cert("not the brokers' CA", None).unwrap();
     let ca = dir.path().join("other-ca.pem");
     std::fs::write(&ca, other_ca.to_pem().unwrap()).unwrap();
-    let Some(env) = scram_env(
-        &db,
-        |s| s.sasl_ssl_servers(),
-        "SCRAM-SHA-512",
-        kafka::SCRAM_USER.1,
-        &[
-            (
-                "WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL",
-                "SASL_SSL".to_owned(),
-            ),
-            (
-                "WALBOX_KAFKA_PROPERTY_SSL_CA_LOCATION",
-                ca.display().to_string(),
-            ),
-        ],
-    ) else {
+    let Some(env) = sasl_ssl_env(&db, &ca) else {
         return;
     };
     db.create_slot_and_publication(&db.name);

@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 
 use crate::config::BrokerKind;
 use crate::failure::{kafka_error, Class, Classify, Failure};
+use crate::outbox::{Headers, OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER};
 
 /// The route tag of progress records ([`crate::sink::progress`]): their acks never reach the
 /// checkpoint. Every outbox table, and the messages route, has a route index below it.
@@ -178,6 +179,30 @@ pub struct FailedRecord {
     pub key: Option<bytes::Bytes>,
     /// The record value, as produced.
     pub payload: Option<bytes::Bytes>,
+}
+
+impl FailedRecord {
+    /// `event`, failed at its destination (`event.topic`).
+    pub fn of_event(event: OutboxEvent) -> FailedRecord {
+        FailedRecord {
+            topic: event.topic.to_string(),
+            id: String::from_utf8_lossy(&event.id).into_owned(),
+            lsn: header_text(&event.headers, COMMIT_LSN_HEADER),
+            index: header_text(&event.headers, INDEX_HEADER),
+            key: event.key,
+            payload: event.value,
+        }
+    }
+}
+
+/// The value of header `name` in `headers` as text (empty when it is absent or null).
+pub fn header_text(headers: &Headers, name: &str) -> String {
+    headers
+        .iter()
+        .find(|(n, _)| n.as_str() == name)
+        .and_then(|(_, v)| v.as_ref())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
 }
 
 /// Delivery reports waiting for the relay. The publisher (librdkafka's polling thread, or a

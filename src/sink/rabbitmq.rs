@@ -89,7 +89,7 @@ use super::silence::Silences;
 use super::{Publisher, SinkError};
 use crate::config::{BrokerKind, RabbitMqConfig};
 use crate::failure::Class;
-use crate::outbox::{OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER, KEY_HEADER};
+use crate::outbox::{OutboxEvent, KEY_HEADER};
 
 /// Records published and not yet confirmed, at most. Confirms come in batches (`multiple`), so
 /// a window of 2,000 keeps a local node busy; what a record costs while unconfirmed (its
@@ -148,14 +148,7 @@ impl Job {
 
     fn failed(self) -> FailedRecord {
         match self.record {
-            Record::Event(event) => FailedRecord {
-                topic: event.topic.to_string(),
-                id: String::from_utf8_lossy(&event.id).into_owned(),
-                lsn: header(&event, COMMIT_LSN_HEADER),
-                index: header(&event, INDEX_HEADER),
-                key: event.key,
-                payload: event.value,
-            },
+            Record::Event(event) => FailedRecord::of_event(event),
             Record::Progress { key, value } => FailedRecord {
                 topic: self.routing_key.to_string(),
                 key: Some(Bytes::from(key.into_bytes())),
@@ -349,16 +342,6 @@ fn properties(event: &OutboxEvent) -> BasicProperties {
         props = props.with_timestamp(secs);
     }
     props.with_headers(headers)
-}
-
-fn header(event: &OutboxEvent, name: &str) -> String {
-    event
-        .headers
-        .iter()
-        .find(|(n, _)| n.as_str() == name)
-        .and_then(|(_, v)| v.as_ref())
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-        .unwrap_or_default()
 }
 
 impl Publisher for RabbitMqSink {

@@ -86,7 +86,7 @@ use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, Value};
 use tokio::sync::mpsc;
 
 use super::ack::BrokerError;
-use super::ack::{Ack, AckQueue, DeliveryError, FailedRecord, PROGRESS_ROUTE};
+use super::ack::{header_text, Ack, AckQueue, DeliveryError, FailedRecord, PROGRESS_ROUTE};
 use super::redis_reply::{
     broker_error, classify_client, classify_server, entries_removed, has_entry,
     is_id_not_above_top, max_deleted_entry_id, recorded_first_entry_id, StreamId,
@@ -160,19 +160,11 @@ struct EventJob {
 
 impl EventJob {
     fn failed(&self) -> FailedRecord {
-        let header = |name: &str| {
-            self.headers
-                .iter()
-                .find(|(n, _)| n.as_str() == name)
-                .and_then(|(_, v)| v.as_ref())
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default()
-        };
         FailedRecord {
             topic: self.stream.to_string(),
             id: String::from_utf8_lossy(&self.event_id).into_owned(),
-            lsn: header(COMMIT_LSN_HEADER),
-            index: header(INDEX_HEADER),
+            lsn: header_text(&self.headers, COMMIT_LSN_HEADER),
+            index: header_text(&self.headers, INDEX_HEADER),
             key: self.key.clone(),
             payload: self.value.clone(),
         }

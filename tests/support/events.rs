@@ -191,3 +191,12 @@ pub fn assert_per_aggregate_commit_order(records: &[ConsumedRecord]) {
         }
     }
 }
+
+/// One transaction of `n` outbox rows for `topic` (aggregates `a1`…), each payload padded
+/// with `size` bytes: the SQL.
+pub fn padded_rows(topic: &str, n: usize, size: usize) -> String {
+    format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) \
+         SELECT 'a' || g, '{topic}', 'x', jsonb_build_object('pad', repeat('x', {size})) FROM generate_series(1, {n}) g;"
+    )
+}

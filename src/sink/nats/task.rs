@@ -16,7 +16,7 @@ use super::classify::Judge;
 use super::shared::{error, who, Connection, Shared, DEFAULT_DUPLICATE_WINDOW};
 use crate::config::NatsConfig;
 use crate::failure::Class;
-use crate::outbox::{OutboxEvent, COMMIT_LSN_HEADER, INDEX_HEADER};
+use crate::outbox::OutboxEvent;
 use crate::sink::ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, PROGRESS_ROUTE};
 
 /// One record handed to the task.
@@ -59,29 +59,9 @@ impl Job {
     /// What identifies the record in a failed ack; `None` for a progress record.
     fn failed(self) -> Option<FailedRecord> {
         match self.record {
-            Record::Event(event) => Some(failed_record(event)),
+            Record::Event(event) => Some(FailedRecord::of_event(event)),
             Record::Progress { .. } => None,
         }
-    }
-}
-
-fn failed_record(event: OutboxEvent) -> FailedRecord {
-    let header = |name: &str| {
-        event
-            .headers
-            .iter()
-            .find(|(n, _)| n.as_str() == name)
-            .and_then(|(_, v)| v.as_ref())
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default()
-    };
-    FailedRecord {
-        topic: event.topic.to_string(),
-        id: String::from_utf8_lossy(&event.id).into_owned(),
-        lsn: header(COMMIT_LSN_HEADER),
-        index: header(INDEX_HEADER),
-        key: event.key,
-        payload: event.value,
     }
 }
 
@@ -104,7 +84,7 @@ struct Flying {
 
 impl Flying {
     fn failed(self) -> Option<FailedRecord> {
-        self.event.map(failed_record)
+        self.event.map(FailedRecord::of_event)
     }
 }
 
