@@ -155,6 +155,9 @@ impl Relay {
             ))
         })
         .map_err(|e| RelayError::Transaction(TxnError::Progress(e)))?;
+        let written_here = record
+            .as_ref()
+            .is_some_and(|r| r.writer.as_deref() == Some(progress::writer_id()));
         // A record of another history or slot generation (a point-in-time restore, a promoted
         // asynchronous standby that lags, a slot made again: LSNs reused) would skip new
         // transactions as "already in Kafka": it is trusted only as far as it is ours.
@@ -183,12 +186,13 @@ impl Relay {
                 }
             },
         };
-        // A record beyond the last one this process committed is of a transaction it aborted
-        // (a failed record, a refused commit): on a broker that shows aborted transactions to
-        // `read_committed` readers, its events may never have been written. Nobody else
-        // committed since (a takeover fences this process for good), so it is not trusted.
+        // A record this process wrote beyond the last one it committed is of a transaction it
+        // aborted (a failed record, a refused commit): on a broker that shows aborted
+        // transactions to `read_committed` readers, its events may never have been written, so
+        // it is not trusted. A record another process wrote (a hot standby that held the slot
+        // meanwhile and committed past this one) is trusted as read.
         let (skip_below, skip_commit_time) = match self.eos_committed {
-            Some((mine, time)) if skip_below > mine => {
+            Some((mine, time)) if written_here && skip_below > mine => {
                 tracing::warn!(
                     recorded = %skip_below, committed = %mine,
                     "the last progress record lies beyond the last one this process committed: the broker shows aborted transactions; trusted only up to the committed one"

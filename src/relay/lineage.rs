@@ -197,6 +197,7 @@ mod tests {
             written_at: "x".into(),
             timeline,
             slot_floor: floor.map(lsn),
+            writer: None,
         }
     }
 

@@ -108,6 +108,22 @@ pub struct ProgressRecord {
     /// that name (`None`: not recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_floor: Option<Lsn>,
+    /// The walbox process that wrote it ([`writer_id`]; `None`: not recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
+}
+
+/// This process's identity in the progress records it writes: its pid and the time it first
+/// wrote one, unique among the processes that share a slot (an exactly-once process tells
+/// its own records from another's by it).
+pub fn writer_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}-{nanos:x}", std::process::id())
+    })
 }
 
 /// Where a record's positions are valid: the timeline and the slot generation of the session
@@ -138,6 +154,7 @@ impl ProgressRecord {
             written_at: rfc3339_now(),
             timeline: Some(lineage.timeline),
             slot_floor: Some(lineage.slot_floor),
+            writer: Some(writer_id().to_owned()),
         }
     }
 
@@ -481,6 +498,7 @@ fn parse(value: Option<&[u8]>, key: &ProgressKey) -> ProgressRecord {
             written_at: "unknown".into(),
             timeline: None,
             slot_floor: None,
+            writer: None,
         },
     }
 }
