@@ -10,7 +10,8 @@
 #
 # The lane: exactly-once (fencing, transaction markers, read_committed; the
 # fault suite: SIGKILLs, a broker restart, a partition leader killed in a
-# three-node cluster, cut PostgreSQL connections), `walbox check`'s
+# three-node cluster, cut PostgreSQL connections, a refused event, a hot standby
+# handing the slot back), `walbox check`'s
 # transactions probe, the
 # inbox's consumer group (rebalances, restarts, the retention guard), the
 # progress topic and the start-up decision read from it (also grown to
@@ -40,7 +41,8 @@ bash scripts/install-debezium.sh >/dev/null
 whole_lane=false
 if [ "$#" -eq 0 ]; then
   whole_lane=true
-  set -- exactly_once:: exactly_once_faults:: exactly_once_history:: exactly_once_window:: inbox:: progress:: progress_topic:: audit:: \
+  set -- exactly_once:: exactly_once_faults:: exactly_once_history:: exactly_once_window:: exactly_once_refusals:: \
+    ha::a_process_taking_its_slot_back inbox:: progress:: progress_topic:: audit:: \
     kafka_security:: kafka_acls:: routing:: debezium:: debezium_converters:: debezium_migration:: \
     relay::sigkill_at_random_points failures::a_timestamp_the_broker promotion::exactly_once \
     check_kafka::exactly_once_probes check_kafka::a_transaction_log_needing \
