@@ -171,15 +171,13 @@ async fn recvlogical(
 ) -> anyhow::Result<Recv> {
     let cpu0 = procs::postgres_cpu_seconds(cluster.data_dir());
     let t0 = Instant::now();
-    let mut child = Command::new(cluster.bin_dir().join("pg_recvlogical"))
-        .args(["-d", &cluster.socket_url("bench"), "-S", slot])
-        .args(["--start", "--no-loop", "-E", &end.to_string()])
-        .args(["-o", "proto_version=1", "-o"])
-        .arg(format!("publication_names={PUBLICATION}"))
-        .args(["-f", "/dev/null"])
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .context("starting pg_recvlogical")?;
+    let mut child = procs::recvlogical(
+        cluster.bin_dir(),
+        &cluster.socket_url("bench"),
+        slot,
+        &end.to_string(),
+        PUBLICATION,
+    )?;
     let deadline = t0 + Duration::from_secs(120 + events / 1_000);
     let (mut cpu, mut pg_cpu) = (0.0f64, 0.0f64);
     let status = loop {

@@ -105,6 +105,34 @@ pub fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
+/// `pg_recvlogical` (in `bin_dir`) draining `slot` of `conninfo` to `/dev/null` up to `end`,
+/// with pgoutput on `publication`: PostgreSQL's own pace for the stream walbox reads.
+pub fn recvlogical(
+    bin_dir: &Path,
+    conninfo: &str,
+    slot: &str,
+    end: &str,
+    publication: &str,
+) -> anyhow::Result<Child> {
+    Command::new(bin_dir.join("pg_recvlogical"))
+        .args([
+            "-d",
+            conninfo,
+            "-S",
+            slot,
+            "--start",
+            "--no-loop",
+            "-E",
+            end,
+        ])
+        .args(["-o", "proto_version=1", "-o"])
+        .arg(format!("publication_names={publication}"))
+        .args(["-f", "/dev/null"])
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting pg_recvlogical")
+}
+
 /// Sends SIGTERM to `pid` (through kill(1): the crate forbids `unsafe`).
 pub fn terminate(pid: u32) {
     let _ = Command::new("kill")

@@ -10,7 +10,7 @@
 //! when the last one exits at the end of the backlog. CPU is sampled the same way for both
 //! (`procs`), including the walsenders that exited.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -124,15 +124,13 @@ impl Bench {
         let t0 = Instant::now();
         let mut children: Vec<(Child, f64)> = Vec::new();
         for (slot, publication) in slots {
-            let child = Command::new(self.cluster.bin_dir().join("pg_recvlogical"))
-                .args(["-d", &conninfo, "-S", slot, "--start", "--no-loop"])
-                .args(["-E", &end.to_string()])
-                .args(["-o", "proto_version=1", "-o"])
-                .arg(format!("publication_names={publication}"))
-                .args(["-f", "/dev/null"])
-                .stdin(Stdio::null())
-                .spawn()
-                .context("starting pg_recvlogical")?;
+            let child = procs::recvlogical(
+                self.cluster.bin_dir(),
+                &conninfo,
+                slot,
+                &end.to_string(),
+                publication,
+            )?;
             children.push((child, 0.0));
         }
         let mut pg_cpu = 0.0f64;
