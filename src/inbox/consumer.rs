@@ -619,11 +619,14 @@ impl ConsumerLoop {
                         let _ = fatal.send(FatalError::new(failure, message));
                         break;
                     }
+                    // The certificate the client reported stops it below.
+                    _ if self.shared.untrusted().is_some() => {}
                     _ => self.shared.warn("kafka consumer error", &e, ""),
                 },
                 None => {}
             }
-            // The client reports the handshake (to [`Ctx`]) before the poll returns its code.
+            // The client reports the handshake (to [`Ctx`]) before the poll returns its code
+            // (`_SSL`, transient alone).
             if let Some(line) = self.shared.untrusted() {
                 let message = format!("kafka consumer cannot continue: {line}");
                 let _ = fatal.send(FatalError::new(Failure::Auth, message));
