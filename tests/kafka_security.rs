@@ -9,7 +9,9 @@
 //! SCRAM user is written at format time: SCRAM-SHA-512 over TLS relays events, and a wrong
 //! SCRAM-SHA-256 password stops walbox with exit 4 without showing it. Without that broker these
 //! two tests say so and return. On the mock cluster, credentials the brokers refuse stop both
-//! halves, `walbox run` and `walbox inbox`, with exit 4.
+//! halves, `walbox run` and `walbox inbox`, with exit 4. On the Apache Kafka broker, a CA that
+//! did not sign the brokers' certificate stops both halves with exit 4 and one line naming
+//! `ssl.ca.location`, and fails `walbox check`'s brokers check with that line.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -300,9 +302,7 @@ fn brokers_whose_certificate_the_ca_does_not_sign_stop_walbox_with_exit_4_naming
     use crate::support::{kafka, TestDb, Walbox, WAIT};
     let db = TestDb::new("kafka_untrusted");
     let dir = tempfile::tempdir().unwrap();
-    let (other_ca, _) = issue_cert("not the brokers' CA", None).unwrap();
-    let ca = dir.path().join("other-ca.pem");
-    std::fs::write(&ca, other_ca.to_pem().unwrap()).unwrap();
+    let ca = other_ca(dir.path());
     let Some(env) = sasl_ssl_env(&db, &ca) else {
         return;
     };
@@ -317,4 +317,199 @@ fn brokers_whose_certificate_the_ca_does_not_sign_stop_walbox_with_exit_4_naming
         "{line}"
     );
     assert!(!log.contains(kafka::SCRAM_USER.1), "{log}");
+}
+
+/// A CA file in `dir` holding a CA that did not sign the brokers' certificate.
+fn other_ca(dir: &Path) -> std::path::PathBuf {
+    let (other_ca, _) = issue_cert("not the brokers' CA", None).unwrap();
+    let ca = dir.join("other-ca.pem");
+    std::fs::write(&ca, other_ca.to_pem().unwrap()).unwrap();
+    ca
+}
+
+/// The consumer half meets the handshake the relay stops on with the same verdict: exit 4 and
+/// the one line naming `ssl.ca.location`, where librdkafka alone would retry it forever.
+#[test]
+fn brokers_whose_certificate_the_ca_does_not_sign_stop_walbox_inbox_with_exit_4_naming_ssl_ca_location(
+) {
+    use crate::support::{kafka, TestDb, Walbox, WAIT};
+    let db = TestDb::new("kafka_untrusted_inbox");
+    let dir = tempfile::tempdir().unwrap();
+    let ca = other_ca(dir.path());
+    let Some(relay) = sasl_ssl_env(&db, &ca) else {
+        return;
+    };
+    db.sql(include_str!("../migrations/inbox.sql"));
+    // The relay's Kafka settings, as `walbox inbox` names them.
+    let mut env: Vec<(String, String)> = relay
+        .iter()
+        .filter_map(|(k, v)| {
+            let property = k.strip_prefix("WALBOX_KAFKA_PROPERTY_")?;
+            Some((format!("WALBOX_INBOX_KAFKA_PROPERTY_{property}"), v.clone()))
+        })
+        .collect();
+    let servers = relay
+        .iter()
+        .find(|(k, _)| k == "WALBOX_KAFKA_BROKERS")
+        .map(|(_, v)| v.clone())
+        .expect("the relay's brokers");
+    for (k, v) in [
+        ("WALBOX_INBOX_POSTGRES_URL", db.url()),
+        ("WALBOX_INBOX_KAFKA_BROKERS", servers),
+        ("WALBOX_INBOX_KAFKA_GROUP_ID", db.name.clone()),
+        ("WALBOX_INBOX_KAFKA_TOPICS", db.name.clone()),
+        ("WALBOX_INBOX_HTTP_LISTEN", "off".to_owned()),
+    ] {
+        env.push((k.to_owned(), v));
+    }
+    assert!(
+        env.iter()
+            .any(|(k, v)| k == "WALBOX_INBOX_KAFKA_PROPERTY_SSL_CA_LOCATION"
+                && *v == ca.display().to_string()),
+        "{env:?}"
+    );
+    let mut inbox = Walbox::spawn_subcommand("inbox", &env);
+    let status = inbox.wait_exit(WAIT);
+    let (log, line) = (inbox.log(), inbox.last_line());
+    assert_eq!(status.code(), Some(4), "{log}");
+    assert!(
+        line.contains("kafka consumer cannot continue")
+            && line.contains("certificate")
+            && line.contains("ssl.ca.location")
+            && !line.contains('\n'),
+        "{line}"
+    );
+    assert!(!log.contains(kafka::SCRAM_USER.1), "{log}");
+}
+
+/// `walbox check` says what `walbox run` and `walbox inbox` stop on: the brokers check fails
+/// with the same line, not as brokers that do not answer.
+#[test]
+fn brokers_whose_certificate_the_ca_does_not_sign_fail_the_brokers_check_naming_ssl_ca_location() {
+    use crate::check::check;
+    use crate::support::{kafka, TestDb};
+    let db = TestDb::new("check_untrusted");
+    let dir = tempfile::tempdir().unwrap();
+    let ca = other_ca(dir.path());
+    let Some(env) = sasl_ssl_env(&db, &ca) else {
+        return;
+    };
+    db.create_slot_and_publication(&db.name);
+    let run = check(&env, &[]);
+    run.failed();
+    run.expect(
+        "kafka brokers",
+        "FAIL",
+        &[
+            "the TLS handshake with the brokers failed on a certificate",
+            "kafka.properties \"ssl.ca.location\"",
+            "exit status 4",
+        ],
+    );
+    assert!(
+        !run.line("kafka brokers").contains("no answer"),
+        "{}",
+        run.stdout
+    );
+    run.expect("idempotent producer", "skipped", &["kafka brokers failed"]);
+    assert!(
+        !run.stdout.contains(kafka::SCRAM_USER.1) && !run.stderr.contains(kafka::SCRAM_USER.1),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
+}
+
+/// A TLS listener on 127.0.0.1 that presents a certificate of a CA of its own to every
+/// connection (no Kafka behind it): a client that trusts another CA fails its handshake on the
+/// certificate. Its address.
+fn untrusted_tls_listener() -> String {
+    use openssl::ssl::{SslAcceptor, SslMethod};
+    let (ca, ca_key) = issue_cert("the listener's CA", None).unwrap();
+    let (cert, key) = issue_cert("localhost", Some((&ca, &ca_key))).unwrap();
+    let mut acceptor = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
+    acceptor.set_private_key(&key).unwrap();
+    acceptor.set_certificate(&cert).unwrap();
+    acceptor.add_extra_chain_cert(ca).unwrap();
+    let acceptor = acceptor.build();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            // The client refuses the certificate: each handshake fails, as it should.
+            let _ = acceptor.accept(stream);
+        }
+    });
+    addr
+}
+
+/// The relay's start-up read of the progress topic (exactly-once mode) meets the handshake the
+/// producer stops on: it returns that line, exit 4, at once instead of after its timeout.
+#[test]
+fn an_untrusted_certificate_ends_the_progress_read_at_once_with_exit_4() {
+    use std::time::{Duration, Instant};
+    use walbox::failure::{Classify, Failure};
+    use walbox::sink::progress::{read_last, ProgressKey};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = other_ca(dir.path());
+    let mut config = walbox::config::KafkaConfig::for_brokers(untrusted_tls_listener());
+    config
+        .properties
+        .insert("security.protocol".into(), "SSL".into());
+    config
+        .properties
+        .insert("ssl.ca.location".into(), ca.display().to_string());
+    let key = ProgressKey {
+        system_identifier: "1".into(),
+        database: "db".into(),
+        slot: "slot".into(),
+    };
+    let timeout = Duration::from_secs(60);
+    let started = Instant::now();
+    let e = read_last(&config, &key, timeout).expect_err("no broker trusted");
+    assert!(
+        started.elapsed() < timeout / 2,
+        "{:?}: {e}",
+        started.elapsed()
+    );
+    assert_eq!(e.failure(), Some(Failure::Auth), "{e}");
+    let line = e.to_string();
+    assert!(
+        line.contains("failed on a certificate") && line.contains("ssl.ca.location"),
+        "{line}"
+    );
+}
+
+/// `walbox republish`'s producer meets the same handshake: it stops with exit 4 and the line,
+/// instead of waiting out `--ack-timeout` for acknowledgements that cannot come (exit 9).
+#[test]
+fn an_untrusted_certificate_stops_walbox_republish_with_exit_4_not_its_ack_timeout() {
+    use crate::check::with;
+    use crate::support::{walbox_env, walbox_output, TestDb};
+    let db = TestDb::new("republish_untrusted");
+    let dir = tempfile::tempdir().unwrap();
+    let ca = other_ca(dir.path());
+    db.sql(&format!(
+        "INSERT INTO outbox (aggregate_id, topic, event_type, payload) VALUES ('a', '{}', 'x', '{{}}')",
+        db.name
+    ));
+    let mut env = walbox_env(&db, &db.name, &untrusted_tls_listener());
+    env = with(env, "WALBOX_KAFKA_PROPERTY_SECURITY_PROTOCOL", "SSL");
+    env = with(
+        env,
+        "WALBOX_KAFKA_PROPERTY_SSL_CA_LOCATION",
+        &ca.display().to_string(),
+    );
+    let out = walbox_output(
+        &["republish", "--since-id", "1", "--ack-timeout", "10m"],
+        &env,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    let line = stderr.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("kafka publisher cannot continue: the TLS handshake with the brokers failed on a certificate")
+            && line.contains("ssl.ca.location"),
+        "{stderr}"
+    );
 }

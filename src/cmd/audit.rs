@@ -66,7 +66,7 @@ use crate::outbox::{
     EventPosition, OutboxError, OutboxMapper, COMMIT_LSN_HEADER, ERROR_HEADER, SOURCE_HEADER,
 };
 use crate::pg::control::connect_control;
-use crate::sink::kafka::{is_unused_group_refusal, ReaderContext};
+use crate::sink::kafka::{is_unused_group_refusal, reader_metadata, ReaderContext, ReaderError};
 use crate::sink::readback::{self, ReadRecord};
 
 /// At most this many ids of each kind are listed; the counts are always complete.
@@ -450,30 +450,40 @@ fn count_records(
     let kafka_err =
         |e: rdkafka::error::KafkaError| FatalError::new(Failure::Kafka, format!("kafka: {e}"));
     let mut cc = kafka.client_config(KafkaRole::AuditReader);
-    let consumer: BaseConsumer<ReaderContext> =
-        cc.create_with_context(ReaderContext).map_err(kafka_err)?;
+    let consumer: BaseConsumer<ReaderContext> = cc
+        .create_with_context(ReaderContext::default())
+        .map_err(kafka_err)?;
+    // A TLS handshake that failed on a certificate stops the audit with its line (exit 4),
+    // whatever the call that failed said.
+    let untrusted = |line: String| FatalError::new(Failure::Auth, format!("kafka: {line}"));
+    let failed = |e: rdkafka::error::KafkaError| match consumer.context().untrusted() {
+        Some(line) => untrusted(line),
+        None => kafka_err(e),
+    };
     // ListOffsets answers a read_committed client with the last stable offset: the high
     // watermarks come from a read_uncommitted one.
     cc.set("isolation.level", "read_uncommitted");
-    let watermarks: BaseConsumer<ReaderContext> =
-        cc.create_with_context(ReaderContext).map_err(kafka_err)?;
+    let watermarks: BaseConsumer<ReaderContext> = cc
+        .create_with_context(ReaderContext::default())
+        .map_err(kafka_err)?;
     let timeout = Duration::from_secs(10);
     let mut tpl = TopicPartitionList::new();
     let mut ends: HashMap<(String, i32), i64> = HashMap::new();
     let mut topics: Vec<&str> = expected.index.keys().map(|t| &**t).collect();
     topics.sort_unstable();
     for topic in topics {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(kafka_err)?;
+        let metadata = reader_metadata(&consumer, Some(topic), timeout).map_err(|e| match e {
+            ReaderError::Kafka(e) => failed(e),
+            ReaderError::Untrusted(line) => untrusted(line),
+        })?;
         for t in metadata.topics() {
             for p in t.partitions() {
                 let (low, high) = watermarks
                     .fetch_watermarks(topic, p.id(), timeout)
-                    .map_err(kafka_err)?;
+                    .map_err(failed)?;
                 if high > low {
                     tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
-                        .map_err(kafka_err)?;
+                        .map_err(failed)?;
                     ends.insert((topic.to_owned(), p.id()), high);
                 }
             }
@@ -482,7 +492,7 @@ fn count_records(
     if ends.is_empty() {
         return Ok((expected, 0));
     }
-    consumer.assign(&tpl).map_err(kafka_err)?;
+    consumer.assign(&tpl).map_err(failed)?;
     let mut read = 0u64;
     let mut last_progress = Instant::now();
     let mut waiting = false;
@@ -515,7 +525,7 @@ fn count_records(
                 tracing::debug!(error = %e, "the audit's group is refused; it uses none");
                 continue;
             }
-            other => other.map_err(kafka_err)?,
+            other => other.map_err(failed)?,
         };
         last_progress = Instant::now();
         read += 1;

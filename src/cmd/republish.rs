@@ -19,7 +19,9 @@
 //! # Invariants
 //! - The exit status is 0 only when the broker acknowledged every selected row (or its dead
 //!   letter, under `on_invalid = "dead_letter"`). Waiting is bounded: no acknowledgement for
-//!   `--ack-timeout` (default [`ACK_TIMEOUT`]) stops it with exit status 9. A row that cannot be mapped under
+//!   `--ack-timeout` (default [`ACK_TIMEOUT`]) stops it with exit status 9; a client error the
+//!   publisher cannot recover from stops it at once with that error's status (a Kafka TLS
+//!   handshake that failed on a certificate: 4, naming `ssl.ca.location`). A row that cannot be mapped under
 //!   `on_invalid = "fail"` stops the command with exit status 8, naming the row.
 //! - Memory is bounded: rows are streamed from the server and at most `relay.max_in_flight`
 //!   records are unacknowledged at a time.
@@ -38,7 +40,7 @@ use crate::lsn::Lsn;
 use crate::outbox::{dead_letter, EventPosition, OutboxError, OutboxMapper, Rejected};
 use crate::pg::control::{connect_control, error_chain};
 use crate::sink::topics::Topics;
-use crate::sink::{Ack, AckQueue, Publisher, Sink, SinkError};
+use crate::sink::{Ack, AckQueue, DeliveryError, Publisher, Sink, SinkError};
 use crate::source::pgoutput::{Column, Insert, Relation, TupleData, TupleValue};
 use crate::timestamp::pg_now_micros;
 use postgres_protocol::escape::escape_identifier as quote_ident;
@@ -445,10 +447,10 @@ impl Batch<'_> {
     }
 
     async fn wait(&mut self) -> Result<(), FatalError> {
-        if tokio::time::timeout(self.ack_timeout, self.acks.wait())
-            .await
-            .is_err()
-        {
+        self.stopped()?;
+        let waited = tokio::time::timeout(self.ack_timeout, self.acks.wait()).await;
+        self.stopped()?;
+        if waited.is_err() {
             return Err(FatalError::new(
                 Failure::Kafka,
                 format!(
@@ -482,6 +484,27 @@ impl Batch<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The client error the producer cannot recover from, once it reported one (a TLS
+    /// handshake that failed on a certificate, say: exit 4), instead of waiting out the
+    /// acknowledgements that cannot come.
+    fn stopped(&self) -> Result<(), FatalError> {
+        let Some(e) = self.acks.fatal() else {
+            return Ok(());
+        };
+        let failure = e.class().fatal().unwrap_or(Failure::Kafka);
+        Err(FatalError::new(
+            failure,
+            format!(
+                "{} publisher cannot continue: {}",
+                e.broker(),
+                match &e {
+                    DeliveryError::Broker(b) => b.message.clone(),
+                    DeliveryError::Kafka(k) => k.to_string(),
+                }
+            ),
+        ))
     }
 
     async fn drain(&mut self) -> Result<(), FatalError> {

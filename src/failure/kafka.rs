@@ -17,7 +17,13 @@
 //! `_SSL` alone is transient (a connection cut during a handshake says it too), but a TLS
 //! handshake that failed on a certificate ([`untrusted_certificate`]: the brokers' is not signed
 //! by the configured CA or does not name the host, or the brokers refused walbox's) is exit 4:
-//! librdkafka would retry it forever, and no retry can succeed.
+//! librdkafka would retry it forever, and no retry can succeed. librdkafka reports it only as a
+//! client error (its code and a reason), never on a record, so every Kafka client's context asks
+//! [`untrusted_certificate`], which gives the one line each of them ends with: the relay's
+//! producer (and `walbox republish`'s, the same one) fails every lane with it; `walbox inbox`'s
+//! consumer and dead-letter producer stop it with exit 4; the short-lived readers (the progress
+//! reader at start-up, `walbox audit`) return it instead of waiting out their timeouts; and
+//! `walbox check` fails its brokers check with it.
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
@@ -58,18 +64,30 @@ pub fn is_batch_refusal(error: &KafkaError) -> bool {
     error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTimestamp)
 }
 
-/// Whether a client error (`error`, with librdkafka's `reason`) is a TLS handshake that failed
-/// on a certificate: the brokers' certificate not verified against `ssl.ca.location` (or the
-/// system's roots), or not naming the host; or walbox's own certificate refused by the brokers.
-pub fn untrusted_certificate(error: &KafkaError, reason: &str) -> bool {
+/// The one line for a client error (`error`, with librdkafka's `reason`) that is a TLS
+/// handshake failed on a certificate: the brokers' certificate not verified against
+/// `ssl.ca.location` (or the system's roots), or not naming the host; or walbox's own
+/// certificate refused by the brokers. `None` for every other error. The line quotes librdkafka's
+/// reason (which holds no secret: the broker's address and OpenSSL's words), never a
+/// configuration value, and names the setting to fix. What stops on it stops with
+/// [`Failure::Auth`] (exit 4).
+pub fn untrusted_certificate(error: &KafkaError, reason: &str) -> Option<String> {
     const CERTIFICATE_FAILURES: [&str; 4] = [
         "certificate verify failed",
         "alert unknown ca",
         "alert bad certificate",
         "alert certificate required",
     ];
-    error.rdkafka_error_code() == Some(RDKafkaErrorCode::SSL)
-        && CERTIFICATE_FAILURES.iter().any(|f| reason.contains(f))
+    let certificate = error.rdkafka_error_code() == Some(RDKafkaErrorCode::SSL)
+        && CERTIFICATE_FAILURES.iter().any(|f| reason.contains(f));
+    if !certificate {
+        return None;
+    }
+    // One line, whatever librdkafka's reason holds.
+    let reason = reason.split_whitespace().collect::<Vec<_>>().join(" ");
+    Some(format!(
+        "the TLS handshake with the brokers failed on a certificate ({reason}); set kafka.properties \"ssl.ca.location\" to the CA that signed the brokers' certificate (or check that it names the host walbox connects to, and that the brokers trust walbox's ssl.certificate.location)"
+    ))
 }
 
 /// The class of a client error: its code's ([`kafka`]), an error without a code being
@@ -196,23 +214,44 @@ mod tests {
         use RDKafkaErrorCode as C;
         // librdkafka 2.x's words for a broker certificate its CA does not sign.
         let unverified = "ssl://localhost:9093/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate could not be verified, verify that ssl.ca.location is correctly configured or root CA certificates are installed (after 4ms in state SSL_HANDSHAKE)";
-        assert!(untrusted_certificate(
-            &KafkaError::Global(C::SSL),
-            unverified
-        ));
+        assert!(untrusted_certificate(&KafkaError::Global(C::SSL), unverified).is_some());
         assert!(untrusted_certificate(
             &KafkaError::Global(C::SSL),
             "SSL handshake failed: ssl/record/rec_layer_s3.c:1605: error:0A000418:SSL routines::tlsv1 alert unknown ca"
-        ));
+        )
+        .is_some());
+        // A consumer reports it as a consumption error, with the same code.
+        assert!(
+            untrusted_certificate(&KafkaError::MessageConsumption(C::SSL), unverified).is_some()
+        );
         // A cut connection is retried, as is any other code with the same words.
-        assert!(!untrusted_certificate(
+        assert!(untrusted_certificate(
             &KafkaError::Global(C::SSL),
             "SSL handshake failed: Disconnected: connection reset by peer"
-        ));
-        assert!(!untrusted_certificate(
-            &KafkaError::Global(C::BrokerTransportFailure),
-            unverified
-        ));
+        )
+        .is_none());
+        assert!(
+            untrusted_certificate(&KafkaError::Global(C::BrokerTransportFailure), unverified)
+                .is_none()
+        );
         assert_eq!(kafka(C::SSL), Class::Transient);
+    }
+
+    /// Every client ends with the same line: librdkafka's reason on one line, and the setting
+    /// to fix.
+    #[test]
+    fn the_untrusted_certificate_line_is_one_line_naming_ssl_ca_location() {
+        let reason = "  ssl://broker-1:9093/1: SSL handshake failed:\n error:0A000086:SSL routines::certificate verify failed  ";
+        let line = untrusted_certificate(&KafkaError::Global(RDKafkaErrorCode::SSL), reason)
+            .expect("a certificate failure");
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.contains("(ssl://broker-1:9093/1: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed)"),
+            "{line}"
+        );
+        assert!(
+            line.contains("kafka.properties \"ssl.ca.location\""),
+            "{line}"
+        );
     }
 }

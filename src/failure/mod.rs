@@ -12,7 +12,7 @@
 //! | 1 | [`Failure::Internal`] | a bug; please report it |
 //! | 2 | — | command-line usage error |
 //! | 3 | [`Failure::Config`] | invalid configuration file or environment |
-//! | 4 | [`Failure::Auth`] | wrong password, role without REPLICATION, TLS verification failed, server without TLS under `sslmode=require`; Kafka brokers refusing the SASL credentials |
+//! | 4 | [`Failure::Auth`] | wrong password, role without REPLICATION, TLS verification failed, server without TLS under `sslmode=require`; Kafka brokers refusing the SASL credentials, or a TLS handshake with them failed on a certificate (every Kafka client: `walbox run`, `inbox`, `audit`, `republish`) |
 //! | 5 | [`Failure::Schema`] | missing table, column, publication or slot (or, on a standby, one it synchronizes from the primary); a publication that stopped covering an outbox table; wrong `wal_level`; a server too old for the configuration (before 13, or `[outbox.messages]` before 14) |
 //! | 6 | [`Failure::SlotInUse`] | another process streams from the slot |
 //! | 7 | [`Failure::SlotLost`] | the slot was invalidated; WAL it needed is gone |

@@ -34,7 +34,10 @@
 //!   rebalance is logged with its partitions (`list`) and, on assignment, what this member owns
 //!   (`owned`): a member that keeps a partition through a rebalance never logs it revoked.
 //! - A client or consumer error is logged the first time it comes, then at most once a minute
-//!   with how often it came meanwhile ([`super::throttle`]).
+//!   with how often it came meanwhile ([`super::throttle`]); except what stops the inbox: the
+//!   consumer's fatal errors (refused credentials: exit 4; refused rights, librdkafka's fatal
+//!   error: 9), and a TLS handshake that failed on a certificate (exit 4, with
+//!   `failure::untrusted_certificate`'s line), which librdkafka would retry forever.
 //! - `walbox_inbox_consumer_lag_records` counts, per partition, the records from where the group
 //!   would start again to the end of the log: the committed offset, or, for a partition the
 //!   group never committed, the start `auto.offset.reset` implies (the log start under
@@ -54,7 +57,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::KafkaRole;
-use crate::failure::{kafka_error, Class, FatalError};
+use crate::failure::{kafka_error, untrusted_certificate, Class, Failure, FatalError};
 
 use super::config::InboxKafka;
 use super::effect::Record;
@@ -209,6 +212,9 @@ struct Shared {
     state: Mutex<State>,
     /// The client's and the consumer's errors logged (see [`Shared::warn`]).
     errors: Mutex<Throttle>,
+    /// The line of a TLS handshake that failed on a certificate, once one did: the polling
+    /// thread stops the inbox with it (exit 4).
+    untrusted: Mutex<Option<String>>,
 }
 
 struct Ctx(Arc<Shared>);
@@ -230,6 +236,13 @@ impl ClientContext for Ctx {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        // librdkafka would retry the handshake forever: no retry can succeed.
+        if let Some(line) = untrusted_certificate(&error, reason) {
+            tracing::error!(error = %error, reason, "kafka TLS handshake failed on a certificate");
+            let mut untrusted = self.0.untrusted.lock().unwrap_or_else(|p| p.into_inner());
+            untrusted.get_or_insert(line);
+            return;
+        }
         self.0.warn("kafka client error", &error, reason);
     }
 }
@@ -312,6 +325,14 @@ impl Shared {
         if let Some(repeats) = errors.admit(&key, Instant::now()) {
             tracing::warn!(%error, reason, repeats, "{what} (repeats are logged once a minute, with their count)");
         }
+    }
+
+    /// The line of a TLS handshake that failed on a certificate, if one did.
+    fn untrusted(&self) -> Option<String> {
+        self.untrusted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Cancels the workers of `tps`, waits for their current transactions, commits their
@@ -552,6 +573,7 @@ impl ConsumerLoop {
             metrics,
             state: Mutex::new(State::default()),
             errors: Mutex::new(Throttle::new(ERROR_LOG_INTERVAL)),
+            untrusted: Mutex::new(None),
         });
         let consumer: BaseConsumer<Ctx> = cc.create_with_context(Ctx(shared.clone()))?;
         let topics: Vec<&str> = kafka.topics.iter().map(String::as_str).collect();
@@ -597,9 +619,18 @@ impl ConsumerLoop {
                         let _ = fatal.send(FatalError::new(failure, message));
                         break;
                     }
+                    // The certificate the client reported stops it below.
+                    _ if self.shared.untrusted().is_some() => {}
                     _ => self.shared.warn("kafka consumer error", &e, ""),
                 },
                 None => {}
+            }
+            // The client reports the handshake (to [`Ctx`]) before the poll returns its code
+            // (`_SSL`, transient alone).
+            if let Some(line) = self.shared.untrusted() {
+                let message = format!("kafka consumer cannot continue: {line}");
+                let _ = fatal.send(FatalError::new(Failure::Auth, message));
+                break;
             }
             if last_commit.elapsed() >= self.commit_interval {
                 self.shared.commit_progress(&self.consumer, &mut committed);

@@ -58,7 +58,7 @@ use self::config::{Guard, InboxConfig};
 use self::consumer::ConsumerLoop;
 use self::metrics::InboxMetrics;
 use self::store::{Pool, Statements};
-use self::worker::WorkerEnv;
+use self::worker::{DeadLetterContext, WorkerEnv};
 use crate::metrics::{self as endpoints, Health};
 
 pub use self::config::load;
@@ -169,14 +169,18 @@ async fn run_inner(
         drop(first);
     }
 
+    let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
     let needs_dlq =
         config.effect.on_error.topic().is_some() || config.effect.on_invalid.topic().is_some();
     let dead_letter = match needs_dlq {
         true => {
-            let producer: FutureProducer = config
+            let context = DeadLetterContext {
+                fatal: fatal_tx.clone(),
+            };
+            let producer: FutureProducer<DeadLetterContext> = config
                 .kafka
                 .client_config(KafkaRole::DeadLetterProducer)
-                .create()
+                .create_with_context(context)
                 .map_err(|e| {
                     FatalError::of_or(&e, Failure::Kafka).prefixed("dead-letter producer")
                 })?;
@@ -185,7 +189,6 @@ async fn run_inner(
         false => None,
     };
 
-    let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
     let env = Arc::new(WorkerEnv {
         pool,
         effect: config.effect.clone(),
@@ -266,6 +269,11 @@ async fn check_retention(config: &InboxConfig) -> Result<(), FatalError> {
             }
             Ok(())
         }
+        // No retry can succeed, whatever the guard's setting: the consumer would meet it next.
+        Err(retention::DescribeError::Untrusted(line)) => Err(FatalError::new(
+            Failure::Auth,
+            format!("kafka admin client cannot continue: {line}"),
+        )),
         Err(e) => refuse(format!(
             "retention guard: {e}; cannot show that retention.keep covers the topics' replay window (grant DescribeConfigs, or set retention.guard = \"warn\")"
         )),

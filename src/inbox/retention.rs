@@ -14,20 +14,25 @@
 //!
 //! With no `retention.keep` the inbox keeps rows forever and the guard has nothing to check.
 //! When the topic configuration cannot be read, `guard = "refuse"` refuses to start too: safety
-//! that cannot be shown is not assumed.
+//! that cannot be shown is not assumed. A TLS handshake with the brokers that failed on a
+//! certificate ends the wait for the answer at once and stops the inbox with exit 4 whatever
+//! the guard's setting ([`DescribeError::Untrusted`]): the consumer would meet it next.
 //!
 //! The clean-up job deletes this consumer's rows older than `retention.keep` in batches of
 //! `retention.cleanup_batch` (short transactions, no long-held locks), every
 //! `retention.cleanup_interval`.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::ClientContext;
+use tokio::sync::Notify;
 
 use super::config::InboxKafka;
 use crate::config::KafkaRole;
-use crate::failure::{Classify, Failure};
+use crate::failure::{untrusted_certificate, Classify, Failure};
 
 /// A topic's retention settings as the broker reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +124,10 @@ pub enum DescribeError {
     /// No answer in time.
     #[error("timed out reading the configuration of topic(s) {0}")]
     Timeout(String),
+    /// A TLS handshake with the brokers failed on a certificate: its one line
+    /// (`failure::untrusted_certificate`). No retry can succeed: exit 4.
+    #[error("{0}")]
+    Untrusted(String),
 }
 
 impl Classify for DescribeError {
@@ -129,6 +138,7 @@ impl Classify for DescribeError {
         match self {
             DescribeError::Kafka { source, .. } => source.failure().or(Some(Failure::Retention)),
             DescribeError::Topic { .. } | DescribeError::Timeout(_) => Some(Failure::Retention),
+            DescribeError::Untrusted(_) => Some(Failure::Auth),
         }
     }
 }
@@ -148,6 +158,51 @@ fn millis(
     }
 }
 
+/// The admin client's context: a TLS handshake that failed on a certificate ends the wait for
+/// an answer that cannot come ([`Untrusted`]); every other client error is logged.
+#[derive(Default)]
+struct AdminContext {
+    untrusted: Arc<Untrusted>,
+}
+
+/// The line of a TLS handshake that failed on a certificate, once the client reported one.
+#[derive(Default)]
+struct Untrusted {
+    line: Mutex<Option<String>>,
+    reported: Notify,
+}
+
+impl Untrusted {
+    /// Waits for the line.
+    async fn line(&self) -> String {
+        loop {
+            let reported = self.reported.notified();
+            if let Some(line) = self.line.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return line;
+            }
+            reported.await;
+        }
+    }
+}
+
+impl ClientContext for AdminContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(line) = untrusted_certificate(&error, reason) {
+            tracing::error!(error = %error, reason, "kafka TLS handshake failed on a certificate");
+            let mut untrusted = self
+                .untrusted
+                .line
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            untrusted.get_or_insert(line);
+            drop(untrusted);
+            self.untrusted.reported.notify_waiters();
+            return;
+        }
+        tracing::warn!(error = %error, reason, "kafka admin client error");
+    }
+}
+
 /// Reads the retention settings of `kafka.topics` through the admin API.
 pub async fn describe(
     kafka: &InboxKafka,
@@ -155,24 +210,30 @@ pub async fn describe(
 ) -> Result<Vec<TopicRetention>, DescribeError> {
     let names = kafka.topics.join(", ");
     let cc = kafka.client_config(KafkaRole::Admin);
-    let admin: AdminClient<DefaultClientContext> =
-        cc.create().map_err(|source| DescribeError::Kafka {
-            topics: names.clone(),
-            source,
-        })?;
+    let context = AdminContext::default();
+    let untrusted = context.untrusted.clone();
+    let admin: AdminClient<AdminContext> =
+        cc.create_with_context(context)
+            .map_err(|source| DescribeError::Kafka {
+                topics: names.clone(),
+                source,
+            })?;
     let specs: Vec<ResourceSpecifier<'_>> = kafka
         .topics
         .iter()
         .map(|t| ResourceSpecifier::Topic(t.as_str()))
         .collect();
     let opts = AdminOptions::new().request_timeout(Some(timeout));
-    let results = tokio::time::timeout(timeout, admin.describe_configs(&specs, &opts))
-        .await
-        .map_err(|_| DescribeError::Timeout(names.clone()))?
-        .map_err(|source| DescribeError::Kafka {
-            topics: names.clone(),
-            source,
-        })?;
+    let answer = tokio::time::timeout(timeout, admin.describe_configs(&specs, &opts));
+    let results = tokio::select! {
+        answer = answer => answer,
+        line = untrusted.line() => return Err(DescribeError::Untrusted(line)),
+    }
+    .map_err(|_| DescribeError::Timeout(names.clone()))?
+    .map_err(|source| DescribeError::Kafka {
+        topics: names.clone(),
+        source,
+    })?;
     let mut out = Vec::with_capacity(results.len());
     for (topic, result) in kafka.topics.iter().zip(results) {
         let resource = result.map_err(|code| DescribeError::Topic {

@@ -28,13 +28,15 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
+use rdkafka::ClientContext;
 use tokio::sync::{mpsc, watch};
 
 use crate::backoff::Backoff;
 use crate::dead_letter::{self, ConsumedAt, Policy};
-use crate::failure::{kafka_error, Class, Failure, FatalError};
+use crate::failure::{kafka_error, untrusted_certificate, Class, Failure, FatalError};
 
 use super::config::EffectConfig;
 use super::effect::Record;
@@ -78,11 +80,32 @@ pub struct WorkerEnv {
     /// Effect settings.
     pub effect: EffectConfig,
     /// The dead-letter producer (idempotent, `acks=all`), when a policy needs it.
-    pub dead_letter: Option<FutureProducer>,
+    pub dead_letter: Option<FutureProducer<DeadLetterContext>>,
     /// The inbox's counters, shared with `/metrics`.
     pub metrics: Arc<InboxMetrics>,
     /// Where fatal errors go.
     pub fatal: mpsc::UnboundedSender<FatalError>,
+}
+
+/// The dead-letter producer's context. A TLS handshake that failed on a certificate stops the
+/// inbox (exit 4, with `failure::untrusted_certificate`'s line): librdkafka would retry it
+/// forever, and a record sent meanwhile would wait for a delivery that cannot come. Every other
+/// client error is logged (the delivery reports say what became of the records).
+pub struct DeadLetterContext {
+    /// Where the inbox's fatal errors go.
+    pub fatal: mpsc::UnboundedSender<FatalError>,
+}
+
+impl ClientContext for DeadLetterContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(line) = untrusted_certificate(&error, reason) {
+            tracing::error!(error = %error, reason, "kafka TLS handshake failed on a certificate");
+            let message = format!("kafka dead-letter producer cannot continue: {line}");
+            let _ = self.fatal.send(FatalError::new(Failure::Auth, message));
+            return;
+        }
+        tracing::error!(error = %error, reason, "kafka dead-letter producer error");
+    }
 }
 
 /// Processes the records of one partition until the channel closes or `cancel` turns true.
@@ -405,5 +428,42 @@ async fn give_up(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::error::RDKafkaErrorCode;
+
+    #[test]
+    fn an_untrusted_certificate_stops_the_inbox_and_other_client_errors_do_not() {
+        let (fatal, mut errors) = mpsc::unbounded_channel();
+        let context = DeadLetterContext { fatal };
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::SSL),
+            "SSL handshake failed: Disconnected: connection reset by peer",
+        );
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down",
+        );
+        assert!(
+            errors.try_recv().is_err(),
+            "a transient error stopped the inbox"
+        );
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::SSL),
+            "ssl://broker:9093/1: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed",
+        );
+        let stop = errors.try_recv().expect("the inbox stops");
+        assert_eq!(stop.failure, Failure::Auth);
+        assert!(
+            stop.message
+                .starts_with("kafka dead-letter producer cannot continue: ")
+                && stop.message.contains("ssl.ca.location"),
+            "{}",
+            stop.message
+        );
     }
 }

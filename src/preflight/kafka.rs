@@ -7,7 +7,9 @@
 //! same way. Nothing is produced: the idempotent producer asks for a producer id
 //! (InitProducerId) when it starts, and its statistics say when one was assigned. Brokers that refuse the SASL credentials fail
 //! the brokers check as "authentication failed" (what `walbox run` stops on with exit 4), not
-//! as an unanswered request.
+//! as an unanswered request; so does a TLS handshake that failed on a certificate, with the line
+//! `walbox run` and `walbox inbox` stop on (`failure::untrusted_certificate`, naming
+//! `ssl.ca.location`).
 //!
 //! A metadata request for every topic leaves out the topics the principal may not describe, as
 //! if they did not exist; a topic missing from it is asked for by name, and the cluster's
@@ -260,6 +262,9 @@ struct Probe {
     eos: Mutex<Option<(String, i64)>>,
     /// The brokers' refusal of the credentials (SASL authentication), when one came.
     refused: Mutex<Option<String>>,
+    /// The line of a TLS handshake that failed on a certificate, when one did
+    /// (`failure::untrusted_certificate`).
+    untrusted: Mutex<Option<String>>,
 }
 
 impl ClientContext for Probe {
@@ -278,6 +283,11 @@ impl ClientContext for Probe {
 
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::debug!(error = %error, reason, "kafka client error");
+        if let Some(line) = crate::failure::untrusted_certificate(&error, reason) {
+            if let Ok(mut untrusted) = self.untrusted.lock() {
+                untrusted.get_or_insert(line);
+            }
+        }
         if crate::failure::kafka_error(&error)
             == crate::failure::Class::Fatal(crate::failure::Failure::Auth)
         {
@@ -333,6 +343,15 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> (Vec<Check>, bool)
                     refused(&producer).unwrap_or_default()
                 ),
                 "check sasl.mechanisms, sasl.username and sasl.password in kafka.properties against the principal the brokers know (walbox run stops with exit status 4 here)",
+            ));
+            skipped(&mut out);
+            return (out, false);
+        }
+        Err(_) if untrusted(&producer).is_some() => {
+            out.push(Check::fail(
+                BROKERS,
+                untrusted(&producer).unwrap_or_default(),
+                "point kafka.properties ssl.ca.location at the CA that signed the brokers' certificate (walbox run and walbox inbox stop with exit status 4 here)",
             ));
             skipped(&mut out);
             return (out, false);
@@ -503,6 +522,13 @@ fn progress_write(base: &ClientConfig, topic: &str) -> Check {
 fn refused(producer: &BaseProducer<Probe>) -> Option<String> {
     producer.poll(Duration::from_millis(50));
     producer.context().refused.lock().ok()?.clone()
+}
+
+/// The line of a TLS handshake of `producer` that failed on a certificate, when one did
+/// (serving the client's pending error events first).
+fn untrusted(producer: &BaseProducer<Probe>) -> Option<String> {
+    producer.poll(Duration::from_millis(50));
+    producer.context().untrusted.lock().ok()?.clone()
 }
 
 /// Whether the cluster refuses to describe `topic` to walbox's principal. A metadata request

@@ -35,8 +35,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::metadata::Metadata;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Message};
 
@@ -44,7 +46,7 @@ use super::ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, PROGRE
 use super::publisher::{Publisher, SinkError, NO_SUCH_PARTITION};
 use super::silence::Silences;
 use crate::config::{BrokerKind, KafkaConfig, KafkaRole};
-use crate::failure::{kafka_error, untrusted_certificate, Class, Failure};
+use crate::failure::{kafka_error, untrusted_certificate, Class, Classify, Failure};
 use crate::outbox::OutboxEvent;
 
 /// A record the broker failed, as the relay reports it: for a size limit, which limits to
@@ -94,17 +96,9 @@ impl ClientContext for SinkContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if untrusted_certificate(&error, reason) {
+        if let Some(message) = untrusted_certificate(&error, reason) {
             tracing::error!(error = %error, reason, "kafka TLS handshake failed on a certificate");
-            let refused = BrokerError {
-                broker: BrokerKind::Kafka,
-                class: Class::Fatal(Failure::Auth),
-                message: format!(
-                    "the TLS handshake with the brokers failed on a certificate ({}); set kafka.properties \"ssl.ca.location\" to the CA that signed the brokers' certificate (or check that it names the host walbox connects to, and that the brokers trust walbox's ssl.certificate.location)",
-                    reason.trim()
-                ),
-                refusal: None,
-            };
+            let refused = untrusted_error(message);
             for lane in &self.lanes {
                 lane.fail(DeliveryError::Broker(refused.clone()));
             }
@@ -141,13 +135,40 @@ impl ClientContext for SinkContext {
     }
 }
 
+/// The error every Kafka client of the relay ends with on a TLS handshake that failed on a
+/// certificate ([`untrusted_certificate`]'s `message`): exit 4.
+pub fn untrusted_error(message: String) -> BrokerError {
+    BrokerError {
+        broker: BrokerKind::Kafka,
+        class: Class::Fatal(Failure::Auth),
+        message,
+        refusal: None,
+    }
+}
+
 /// The context of walbox's short-lived readers (the progress topic, `walbox audit`): they ask
 /// librdkafka for partition ends (`enable.partition.eof`), and librdkafka reports each one as
 /// an error event too. The end of a partition is how such a read finishes, not an error: it is
 /// logged at debug level, as is the refusal of the group they never use
-/// ([`is_unused_group_refusal`]); every other client error as a warning (the read itself
-/// returns it).
-pub struct ReaderContext;
+/// ([`is_unused_group_refusal`]); a TLS handshake that failed on a certificate is kept
+/// ([`ReaderContext::untrusted`]: no retry can succeed, and the read stops with it); every other
+/// client error is logged as a warning (the read itself returns it).
+#[derive(Default)]
+pub struct ReaderContext {
+    /// The line of a handshake that failed on a certificate, once one did.
+    untrusted: Mutex<Option<String>>,
+}
+
+impl ReaderContext {
+    /// The line of a TLS handshake that failed on a certificate, if one did (among the error
+    /// events served so far).
+    pub fn untrusted(&self) -> Option<String> {
+        match self.untrusted.lock() {
+            Ok(u) => u.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
 
 impl ClientContext for ReaderContext {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -155,10 +176,94 @@ impl ClientContext for ReaderContext {
             tracing::debug!(error = %error, reason, "kafka reader reached a partition's end");
         } else if is_unused_group_refusal(&error) {
             tracing::debug!(error = %error, reason, "kafka reader's group refused; it uses none");
+        } else if let Some(line) = untrusted_certificate(&error, reason) {
+            tracing::error!(error = %error, reason, "kafka TLS handshake failed on a certificate");
+            let mut untrusted = match self.untrusted.lock() {
+                Ok(u) => u,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            untrusted.get_or_insert(line);
         } else {
             tracing::warn!(error = %error, reason, "kafka client error");
         }
     }
+}
+
+/// Why a reader's metadata request failed ([`reader_metadata`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ReaderError {
+    /// librdkafka's error (no answer in time included).
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// A TLS handshake failed on a certificate: its one line ([`untrusted_certificate`]).
+    #[error("{0}")]
+    Untrusted(String),
+}
+
+impl Classify for ReaderError {
+    /// What stops any client stops the reader: the certificate (exit 4), refused credentials
+    /// (4) or rights (9); anything else is its caller's to retry or to give up on.
+    fn failure(&self) -> Option<Failure> {
+        match self {
+            ReaderError::Kafka(e) => kafka_error(e).fatal(),
+            ReaderError::Untrusted(_) => Some(Failure::Auth),
+        }
+    }
+}
+
+/// How long the first metadata request of [`reader_metadata`] waits (each further one twice as
+/// long as the one before), and how long the reader waits for the client's next event after a
+/// request that failed at once.
+const METADATA_SLICE: Duration = Duration::from_millis(500);
+
+/// `consumer`'s metadata for `topic` (every topic with `None`), asked again while the brokers
+/// cannot be reached (a transient error: no answer, a broken connection) for at most `timeout`;
+/// any other error is returned at once. Between requests the client's error events are served,
+/// and a TLS handshake that failed on a certificate ends the wait at once with its line
+/// ([`ReaderError::Untrusted`]): librdkafka reports the handshake as a client error only, and
+/// the request itself fails as a broken connection, or not before its timeout. The first
+/// request waits [`METADATA_SLICE`], each further one twice as long, so that brokers slower
+/// than that are still answered. Only before partitions are assigned: the polls would take
+/// records otherwise.
+pub fn reader_metadata(
+    consumer: &BaseConsumer<ReaderContext>,
+    topic: Option<&str>,
+    timeout: Duration,
+) -> Result<Metadata, ReaderError> {
+    let deadline = Instant::now() + timeout;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let mut slice = METADATA_SLICE;
+    loop {
+        let e = match consumer.fetch_metadata(topic, left().min(slice)) {
+            Ok(md) => return Ok(md),
+            Err(e) => e,
+        };
+        if let Some(line) = served_untrusted(consumer) {
+            return Err(ReaderError::Untrusted(line));
+        }
+        if kafka_error(&e) != Class::Transient || left().is_zero() {
+            return Err(ReaderError::Kafka(e));
+        }
+        if e.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut) {
+            slice = slice.saturating_mul(2);
+        } else {
+            // A broken connection fails the request at once: wait for the client's next
+            // event (its error report, say) before asking again.
+            let _ = consumer.poll(left().min(METADATA_SLICE));
+        }
+    }
+}
+
+/// The line of a TLS handshake that failed on a certificate, if `consumer`'s client reported
+/// one: its pending error events are served first.
+fn served_untrusted(consumer: &BaseConsumer<ReaderContext>) -> Option<String> {
+    // Each poll serves one event; the queue holds a few at most. Bounded all the same.
+    for _ in 0..64 {
+        if consumer.poll(Duration::ZERO).is_none() {
+            break;
+        }
+    }
+    consumer.context().untrusted()
 }
 
 impl rdkafka::consumer::ConsumerContext for ReaderContext {}

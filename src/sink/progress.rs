@@ -72,7 +72,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::{KafkaConfig, KafkaRole};
 use crate::failure::{kafka_error, Classify, Failure};
 use crate::lsn::Lsn;
-use crate::sink::kafka::{is_unused_group_refusal, ReaderContext};
+use crate::sink::kafka::{
+    is_unused_group_refusal, reader_metadata, untrusted_error, ReaderContext, ReaderError,
+};
 use crate::timestamp::{pg_micros_to_unix_micros, rfc3339_micros, rfc3339_now};
 
 /// Shortest gap between two progress records written because the frontier moved.
@@ -310,13 +312,15 @@ pub fn read_last(
     };
     // Its settings (committed records, to each partition's end) are the role's.
     let mut cc = config.client_config(KafkaRole::ProgressReader);
-    let consumer: BaseConsumer<ReaderContext> =
-        cc.create_with_context(ReaderContext).map_err(kafka)?;
+    let consumer: BaseConsumer<ReaderContext> = cc
+        .create_with_context(ReaderContext::default())
+        .map_err(kafka)?;
     // ListOffsets answers a read_committed client with the last stable offset: the high
     // watermarks come from a read_uncommitted one.
     cc.set("isolation.level", "read_uncommitted");
-    let watermarks: BaseConsumer<ReaderContext> =
-        cc.create_with_context(ReaderContext).map_err(kafka)?;
+    let watermarks: BaseConsumer<ReaderContext> = cc
+        .create_with_context(ReaderContext::default())
+        .map_err(kafka)?;
     let started = Instant::now();
     let mut read = Read {
         consumer: &consumer,
@@ -362,7 +366,12 @@ impl Read<'_> {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
+    /// The read's error: a TLS handshake that failed on a certificate, when the client
+    /// reported one (exit 4, whatever `error` says), or `error`.
     fn kafka(&self, error: KafkaError) -> ProgressError {
+        if let Some(line) = self.consumer.context().untrusted() {
+            return ProgressError::Broker(untrusted_error(line));
+        }
         ProgressError::Kafka {
             topic: self.topic.to_owned(),
             error,
@@ -377,10 +386,10 @@ impl Read<'_> {
         key: &ProgressKey,
     ) -> Result<Option<ProgressRecord>, ProgressError> {
         let topic = self.topic;
-        let md = self
-            .consumer
-            .fetch_metadata(Some(topic), self.left())
-            .map_err(|e| self.kafka(e))?;
+        let md = reader_metadata(self.consumer, Some(topic), self.left()).map_err(|e| match e {
+            ReaderError::Kafka(e) => self.kafka(e),
+            ReaderError::Untrusted(line) => ProgressError::Broker(untrusted_error(line)),
+        })?;
         let partitions: Vec<i32> = md
             .topics()
             .iter()
@@ -611,7 +620,7 @@ mod tests {
         // error level, which is what the readers' context must not do.
         let default = logged_reading_to_the_end(rdkafka::consumer::DefaultConsumerContext);
         assert!(default.contains("PartitionEOF"), "{default}");
-        let reader = logged_reading_to_the_end(ReaderContext);
+        let reader = logged_reading_to_the_end(ReaderContext::default());
         assert!(!reader.contains("PartitionEOF"), "{reader}");
     }
 
