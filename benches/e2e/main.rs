@@ -260,7 +260,7 @@ async fn run() -> anyhow::Result<()> {
         let pairs = bench.drain_pairs("100", end, n).await?;
         let (wb, recv) = &pairs[0];
         report.drain("100-row tx", wb, recv);
-        report.drain_pairs(&pairs);
+        report.drain_pairs("100-row tx", bench.broker.is_mock(), &pairs);
         // The same backlog in exactly-once mode (Kafka transactions, default bounds).
         let eos = bench
             .drain_walbox_with("walbox_eos_100", end, n, &exactly_once())
@@ -278,7 +278,7 @@ async fn run() -> anyhow::Result<()> {
         let pairs1 = bench.drain_pairs("1", end, n).await?;
         let (wb1, recv1) = &pairs1[0];
         report.drain("1-row tx", wb1, recv1);
-        report.drain_pairs(&pairs1);
+        report.drain_pairs("1-row tx", bench.broker.is_mock(), &pairs1);
         report.memory(&format!("{} -row backlog (1-row tx)", fmt_n(n)), wb1);
         bench.drop_slots().await?;
         // The producer alone, on the same number of events: the floor of walbox's relay CPU,

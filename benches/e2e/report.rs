@@ -17,6 +17,9 @@ const REFERENCE_FAST: (f64, f64) = (173_000.0, 76_000.0);
 /// See [`REFERENCE_FAST`].
 const REFERENCE_SLOW: (f64, f64) = (125_000.0, 51_000.0);
 /// Polling relay rate in `postgres-limits.md` §6 (partial index, 100/batch, pgbench, no broker).
+/// The `pg_recvlogical` rate (100-row transactions) of the machine issue 45's drain target
+/// assumes.
+const FAST_REFERENCE: f64 = 250_000.0;
 const REFERENCE_POLL: &str = "42–51k (fast host) / 15–21k (slow host)";
 
 /// One table row.
@@ -77,11 +80,31 @@ impl Report {
 
     /// Every drain pair's ratio (walbox / `pg_recvlogical`, alternating which drains first) and
     /// their median.
-    pub fn drain_pairs(&mut self, pairs: &[(Drain, Drain)]) {
+    /// walbox / `pg_recvlogical` in each drain pair of one transaction shape, and their median.
+    /// On 100-row transactions the target of issue 45 (≥ 0.9× on the mock cluster) holds only
+    /// where `pg_recvlogical` reaches [`FAST_REFERENCE`] events/s: the row says whether this
+    /// machine's did.
+    pub fn drain_pairs(&mut self, shape: &str, mock: bool, pairs: &[(Drain, Drain)]) {
         let ratios: Vec<f64> = pairs
             .iter()
             .map(|(wb, recv)| wb.rate() / recv.rate())
             .collect();
+        let fastest = pairs
+            .iter()
+            .map(|(_, recv)| recv.rate())
+            .fold(0.0, f64::max);
+        let target = match (shape.starts_with("100"), mock) {
+            (true, true) if fastest >= FAST_REFERENCE => {
+                "≥ 0.95× (issue 12); ≥ 0.9× (issue 45, pg_recvlogical ≥ 250k events/s: met here)"
+                    .to_owned()
+            }
+            (true, true) => format!(
+                "≥ 0.95× (issue 12); ≥ 0.9× (issue 45) where pg_recvlogical reaches 250k events/s: \
+                 it reached {} here",
+                k(fastest)
+            ),
+            _ => "≥ 0.95×".to_owned(),
+        };
         let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
         let median = median(ratios);
         self.rows.push(Row {
@@ -93,7 +116,7 @@ impl Report {
             walbox: listed.join(", "),
             comparison: "median of the pairs".into(),
             ratio: format!("{median:.2}×"),
-            target: "≥ 0.95×".into(),
+            target,
         });
     }
 
