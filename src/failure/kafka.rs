@@ -18,14 +18,19 @@
 //! handshake that failed on a certificate ([`untrusted_certificate`]: the brokers' is not signed
 //! by the configured CA or does not name the host, or the brokers refused walbox's) is exit 4:
 //! librdkafka would retry it forever, and no retry can succeed. librdkafka reports it only as a
-//! client error (its code and a reason), never on a record, so every Kafka client's context asks
-//! [`untrusted_certificate`], which gives the one line each of them ends with: the relay's
-//! producer (and `walbox republish`'s, the same one) fails every lane with it; `walbox inbox`'s
-//! consumer and dead-letter producer stop it with exit 4; the short-lived readers (the progress
-//! reader at start-up, `walbox audit`) return it instead of waiting out their timeouts; and
-//! `walbox check` fails its brokers check with it.
+//! client error (its code and a reason), never on a record, so the client contexts ask
+//! [`untrusted_certificate`] for the one line they end with (those that stop on another thread
+//! keep it in an [`UntrustedCertificate`]): the relay's producer (and `walbox republish`'s, the
+//! same one) fails every lane with it; `walbox inbox`'s consumer, dead-letter producer and
+//! retention guard stop it with exit 4; the short-lived readers (the progress reader at
+//! start-up, `walbox audit`) return it instead of waiting out their timeouts; and `walbox
+//! check` fails its brokers check with it. The relay's topic-lookup admin client only logs it:
+//! the relay's producer, on the same brokers, stops the relay.
+
+use std::sync::Mutex;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use tokio::sync::Notify;
 
 use super::class::{Class, Classify, Failure};
 
@@ -88,6 +93,49 @@ pub fn untrusted_certificate(error: &KafkaError, reason: &str) -> Option<String>
     Some(format!(
         "the TLS handshake with the brokers failed on a certificate ({reason}); set kafka.properties \"ssl.ca.location\" to the CA that signed the brokers' certificate (or check that it names the host walbox connects to, and that the brokers trust walbox's ssl.certificate.location)"
     ))
+}
+
+/// What a Kafka client's context keeps of a TLS handshake that failed on a certificate: the
+/// first one's line ([`untrusted_certificate`]), for the thread that stops the client on it.
+/// librdkafka reports the handshake only to the context's `error` callback, on its own thread.
+#[derive(Debug, Default)]
+pub struct UntrustedCertificate {
+    line: Mutex<Option<String>>,
+    reported: Notify,
+}
+
+impl UntrustedCertificate {
+    /// Keeps the line of `error` (with librdkafka's `reason`) when it is a handshake that
+    /// failed on a certificate, and says whether it was one. Logged at debug level only: what
+    /// stops on it prints the line (a failed check, or the fatal error's one line).
+    pub fn record(&self, error: &KafkaError, reason: &str) -> bool {
+        let Some(line) = untrusted_certificate(error, reason) else {
+            return false;
+        };
+        tracing::debug!(error = %error, reason, "kafka TLS handshake failed on a certificate");
+        self.line
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(line);
+        self.reported.notify_waiters();
+        true
+    }
+
+    /// The line, once a handshake failed on a certificate.
+    pub fn line(&self) -> Option<String> {
+        self.line.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits for the line.
+    pub async fn reported(&self) -> String {
+        loop {
+            let reported = self.reported.notified();
+            if let Some(line) = self.line() {
+                return line;
+            }
+            reported.await;
+        }
+    }
 }
 
 /// The class of a client error: its code's ([`kafka`]), an error without a code being

@@ -46,7 +46,9 @@ mod kafka;
 mod sqlstate;
 
 pub use self::class::{Class, Classify, Failure};
-pub use self::kafka::{is_batch_refusal, kafka, kafka_error, untrusted_certificate};
+pub use self::kafka::{
+    is_batch_refusal, kafka, kafka_error, untrusted_certificate, UntrustedCertificate,
+};
 pub use self::sqlstate::{postgres_error, sqlstate};
 
 /// A fatal error: what happened, on one line, and how the process exits.

@@ -57,7 +57,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::KafkaRole;
-use crate::failure::{kafka_error, untrusted_certificate, Class, Failure, FatalError};
+use crate::failure::{kafka_error, Class, Failure, FatalError, UntrustedCertificate};
 
 use super::config::InboxKafka;
 use super::effect::Record;
@@ -214,7 +214,7 @@ struct Shared {
     errors: Mutex<Throttle>,
     /// The line of a TLS handshake that failed on a certificate, once one did: the polling
     /// thread stops the inbox with it (exit 4).
-    untrusted: Mutex<Option<String>>,
+    untrusted: UntrustedCertificate,
 }
 
 struct Ctx(Arc<Shared>);
@@ -237,13 +237,9 @@ impl ClientContext for Ctx {
 
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka would retry the handshake forever: no retry can succeed.
-        if let Some(line) = untrusted_certificate(&error, reason) {
-            tracing::error!(error = %error, reason, "kafka TLS handshake failed on a certificate");
-            let mut untrusted = self.0.untrusted.lock().unwrap_or_else(|p| p.into_inner());
-            untrusted.get_or_insert(line);
-            return;
+        if !self.0.untrusted.record(&error, reason) {
+            self.0.warn("kafka client error", &error, reason);
         }
-        self.0.warn("kafka client error", &error, reason);
     }
 }
 
@@ -325,14 +321,6 @@ impl Shared {
         if let Some(repeats) = errors.admit(&key, Instant::now()) {
             tracing::warn!(%error, reason, repeats, "{what} (repeats are logged once a minute, with their count)");
         }
-    }
-
-    /// The line of a TLS handshake that failed on a certificate, if one did.
-    fn untrusted(&self) -> Option<String> {
-        self.untrusted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 
     /// Cancels the workers of `tps`, waits for their current transactions, commits their
@@ -573,7 +561,7 @@ impl ConsumerLoop {
             metrics,
             state: Mutex::new(State::default()),
             errors: Mutex::new(Throttle::new(ERROR_LOG_INTERVAL)),
-            untrusted: Mutex::new(None),
+            untrusted: UntrustedCertificate::default(),
         });
         let consumer: BaseConsumer<Ctx> = cc.create_with_context(Ctx(shared.clone()))?;
         let topics: Vec<&str> = kafka.topics.iter().map(String::as_str).collect();
@@ -620,14 +608,14 @@ impl ConsumerLoop {
                         break;
                     }
                     // The certificate the client reported stops it below.
-                    _ if self.shared.untrusted().is_some() => {}
+                    _ if self.shared.untrusted.line().is_some() => {}
                     _ => self.shared.warn("kafka consumer error", &e, ""),
                 },
                 None => {}
             }
             // The client reports the handshake (to [`Ctx`]) before the poll returns its code
             // (`_SSL`, transient alone).
-            if let Some(line) = self.shared.untrusted() {
+            if let Some(line) = self.shared.untrusted.line() {
                 let message = format!("kafka consumer cannot continue: {line}");
                 let _ = fatal.send(FatalError::new(Failure::Auth, message));
                 break;

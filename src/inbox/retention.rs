@@ -22,17 +22,16 @@
 //! `retention.cleanup_batch` (short transactions, no long-held locks), every
 //! `retention.cleanup_interval`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::error::KafkaError;
 use rdkafka::ClientContext;
-use tokio::sync::Notify;
 
 use super::config::InboxKafka;
 use crate::config::KafkaRole;
-use crate::failure::{untrusted_certificate, Classify, Failure};
+use crate::failure::{Classify, Failure, UntrustedCertificate};
 
 /// A topic's retention settings as the broker reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,47 +158,18 @@ fn millis(
 }
 
 /// The admin client's context: a TLS handshake that failed on a certificate ends the wait for
-/// an answer that cannot come ([`Untrusted`]); every other client error is logged.
+/// an answer that cannot come ([`UntrustedCertificate::reported`]); every other client error is
+/// logged.
 #[derive(Default)]
 struct AdminContext {
-    untrusted: Arc<Untrusted>,
-}
-
-/// The line of a TLS handshake that failed on a certificate, once the client reported one.
-#[derive(Default)]
-struct Untrusted {
-    line: Mutex<Option<String>>,
-    reported: Notify,
-}
-
-impl Untrusted {
-    /// Waits for the line.
-    async fn line(&self) -> String {
-        loop {
-            let reported = self.reported.notified();
-            if let Some(line) = self.line.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-                return line;
-            }
-            reported.await;
-        }
-    }
+    untrusted: Arc<UntrustedCertificate>,
 }
 
 impl ClientContext for AdminContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if let Some(line) = untrusted_certificate(&error, reason) {
-            tracing::error!(error = %error, reason, "kafka TLS handshake failed on a certificate");
-            let mut untrusted = self
-                .untrusted
-                .line
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            untrusted.get_or_insert(line);
-            drop(untrusted);
-            self.untrusted.reported.notify_waiters();
-            return;
+        if !self.untrusted.record(&error, reason) {
+            tracing::warn!(error = %error, reason, "kafka admin client error");
         }
-        tracing::warn!(error = %error, reason, "kafka admin client error");
     }
 }
 
@@ -227,7 +197,7 @@ pub async fn describe(
     let answer = tokio::time::timeout(timeout, admin.describe_configs(&specs, &opts));
     let results = tokio::select! {
         answer = answer => answer,
-        line = untrusted.line() => return Err(DescribeError::Untrusted(line)),
+        line = untrusted.reported() => return Err(DescribeError::Untrusted(line)),
     }
     .map_err(|_| DescribeError::Timeout(names.clone()))?
     .map_err(|source| DescribeError::Kafka {

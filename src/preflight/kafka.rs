@@ -262,9 +262,8 @@ struct Probe {
     eos: Mutex<Option<(String, i64)>>,
     /// The brokers' refusal of the credentials (SASL authentication), when one came.
     refused: Mutex<Option<String>>,
-    /// The line of a TLS handshake that failed on a certificate, when one did
-    /// (`failure::untrusted_certificate`).
-    untrusted: Mutex<Option<String>>,
+    /// A TLS handshake that failed on a certificate, when one did.
+    untrusted: crate::failure::UntrustedCertificate,
 }
 
 impl ClientContext for Probe {
@@ -283,11 +282,7 @@ impl ClientContext for Probe {
 
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::debug!(error = %error, reason, "kafka client error");
-        if let Some(line) = crate::failure::untrusted_certificate(&error, reason) {
-            if let Ok(mut untrusted) = self.untrusted.lock() {
-                untrusted.get_or_insert(line);
-            }
-        }
+        self.untrusted.record(&error, reason);
         if crate::failure::kafka_error(&error)
             == crate::failure::Class::Fatal(crate::failure::Failure::Auth)
         {
@@ -334,38 +329,34 @@ fn blocking_checks(kafka: &KafkaConfig, topics: &[String]) -> (Vec<Check>, bool)
     };
     let metadata = match producer.client().fetch_metadata(None, METADATA_TIMEOUT) {
         Ok(md) => md,
-        Err(_) if refused(&producer).is_some() => {
-            out.push(Check::fail(
-                BROKERS,
-                format!(
-                    "authentication failed: the brokers at {} refused walbox's credentials ({})",
-                    kafka.brokers,
-                    refused(&producer).unwrap_or_default()
-                ),
-                "check sasl.mechanisms, sasl.username and sasl.password in kafka.properties against the principal the brokers know (walbox run stops with exit status 4 here)",
-            ));
-            skipped(&mut out);
-            return (out, false);
-        }
-        Err(_) if untrusted(&producer).is_some() => {
-            out.push(Check::fail(
-                BROKERS,
-                untrusted(&producer).unwrap_or_default(),
-                "point kafka.properties ssl.ca.location at the CA that signed the brokers' certificate (walbox run and walbox inbox stop with exit status 4 here)",
-            ));
-            skipped(&mut out);
-            return (out, false);
-        }
         Err(e) => {
-            out.push(Check::fail(
-                BROKERS,
-                format!(
-                    "no answer from {} within {} s: {e}",
-                    kafka.brokers,
-                    METADATA_TIMEOUT.as_secs()
+            // Why the brokers did not answer, when the client said: refused credentials, or a
+            // certificate the handshake failed on.
+            let failed = match (refused(&producer), untrusted(&producer)) {
+                (Some(refusal), _) => Check::fail(
+                    BROKERS,
+                    format!(
+                        "authentication failed: the brokers at {} refused walbox's credentials ({refusal})",
+                        kafka.brokers,
+                    ),
+                    "check sasl.mechanisms, sasl.username and sasl.password in kafka.properties against the principal the brokers know (walbox run stops with exit status 4 here)",
                 ),
-                "check kafka.brokers, the network, and the security settings in kafka.properties (security.protocol, sasl.*, ssl.*)",
-            ));
+                (None, Some(line)) => Check::fail(
+                    BROKERS,
+                    line,
+                    "point kafka.properties ssl.ca.location at the CA that signed the brokers' certificate (walbox run and walbox inbox stop with exit status 4 here)",
+                ),
+                (None, None) => Check::fail(
+                    BROKERS,
+                    format!(
+                        "no answer from {} within {} s: {e}",
+                        kafka.brokers,
+                        METADATA_TIMEOUT.as_secs()
+                    ),
+                    "check kafka.brokers, the network, and the security settings in kafka.properties (security.protocol, sasl.*, ssl.*)",
+                ),
+            };
+            out.push(failed);
             skipped(&mut out);
             return (out, false);
         }
@@ -528,7 +519,7 @@ fn refused(producer: &BaseProducer<Probe>) -> Option<String> {
 /// (serving the client's pending error events first).
 fn untrusted(producer: &BaseProducer<Probe>) -> Option<String> {
     producer.poll(Duration::from_millis(50));
-    producer.context().untrusted.lock().ok()?.clone()
+    producer.context().untrusted.line()
 }
 
 /// Whether the cluster refuses to describe `topic` to walbox's principal. A metadata request

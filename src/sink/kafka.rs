@@ -46,7 +46,9 @@ use super::ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, PROGRE
 use super::publisher::{Publisher, SinkError, NO_SUCH_PARTITION};
 use super::silence::Silences;
 use crate::config::{BrokerKind, KafkaConfig, KafkaRole};
-use crate::failure::{kafka_error, untrusted_certificate, Class, Classify, Failure};
+use crate::failure::{
+    kafka_error, untrusted_certificate, Class, Classify, Failure, UntrustedCertificate,
+};
 use crate::outbox::OutboxEvent;
 
 /// A record the broker failed, as the relay reports it: for a size limit, which limits to
@@ -155,18 +157,15 @@ pub fn untrusted_error(message: String) -> BrokerError {
 /// client error is logged as a warning (the read itself returns it).
 #[derive(Default)]
 pub struct ReaderContext {
-    /// The line of a handshake that failed on a certificate, once one did.
-    untrusted: Mutex<Option<String>>,
+    /// A handshake that failed on a certificate, once one did.
+    untrusted: UntrustedCertificate,
 }
 
 impl ReaderContext {
     /// The line of a TLS handshake that failed on a certificate, if one did (among the error
     /// events served so far).
     pub fn untrusted(&self) -> Option<String> {
-        match self.untrusted.lock() {
-            Ok(u) => u.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.untrusted.line()
     }
 }
 
@@ -176,14 +175,7 @@ impl ClientContext for ReaderContext {
             tracing::debug!(error = %error, reason, "kafka reader reached a partition's end");
         } else if is_unused_group_refusal(&error) {
             tracing::debug!(error = %error, reason, "kafka reader's group refused; it uses none");
-        } else if let Some(line) = untrusted_certificate(&error, reason) {
-            tracing::error!(error = %error, reason, "kafka TLS handshake failed on a certificate");
-            let mut untrusted = match self.untrusted.lock() {
-                Ok(u) => u,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            untrusted.get_or_insert(line);
-        } else {
+        } else if !self.untrusted.record(&error, reason) {
             tracing::warn!(error = %error, reason, "kafka client error");
         }
     }
