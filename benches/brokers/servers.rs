@@ -153,10 +153,14 @@ impl Server {
         }
     }
 
-    /// A Redis connection.
+    /// A Redis connection without the client's default 500 ms reply timeout: reading back a
+    /// stream of tens of thousands of entries, or deleting it, takes longer on a busy machine.
     pub async fn redis(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
         let client = redis::Client::open(self.url())?;
-        Ok(client.get_multiplexed_async_connection().await?)
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        Ok(client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
     }
 
     /// A JetStream context.

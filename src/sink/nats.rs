@@ -69,7 +69,7 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::ack::{AckQueue, BrokerError, PROGRESS_ROUTE};
+use super::ack::{AckQueue, BrokerError, EventIdentity, PROGRESS_ROUTE};
 use super::silence::Silences;
 use super::{Publisher, SinkError};
 use crate::config::{BrokerKind, NatsConfig};
@@ -77,7 +77,6 @@ use crate::failure::Class;
 use crate::outbox::OutboxEvent;
 
 pub use classify::sanitize_key;
-use headers::check_headers;
 pub use shared::{error, DEFAULT_DUPLICATE_WINDOW};
 use shared::{lock, Pending, Shared, HELD, QUEUE};
 pub(crate) use shared::{open, progress_bucket};
@@ -145,13 +144,16 @@ impl Publisher for NatsSink {
         if let Err(why) = classify::check_subject(subject) {
             return Err(error(Class::Rejected, format!("subject {subject:?} {why}")).into());
         }
-        check_headers(event).map_err(|why| error(Class::Rejected, why))?;
+        let message = headers::message(event).map_err(|why| error(Class::Rejected, why))?;
         let ticket = self.shared.accept();
         self.hand_over(Job {
             ticket,
             seq,
             route,
-            record: Record::Event(event.clone()),
+            record: Record::Event {
+                message,
+                identity: EventIdentity::of(event),
+            },
         })
     }
 

@@ -18,9 +18,9 @@ use crate::sink::silence::Silences;
 pub(crate) const QUEUE: usize = 1 << 16;
 
 /// Records the sink holds at most (accepted and not yet acknowledged): the relay stops reading
-/// at this many (`Publisher::max_held`) when `relay.max_in_flight` is higher. Each holds its event
-/// until its PubAck (and its NATS header map while its publish is in flight):
-/// on a 150,000-event drain (`benches/brokers.rs`), 4,000 held gave the rate of 10,000 with
+/// at this many (`Publisher::max_held`) when `relay.max_in_flight` is higher. Each holds its
+/// message (payload and NATS header map, built when handed over) until it is published, and
+/// what identifies its event until its PubAck: on a 150,000-event drain (`benches/brokers.rs`), 4,000 held gave the rate of 10,000 with
 /// 10 MiB less peak RSS (34 against 44 MiB).
 pub(crate) const HELD: usize = 4_000;
 

@@ -1,10 +1,12 @@
 //! The publishing task: one publish in flight per subject (a FIFO per subject holds the rest),
 //! one [`Ack`] per record, and the failure rule of the parent module's docs.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, kv};
 use async_nats::Subject;
 use bytes::Bytes;
@@ -16,8 +18,9 @@ use super::classify::Judge;
 use super::shared::{error, who, Connection, Shared, DEFAULT_DUPLICATE_WINDOW};
 use crate::config::NatsConfig;
 use crate::failure::Class;
-use crate::outbox::OutboxEvent;
-use crate::sink::ack::{Ack, AckQueue, BrokerError, DeliveryError, FailedRecord, PROGRESS_ROUTE};
+use crate::sink::ack::{
+    Ack, AckQueue, BrokerError, DeliveryError, EventIdentity, FailedRecord, PROGRESS_ROUTE,
+};
 
 /// One record handed to the task.
 pub(crate) struct Job {
@@ -28,18 +31,15 @@ pub(crate) struct Job {
     pub record: Record,
 }
 
-/// What a [`Job`] publishes: the relay's event itself (its NATS headers are built when it is
-/// published, its failed record only when it fails), or a progress record. Nearly every job
-/// is an event: boxing it would add an allocation per event to spare the rare progress record
-/// some bytes.
-#[allow(clippy::large_enum_variant)]
+/// What a [`Job`] publishes: an event's message (built and checked when it was handed over),
+/// with what identifies the event should it fail, or a progress record.
 pub(crate) enum Record {
-    Event(OutboxEvent),
-    /// A progress record: `value` under key-value key `key`.
-    Progress {
-        key: String,
-        value: Bytes,
+    Event {
+        message: PublishMessage,
+        identity: EventIdentity,
     },
+    /// A progress record: `value` under key-value key `key`.
+    Progress { key: String, value: Bytes },
 }
 
 impl Job {
@@ -51,7 +51,7 @@ impl Job {
     /// it holds a space) the progress key's.
     fn lane(&self) -> Arc<str> {
         match &self.record {
-            Record::Event(event) => event.topic.clone(),
+            Record::Event { identity, .. } => identity.topic.clone(),
             Record::Progress { key, .. } => Arc::from(format!("progress {key}")),
         }
     }
@@ -59,7 +59,7 @@ impl Job {
     /// What identifies the record in a failed ack; `None` for a progress record.
     fn failed(self) -> Option<FailedRecord> {
         match self.record {
-            Record::Event(event) => Some(FailedRecord::of_event(event)),
+            Record::Event { identity, .. } => Some(identity.failed()),
             Record::Progress { .. } => None,
         }
     }
@@ -78,13 +78,13 @@ struct Flying {
     seq: u64,
     route: usize,
     lane: Arc<str>,
-    /// The event, for its failed record; `None` for a progress record.
-    event: Option<OutboxEvent>,
+    /// The event's identity, for its failed record; `None` for a progress record.
+    identity: Option<EventIdentity>,
 }
 
 impl Flying {
     fn failed(self) -> Option<FailedRecord> {
-        self.event.map(FailedRecord::of_event)
+        self.identity.map(EventIdentity::failed)
     }
 }
 
@@ -192,17 +192,14 @@ impl Publishing {
             }
         }
         let name = job.lane();
-        match self.lanes.get_mut(&name) {
-            Some(lane) => lane.waiting.push_back(job),
-            None => {
+        match self.lanes.entry(name.clone()) {
+            Entry::Occupied(mut lane) => lane.get_mut().waiting.push_back(job),
+            Entry::Vacant(lane) => {
                 let subject = Subject::from(&*name);
-                self.lanes.insert(
-                    name.clone(),
-                    Lane {
-                        subject: subject.clone(),
-                        waiting: VecDeque::new(),
-                    },
-                );
+                lane.insert(Lane {
+                    subject: subject.clone(),
+                    waiting: VecDeque::new(),
+                });
                 self.start(name, subject, job);
             }
         }
@@ -213,7 +210,7 @@ impl Publishing {
             self.flying.push(None);
             self.flying.len() - 1
         });
-        let (future, event): (BoxFuture<'static, Outcome>, _) = match job.record {
+        let (future, identity): (BoxFuture<'static, Outcome>, _) = match job.record {
             Record::Progress { key, value } => {
                 let bucket = self.bucket.clone();
                 let future = Box::pin(async move {
@@ -227,15 +224,9 @@ impl Publishing {
                 });
                 (future, None)
             }
-            Record::Event(event) => {
+            Record::Event { message, identity } => {
                 let publish = self.publish.clone();
-                // Checked when handed over (`check_headers`): an error here is the record's.
-                let message = super::headers::message(&event);
                 let future = Box::pin(async move {
-                    let message = match message {
-                        Ok(message) => message,
-                        Err(why) => return (slot, Err(error(Class::Rejected, why))),
-                    };
                     let sent = match publish.js.send_publish(subject.clone(), message).await {
                         Ok(ack) => ack.await,
                         Err(e) => Err(e),
@@ -251,7 +242,7 @@ impl Publishing {
                     };
                     (slot, result)
                 });
-                (future, Some(event))
+                (future, Some(identity))
             }
         };
         self.flying[slot] = Some(Flying {
@@ -259,7 +250,7 @@ impl Publishing {
             seq: job.seq,
             route: job.route,
             lane,
-            event,
+            identity,
         });
         self.futures.push(future);
     }
@@ -305,16 +296,16 @@ impl Publishing {
 
     /// Starts the next job of `lane`, or frees the lane.
     fn next(&mut self, name: &Arc<str>) {
-        let Some(lane) = self.lanes.get_mut(name) else {
+        let Entry::Occupied(mut lane) = self.lanes.entry(name.clone()) else {
             return;
         };
-        match lane.waiting.pop_front() {
+        match lane.get_mut().waiting.pop_front() {
             Some(job) => {
-                let subject = lane.subject.clone();
+                let subject = lane.get().subject.clone();
                 self.start(name.clone(), subject, job);
             }
             None => {
-                self.lanes.remove(name);
+                lane.remove();
             }
         }
     }
