@@ -80,13 +80,13 @@ use crate::fault::crash_point;
 use crate::health;
 use crate::lsn::Lsn;
 use crate::metrics::{Health, Metrics};
-use crate::outbox::{EventPosition, OutboxMapper};
+use crate::outbox::{EventPosition, OutboxEvent, OutboxMapper};
 use crate::pg::control::connect_control;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::progress::{Lineage, ProgressKey};
 use crate::sink::topics::Topics;
 use crate::sink::transaction::{is_fencing, transactional_id, TxnError};
-use crate::sink::{Ack, AckQueue, DeliveryError, Publisher, Sink};
+use crate::sink::{Ack, AckQueue, DeliveryError, Publisher, Sink, SinkError};
 use crate::source::catalog::{self, CatalogError};
 use crate::source::pgoutput::{self, LogicalMessage};
 use crate::source::replication::{ReplicationError, ReplicationMessage, ReplicationStream};
@@ -341,22 +341,39 @@ impl Relay {
     /// The error for a producer that cannot continue: fenced by a newer walbox in exactly-once
     /// mode, or refused and fatal.
     fn producer_error(&self, e: DeliveryError) -> RelayError {
-        if self.settings.kafka.exactly_once.is_some()
+        match e {
+            DeliveryError::Kafka(error) if self.fenced() => self.fenced_error(error),
+            e => RelayError::Producer(e),
+        }
+    }
+
+    /// The error for a record the producer refused in `produce()`. A producer fenced meanwhile
+    /// (by a newer walbox, or by the coordinator's abort of a transaction open too long)
+    /// refuses every record as fatal: the fencing is the reason, as for a failed ack, and not
+    /// the record.
+    fn send_error(&self, event: &OutboxEvent, source: SinkError) -> RelayError {
+        match source {
+            SinkError::Send(error) if self.fenced() => self.fenced_error(error),
+            source => error::send_failure(event, source),
+        }
+    }
+
+    /// Whether this exactly-once producer was fenced (its fatal error says so).
+    fn fenced(&self) -> bool {
+        self.settings.kafka.exactly_once.is_some()
             && self
                 .txn_sink()
                 .fatal_error()
                 .is_some_and(|(code, _)| is_fencing(code))
-        {
-            if let DeliveryError::Kafka(error) = e {
-                let id = self
-                    .progress_key
-                    .as_ref()
-                    .map(transactional_id)
-                    .unwrap_or_default();
-                return RelayError::Transaction(TxnError::Fenced { id, error });
-            }
-        }
-        RelayError::Producer(e)
+    }
+
+    fn fenced_error(&self, error: rdkafka::error::KafkaError) -> RelayError {
+        let id = self
+            .progress_key
+            .as_ref()
+            .map(transactional_id)
+            .unwrap_or_default();
+        RelayError::Transaction(TxnError::Fenced { id, error })
     }
 
     /// How to republish what this process has not confirmed: the command with a `--since`

@@ -130,7 +130,7 @@ impl Relay {
                         None => Err(send_failure(event, e)),
                     };
                 }
-                Err(source) => return Err(send_failure(event, source)),
+                Err(source) => return Err(self.send_error(event, source)),
             }
         }
     }
