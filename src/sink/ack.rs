@@ -205,18 +205,11 @@ pub struct EventIdentity {
 impl EventIdentity {
     /// What identifies `event` (its header `id`, commit LSN and index, key and value).
     pub fn of(event: &OutboxEvent) -> EventIdentity {
-        let header = |name: &str| {
-            event
-                .headers
-                .iter()
-                .find(|(n, _)| n.as_str() == name)
-                .and_then(|(_, v)| v.clone())
-        };
         EventIdentity {
             topic: event.topic.clone(),
             id: event.id.clone(),
-            lsn: header(COMMIT_LSN_HEADER),
-            index: header(INDEX_HEADER),
+            lsn: header_value(&event.headers, COMMIT_LSN_HEADER).cloned(),
+            index: header_value(&event.headers, INDEX_HEADER).cloned(),
             key: event.key.clone(),
             payload: event.value.clone(),
         }
@@ -224,15 +217,11 @@ impl EventIdentity {
 
     /// The event, failed at its destination.
     pub fn failed(self) -> FailedRecord {
-        let text = |v: Option<bytes::Bytes>| {
-            v.map(|v| String::from_utf8_lossy(&v).into_owned())
-                .unwrap_or_default()
-        };
         FailedRecord {
             topic: self.topic.to_string(),
             id: String::from_utf8_lossy(&self.id).into_owned(),
-            lsn: text(self.lsn),
-            index: text(self.index),
+            lsn: text(self.lsn.as_ref()),
+            index: text(self.index.as_ref()),
             key: self.key,
             payload: self.payload,
         }
@@ -241,10 +230,20 @@ impl EventIdentity {
 
 /// The value of header `name` in `headers` as text (empty when it is absent or null).
 pub fn header_text(headers: &Headers, name: &str) -> String {
+    text(header_value(headers, name))
+}
+
+/// The value of the first header `name` in `headers` (`None` when it is absent or null).
+fn header_value<'h>(headers: &'h Headers, name: &str) -> Option<&'h bytes::Bytes> {
     headers
         .iter()
         .find(|(n, _)| n.as_str() == name)
         .and_then(|(_, v)| v.as_ref())
+}
+
+/// A header value as text (empty when there is none).
+fn text(value: Option<&bytes::Bytes>) -> String {
+    value
         .map(|v| String::from_utf8_lossy(v).into_owned())
         .unwrap_or_default()
 }
@@ -355,6 +354,15 @@ mod tests {
         );
         assert_eq!(failed.key.as_deref(), Some(&b"order-7"[..]));
         assert_eq!(failed.payload.as_deref(), Some(&b"{}"[..]));
+        // The same texts the record's headers give (`header_text`, what the Redis publisher
+        // reads), and the same record `of_event` gives.
+        assert_eq!(
+            (&failed.lsn, &failed.index),
+            (
+                &header_text(&event.headers, COMMIT_LSN_HEADER),
+                &header_text(&event.headers, INDEX_HEADER)
+            )
+        );
         let whole = FailedRecord::of_event(event);
         assert_eq!((whole.lsn, whole.index), (failed.lsn, failed.index));
     }
